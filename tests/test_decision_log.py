@@ -1,0 +1,267 @@
+"""The decision log: atomic, checksummed, human-readable records on any fsspec filesystem."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from twophase.coordinator import (
+    BatchStatus,
+    DecisionConflictError,
+    DecisionLog,
+    LogOwnershipError,
+)
+from twophase.protocol import TaskResult
+
+
+def result(
+    batchId: int, partition: int, handle: dict[str, object] | None, rows: int = 5
+) -> TaskResult:
+    return TaskResult("s1", "q1", batchId, partition, 0, handle, rows)
+
+
+def results(batchId: int, partitions: int = 2) -> list[TaskResult]:
+    return [result(batchId, p, {"txn": f"b{batchId}-p{p}"}) for p in range(partitions)]
+
+
+@pytest.fixture(params=["local", "file", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "local":
+        yield str(tmp_path / "log")
+    elif request.param == "file":
+        yield f"file://{tmp_path}/log"
+    else:
+        root = f"memory://twophase-test-{uuid.uuid4().hex}"
+        yield f"{root}/log"
+        fs = fsspec.filesystem("memory")
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+def files(url: str) -> dict[str, bytes]:
+    fs, root = fsspec.core.url_to_fs(url)
+    return {p.rsplit("/", 1)[-1]: fs.cat_file(p) for p in fs.ls(root, detail=False)}
+
+
+def write(url: str, name: str, data: bytes) -> None:
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/{name}", data)
+
+
+def test_round_trip_of_every_state(url: str) -> None:
+    log = DecisionLog(url)
+    assert log.state(0) is None and log.outstanding() == [] and log.lastDecided() is None
+
+    decided = log.decide(0, results(0) + [result(0, 2, None, rows=0)])
+    assert decided.status is BatchStatus.DECIDED
+    assert [h.handle for h in decided.handles] == [{"txn": "b0-p0"}, {"txn": "b0-p1"}]
+
+    again = DecisionLog(url)  # another process
+    state = again.state(0)
+    assert state is not None and state.status is BatchStatus.DECIDED
+    assert state.handles == decided.handles and state.queryId == "q1" and state.rows == 10
+    assert [s.batchId for s in again.outstanding()] == [0]
+    assert again.isDecided(0) and again.lastDecided() == 0
+
+    again.markCommitted(0, 0.25)
+    state = DecisionLog(url).state(0)
+    assert state is not None and state.status is BatchStatus.COMMITTED
+    assert state.commitSeconds == 0.25 and state.committedAt is not None
+    assert state.handles == decided.handles
+    assert again.outstanding() == []
+
+    again.markAborted(1)
+    aborted = again.state(1)
+    assert aborted is not None and aborted.status is BatchStatus.ABORTED
+    assert not again.isDecided(1) and again.lastDecided() == 0
+
+
+def test_records_are_human_readable_json(tmp_path: Path) -> None:
+    log = DecisionLog(str(tmp_path))
+    log.claim("s1", "q1")
+    log.decide(7, results(7))
+    log.markCommitted(7, 1.5)
+
+    names = sorted(files(str(tmp_path)))
+    assert names == [
+        "batch-00000000000000000007.committed.json",
+        "batch-00000000000000000007.decided.json",
+        "owner.json",
+    ]
+    text = (tmp_path / "batch-00000000000000000007.decided.json").read_text()
+    assert text.count("\n") > 10, "indented, one field per line"
+    body = json.loads(text)
+    assert body["state"] == "decided" and body["batchId"] == 7 and body["queryId"] == "q1"
+    assert body["handles"][1] == {
+        "partitionId": 1,
+        "attemptNumber": 0,
+        "rows": 5,
+        "handle": {"txn": "b7-p1"},
+    }
+    assert body["checksum"].startswith("sha256:")
+    owner = json.loads((tmp_path / "owner.json").read_text())
+    assert owner["sinkId"] == "s1" and owner["queryId"] == "q1" and "createdAt" in owner
+
+
+def test_leftover_tmp_file_is_never_read_and_is_cleaned(url: str) -> None:
+    log = DecisionLog(url)
+    log.decide(3, results(3))
+    log.markCommitted(3, 0.1)
+    # A writer crashed after writing its temporary file, before the rename.
+    body = json.loads(files(url)["batch-00000000000000000003.decided.json"])
+    body["batchId"] = 4
+    write(url, "_tmp-deadbeef.json", json.dumps(body).encode())
+
+    assert log.state(4) is None and log.lastDecided() == 3 and log.outstanding() == []
+    assert log.prune(100) == 0, "a fresh temporary file may belong to a live writer"
+    assert "_tmp-deadbeef.json" in files(url)
+    assert log.prune(100, tmpGraceSeconds=0) == 1
+    assert "_tmp-deadbeef.json" not in files(url)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: b"\x00\xff garbage", id="garbage"),
+        pytest.param(lambda data: data.replace(b"b5-p1", b"b5-p9"), id="edited"),
+        pytest.param(lambda data: b"[1, 2]", id="not-an-object"),
+    ],
+)
+def test_torn_or_garbage_record_is_ignored_with_a_warning(
+    url: str, damage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert callable(damage)
+    log = DecisionLog(url)
+    log.decide(5, results(5))
+    name = "batch-00000000000000000005.decided.json"
+    write(url, name, damage(files(url)[name]))
+
+    with caplog.at_level(logging.WARNING, logger="twophase.coordinator.log"):
+        assert log.state(5) is None
+        assert not log.isDecided(5)
+        assert log.outstanding() == []
+        assert log.lastDecided() is None
+    assert any("ignoring record" in r.getMessage() for r in caplog.records)
+
+    # The unreadable record does not block a new decision of the batch (Spark replays it).
+    decided = log.decide(5, [result(5, 0, {"txn": "replay"})])
+    assert [h.handle for h in decided.handles] == [{"txn": "replay"}]
+    state = DecisionLog(url).state(5)
+    assert state is not None and [h.handle for h in state.handles] == [{"txn": "replay"}]
+
+
+def test_empty_record_is_ignored_in_listings(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    log = DecisionLog(url)
+    log.decide(1, results(1))
+    write(url, "batch-00000000000000000002.decided.json", b"")
+    with caplog.at_level(logging.WARNING):
+        assert log.lastDecided() == 1
+        assert [s.batchId for s in log.outstanding()] == [1]
+    assert any("empty record" in r.getMessage() for r in caplog.records)
+
+
+def test_a_decision_is_never_replaced(url: str) -> None:
+    log = DecisionLog(url)
+    first = log.decide(2, results(2))
+    second = DecisionLog(url).decide(2, [result(2, 0, {"txn": "other"})])
+    assert second.handles == first.handles
+    state = log.state(2)
+    assert state is not None and state.handles == first.handles
+
+
+def test_decided_batch_cannot_be_aborted_but_aborted_batch_can_be_decided(url: str) -> None:
+    log = DecisionLog(url)
+    log.markAborted(4)
+    log.decide(4, results(4))  # Spark replays an aborted batch
+    state = log.state(4)
+    assert state is not None and state.status is BatchStatus.DECIDED
+    with pytest.raises(DecisionConflictError, match="rolled forward, never aborted"):
+        log.markAborted(4)
+    with pytest.raises(DecisionConflictError, match="never decided"):
+        log.markCommitted(9, 0.0)
+
+
+def test_prune_keeps_newest_finished_and_every_outstanding_batch(url: str) -> None:
+    log = DecisionLog(url)
+    log.decide(0, results(0))  # decided long ago, never committed: must survive
+    for batchId in range(1, 8):
+        log.decide(batchId, results(batchId))
+        log.markCommitted(batchId, 0.1)
+    log.markAborted(8)
+
+    removed = log.prune(3)
+    assert removed == 2 * 5, "decided + committed records of batches 1..5"
+    remaining = DecisionLog(url)
+    assert remaining.state(1) is None and remaining.state(5) is None
+    states = [remaining.state(b) for b in (6, 7, 8)]
+    assert [s.status if s else None for s in states] == ["committed", "committed", "aborted"]
+    assert [s.batchId for s in remaining.outstanding()] == [0]
+    assert remaining.prune(0) == 5 and [s.batchId for s in remaining.outstanding()] == [0]
+
+
+def test_claim_refuses_a_log_of_another_query_and_reset_takes_it_over(url: str) -> None:
+    log = DecisionLog(url)
+    assert log.claim("s1", "q1").queryId == "q1"
+    assert log.claim("s1", "q1", reset=True).queryId == "q1", "reset of one's own log: no-op"
+    log.decide(0, results(0))
+
+    with pytest.raises(LogOwnershipError) as refused:
+        DecisionLog(url).claim("s1", "q2")
+    message = str(refused.value)
+    assert "q1" in message and "q2" in message and "twophase.resetLog=true" in message
+    assert "new checkpoint location" in message
+
+    with pytest.raises(LogOwnershipError, match="decided but not committed"):
+        DecisionLog(url).claim("s1", "q2", reset=True)
+
+    log.markCommitted(0, 0.1)
+    owner = DecisionLog(url).claim("s1", "q2", reset=True)
+    assert owner.queryId == "q2"
+    assert log.state(0) is None and log.lastDecided() is None
+    owned = log.owner()
+    assert owned is not None and owned.queryId == "q2"
+
+
+def test_status_summarises_the_log(url: str) -> None:
+    log = DecisionLog(url)
+    log.claim("s1", "q1")
+    for batchId in range(3):
+        log.decide(batchId, results(batchId))
+        log.markCommitted(batchId, 0.1)
+    log.decide(3, results(3))
+    log.markAborted(4)
+    status = log.status()
+    assert status["owner"]["queryId"] == "q1"
+    assert status["committedBatches"] == 3 and status["lastCommitted"] == 2
+    assert status["abortedBatches"] == 1 and status["lastDecided"] == 3
+    assert [b["batchId"] for b in status["outstanding"]] == [3]
+    assert status["outstanding"][0]["handles"][0]["handle"] == {"txn": "b3-p0"}
+    json.dumps(status)  # JSON-ready
+
+
+def test_log_pickles_as_its_url(url: str) -> None:
+    log = DecisionLog(url)
+    log.decide(1, results(1))
+    clone = pickle.loads(pickle.dumps(log))
+    assert clone.url == url and clone.isDecided(1)
+
+
+def test_for_checkpoint_places_the_log_under_the_checkpoint(tmp_path: Path) -> None:
+    log = DecisionLog.forCheckpoint(f"{tmp_path}/", "sink-1")
+    assert log.url == f"{tmp_path}/twophase/sink-1"
+    with pytest.raises(ValueError, match="cannot name a directory"):
+        DecisionLog.forCheckpoint(str(tmp_path), "a/b")
+
+
+def test_reading_creates_nothing(tmp_path: Path) -> None:
+    log = DecisionLog(str(tmp_path / "absent"))
+    assert log.state(0) is None and log.owner() is None and log.status()["outstanding"] == []
+    assert not (tmp_path / "absent").exists()

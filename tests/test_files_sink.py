@@ -1,0 +1,776 @@
+"""The files participant against the crash table: real local disk and fsspec's memory filesystem.
+
+No Spark here: the participant is plain Python. Each test is one window of PROTOCOL.md
+section 5 (or one option), driving ``beginTransaction`` -> ``write`` -> ``preCommit`` ->
+``commit``/``abort``/``recoverAndAbort`` directly and reading the output back the way users do
+(``pyarrow.dataset``, ``pandas``), which skip ``_``-prefixed paths.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import pickle
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.json as pajson
+import pytest
+
+from twophase.protocol import (
+    Handle,
+    RecoveryScope,
+    TransactionContext,
+    TransactionLostError,
+    TransientCommitError,
+    dumpsHandle,
+    loadsHandle,
+)
+from twophase.sinks._partitioning import escapePathName, partitionValueText
+from twophase.sinks.files import (
+    STAGING_ROOT,
+    FilesParticipant,
+    FilesSettings,
+    finalFileName,
+    stagingBatchDir,
+)
+
+SINK = "sink-1"
+_POOLS: list[pa.MemoryPool] = []
+
+
+# -- fixtures and helpers -----------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """An output directory on one filesystem: the URL given to the sink and a reader's view."""
+
+    url: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+
+    def files(self) -> list[str]:
+        """Every file below the root, relative, staging included."""
+        if not self.fs.exists(self.root):
+            return []
+        return sorted(p[len(self.root) + 1 :] for p in self.fs.find(self.root))
+
+    def visibleFiles(self) -> list[str]:
+        return [f for f in self.files() if not f.startswith("_")]
+
+    def stagingFiles(self) -> list[str]:
+        return [f for f in self.files() if f.startswith(STAGING_ROOT + "/")]
+
+    def dataset(self, format: str = "parquet") -> ds.Dataset:
+        return ds.dataset(self.root, filesystem=self.fs, format=format, partitioning="hive")
+
+
+@pytest.fixture(params=["local", "memory"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    if request.param == "local":
+        root = str(tmp_path / "out")
+        yield Target(url=root, fs=fsspec.filesystem("file"), root=root)
+    else:
+        name = f"twophase-test-{uuid.uuid4().hex[:8]}"
+        fs = fsspec.filesystem("memory")
+        yield Target(url=f"memory://{name}", fs=fs, root=f"/{name}")
+        if fs.exists(f"/{name}"):
+            fs.rm(f"/{name}", recursive=True)
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Target:
+    root = str(tmp_path / "out")
+    return Target(url=root, fs=fsspec.filesystem("file"), root=root)
+
+
+def participant(target: Target, **options: Any) -> FilesParticipant:
+    return FilesParticipant.fromOptions(
+        {"path": target.url, **{k: str(v) for k, v in options.items()}}
+    )
+
+
+def context(
+    batchId: int = 0, partitionId: int = 0, attempt: int = 0, sinkId: str = SINK
+) -> TransactionContext:
+    return TransactionContext(
+        sinkId=sinkId,
+        queryId="query",
+        batchId=batchId,
+        partitionId=partitionId,
+        attemptNumber=attempt,
+        runId="run1",
+    )
+
+
+def rows(start: int, count: int) -> pa.RecordBatch:
+    ids = np.arange(start, start + count, dtype=np.int64)
+    return pa.record_batch(
+        {
+            "id": ids,
+            "value": ids * 0.5,
+            "name": pc.cast(pa.array(ids), pa.string()),
+            "bucket": ids % 3,
+        }
+    )
+
+
+def prepare(
+    sink: FilesParticipant, batches: list[pa.RecordBatch], ctx: TransactionContext | None = None
+) -> Handle:
+    txn = sink.beginTransaction(ctx or context())
+    for batch in batches:
+        sink.write(txn, batch)
+    return sink.preCommit(txn)
+
+
+def idsOf(table: pa.Table) -> list[int]:
+    return sorted(table.column("id").to_pylist())
+
+
+# -- visibility and commit ------------------------------------------------------------------
+
+
+def test_prepared_batch_is_invisible_to_readers(target: Target) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 100), rows(100, 50)])
+
+    assert target.visibleFiles() == []
+    assert len(target.stagingFiles()) == 1
+    assert target.dataset().count_rows() == 0
+    assert handle["files"][0]["staging"] in target.stagingFiles()
+
+
+def test_commit_makes_every_row_visible(target: Target) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 100), rows(100, 50)], context(batchId=3, partitionId=7))
+
+    sink.commit(handle)
+
+    assert idsOf(target.dataset().to_table()) == list(range(150))
+    assert target.stagingFiles() == []
+    assert target.visibleFiles() == [finalFileName(SINK, 3, 7, 0, ".snappy.parquet")]
+
+
+def test_commit_is_visible_to_pandas(local: Target) -> None:
+    sink = participant(local, partitionBy="bucket")
+    sink.commit(prepare(sink, [rows(0, 30)]))
+    leftover = prepare(sink, [rows(1000, 5)], context(batchId=1))  # prepared, never decided
+
+    frame = pd.read_parquet(local.root)
+
+    assert sorted(frame["id"]) == list(range(30))
+    assert sorted(frame["bucket"].astype(int).unique()) == [0, 1, 2]
+    assert leftover["files"]
+
+
+def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
+    sink = participant(local)
+    handle = prepare(sink, [rows(0, 10)], context(batchId=12, partitionId=3, attempt=1))
+
+    assert loadsHandle(dumpsHandle(handle)) == handle
+    assert set(handle) == {"kind", "path", "batchId", "partitionId", "attempt", "staging", "files"}
+    assert handle["kind"] == "files"
+    assert (handle["path"], handle["batchId"], handle["partitionId"], handle["attempt"]) == (
+        local.root,
+        12,
+        3,
+        1,
+    )
+    assert handle["staging"].startswith(stagingBatchDir(SINK, 12) + "/run1-p00003-a1-")
+    assert handle["files"] == [
+        {
+            "staging": f"{handle['staging']}/part-00000012-00003-0000-{SINK}.snappy.parquet",
+            "final": f"part-00000012-00003-0000-{SINK}.snappy.parquet",
+            "rows": 10,
+        }
+    ]
+
+
+def test_commit_twice_is_a_noop(target: Target) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 20)])
+    sink.commit(handle)
+    before = {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()}
+
+    sink.commit(handle)
+    sink.recoverAndCommit(handle)
+
+    assert {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()} == before
+    assert idsOf(target.dataset().to_table()) == list(range(20))
+
+
+def test_commit_from_another_process_needs_only_the_handle(target: Target) -> None:
+    executor = participant(target, maxRecordsPerFile=7)
+    text = dumpsHandle(prepare(executor, [rows(0, 20)]))
+
+    driver = pickle.loads(pickle.dumps(participant(target, maxRecordsPerFile=7)))
+    driver.commit(loadsHandle(text))
+
+    assert idsOf(target.dataset().to_table()) == list(range(20))
+
+
+def test_crash_midway_through_commit_then_commit_again_completes(target: Target) -> None:
+    sink = participant(target, maxRecordsPerFile=10)
+    handle = prepare(sink, [rows(0, 45)])
+    assert len(handle["files"]) == 5
+    # The first commit renamed two files before the driver died.
+    for entry in handle["files"][:2]:
+        target.fs.mv(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
+    assert target.dataset().count_rows() == 20
+
+    sink.commit(handle)
+
+    assert idsOf(target.dataset().to_table()) == list(range(45))
+    assert target.stagingFiles() == []
+
+
+def test_crash_after_copy_before_delete_on_object_store_drops_the_staged_copy(
+    target: Target,
+) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 30)])
+    entry = handle["files"][0]
+    # Object-store rename is copy + delete: the copy landed, the delete did not.
+    target.fs.copy(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
+
+    sink.commit(handle)
+
+    assert target.stagingFiles() == []
+    assert idsOf(target.dataset().to_table()) == list(range(30))
+
+
+def test_commit_of_a_handle_whose_files_vanished_fails_loudly(target: Target) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 5)])
+    target.fs.rm(f"{target.root}/{handle['staging']}", recursive=True)
+
+    with pytest.raises(TransactionLostError, match="batch 0 partition 0"):
+        sink.commit(handle)
+
+
+def test_transient_filesystem_errors_become_TransientCommitError(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 5)])
+    realMove = type(sink.storage).move
+
+    def flakyMove(self: Any, src: str, dst: str) -> None:
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(type(sink.storage), "move", flakyMove)
+    with pytest.raises(TransientCommitError, match="commit of files batch 0"):
+        sink.commit(handle)
+    monkeypatch.setattr(type(sink.storage), "move", realMove)
+
+    sink.commit(handle)  # the retry finishes the job
+    assert target.dataset().count_rows() == 5
+
+
+def test_permanent_errors_propagate_unchanged(
+    local: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = participant(local)
+    handle = prepare(sink, [rows(0, 5)])
+
+    def deniedMove(self: Any, src: str, dst: str) -> None:
+        raise PermissionError("read-only filesystem")
+
+    monkeypatch.setattr(type(sink.storage), "move", deniedMove)
+    with pytest.raises(PermissionError):
+        sink.commit(handle)
+
+
+def test_empty_task_prepares_and_commits_nothing(target: Target) -> None:
+    sink = participant(target)
+    handle = prepare(sink, [rows(0, 0)])
+
+    sink.commit(handle)
+
+    assert handle["files"] == []
+    assert target.visibleFiles() == []
+
+
+# -- attempts, abort and recovery -----------------------------------------------------------
+
+
+def test_two_attempts_of_one_task_map_to_the_same_final_names(local: Target) -> None:
+    sink = participant(local, maxRecordsPerFile=8, partitionBy="bucket")
+    first = prepare(sink, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=0))
+    second = prepare(sink, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=1))
+
+    assert first["staging"] != second["staging"]
+    assert [f["final"] for f in first["files"]] == [f["final"] for f in second["files"]]
+
+    sink.commit(second)
+    sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=5))
+
+    assert idsOf(local.dataset().to_table()) == list(range(40))
+    assert local.stagingFiles() == []
+
+
+def test_abort_removes_staging_and_never_touches_committed_files(target: Target) -> None:
+    sink = participant(target)
+    committed = prepare(sink, [rows(0, 10)], context(batchId=0))
+    sink.commit(committed)
+    # A second attempt of the committed task (a speculative duplicate) and a later batch.
+    duplicate = prepare(sink, [rows(0, 10)], context(batchId=0, attempt=1))
+    later = prepare(sink, [rows(10, 10)], context(batchId=1))
+    assert [f["final"] for f in duplicate["files"]] == [f["final"] for f in committed["files"]]
+
+    sink.abort(duplicate)
+    sink.abort(later)
+    sink.abort(later)  # idempotent
+
+    assert target.stagingFiles() == []
+    assert idsOf(target.dataset().to_table()) == list(range(10))
+
+
+def test_task_failure_before_preCommit_cleans_its_staging(target: Target) -> None:
+    sink = participant(target, partitionBy="bucket")
+    txn = sink.beginTransaction(context())
+    sink.write(txn, rows(0, 30))
+    assert target.stagingFiles()
+
+    sink.abortTransaction(txn)
+
+    assert target.stagingFiles() == []
+    assert target.visibleFiles() == []
+    with pytest.raises(RuntimeError, match="aborted"):
+        sink.write(txn, rows(30, 1))
+
+
+def test_recoverAndAbort_removes_an_attempt_that_never_prepared(target: Target) -> None:
+    sink = participant(target)
+    crashed = sink.beginTransaction(context(batchId=4, partitionId=0))
+    sink.write(crashed, rows(0, 10))  # the task's worker was killed here: files stay open
+    kept = prepare(sink, [rows(10, 10)], context(batchId=4, partitionId=1))
+    undecided = prepare(sink, [rows(20, 10)], context(batchId=3, partitionId=0))
+
+    aborted = sink.recoverAndAbort(RecoveryScope(sinkId=SINK, keep=(kept,)))
+
+    assert sorted(h["staging"] for h in aborted) == sorted([crashed.staging, undecided["staging"]])
+    assert {(h["batchId"], h.get("partitionId"), h.get("attempt")) for h in aborted} == {
+        (4, 0, 0),
+        (3, 0, 0),
+    }
+    assert all(h["kind"] == "files" for h in aborted)
+    assert sorted(target.stagingFiles()) == sorted(f["staging"] for f in kept["files"])
+    assert target.fs.exists(f"{target.root}/{stagingBatchDir(SINK, 3)}") is False
+    assert target.visibleFiles() == []
+
+    sink.commit(kept)  # the kept handle still commits
+    assert idsOf(target.dataset().to_table()) == list(range(10, 20))
+    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
+
+
+def test_recoverAndAbort_of_one_batch_leaves_other_batches_and_other_sinks(target: Target) -> None:
+    sink = participant(target)
+    straggler = prepare(sink, [rows(0, 5)], context(batchId=8, attempt=1))
+    nextBatch = prepare(sink, [rows(5, 5)], context(batchId=9))
+    otherSink = prepare(sink, [rows(10, 5)], context(batchId=8, sinkId="other query"))
+
+    aborted = sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=8))
+
+    assert [h["staging"] for h in aborted] == [straggler["staging"]]
+    remaining = set(target.stagingFiles())
+    assert {f["staging"] for f in nextBatch["files"]} <= remaining
+    assert {f["staging"] for f in otherSink["files"]} <= remaining
+
+
+def test_recoverAndAbort_with_nothing_to_do_is_cheap_and_empty(target: Target) -> None:
+    sink = participant(target)
+
+    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
+    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=0)) == []
+
+
+def test_two_queries_on_one_path_never_share_file_names(local: Target) -> None:
+    sink = participant(local)
+    first = prepare(sink, [rows(0, 5)], context(batchId=0, sinkId="checkpoint-a"))
+    second = prepare(sink, [rows(5, 5)], context(batchId=0, sinkId="checkpoint-b"))
+
+    sink.commit(first)
+    sink.commit(second)
+
+    assert idsOf(local.dataset().to_table()) == list(range(10))
+
+
+def test_commit_refuses_handles_that_point_outside_staging(local: Target) -> None:
+    sink = participant(local)
+    handle = prepare(sink, [rows(0, 5)])
+
+    with pytest.raises(ValueError, match="staging directory"):
+        sink.abort({**handle, "staging": "../elsewhere"})
+    with pytest.raises(ValueError, match="not a files handle"):
+        sink.commit({**handle, "kind": "postgres"})
+
+
+# -- layout: rolling, partitioning, open writers --------------------------------------------
+
+
+def test_maxRecordsPerFile_rolls_to_the_right_number_of_files(target: Target) -> None:
+    sink = participant(target, maxRecordsPerFile=1000)
+    handle = prepare(sink, [rows(i * 700, 700) for i in range(10)])  # 7000 rows
+
+    sink.commit(handle)
+
+    assert [f["rows"] for f in handle["files"]] == [1000] * 7
+    assert len(target.visibleFiles()) == 7
+    assert [
+        ds.dataset(f"{target.root}/{f['final']}", filesystem=target.fs).count_rows()
+        for f in handle["files"]
+    ] == [1000] * 7
+    assert idsOf(target.dataset().to_table()) == list(range(7000))
+
+
+def test_partitionBy_writes_hive_directories_read_back_with_their_values(target: Target) -> None:
+    sink = participant(target, partitionBy="region,day")
+    regions = ["eu/west", "us:east", None, "", "50% off", "a=b", "é ü"]
+    count = 70
+    batch = pa.record_batch(
+        {
+            "id": pa.array(range(count), pa.int64()),
+            "region": pa.array([regions[i % len(regions)] for i in range(count)]),
+            "day": pa.array([dt.date(2024, 1, 1 + i % 2) for i in range(count)]),
+        }
+    )
+    handle = prepare(sink, [batch])
+    sink.commit(handle)
+
+    finals = {f["final"].rsplit("/", 1)[0] for f in handle["files"]}
+    assert "region=eu%2Fwest/day=2024-01-01" in finals
+    assert "region=us%3Aeast/day=2024-01-02" in finals
+    assert "region=__HIVE_DEFAULT_PARTITION__/day=2024-01-01" in finals
+    assert "region=50%25 off/day=2024-01-02" in finals
+    assert "region=a%3Db/day=2024-01-01" in finals
+
+    table = target.dataset().to_table()
+    assert table.num_rows == count
+    fileSchema = ds.dataset(
+        f"{target.root}/{handle['files'][0]['final']}", filesystem=target.fs
+    ).schema
+    assert fileSchema.names == ["id"]  # partition columns are not in the files
+    got = sorted(
+        zip(
+            table.column("id").to_pylist(),
+            table.column("region").to_pylist(),
+            [str(d) for d in table.column("day").to_pylist()],
+            strict=True,
+        )
+    )
+    expected = [
+        (i, regions[i % len(regions)] or None, str(dt.date(2024, 1, 1 + i % 2)))
+        for i in range(count)
+    ]
+    assert got == expected
+
+
+def test_more_partitions_than_open_writers_closes_the_least_recently_used(local: Target) -> None:
+    sink = participant(local, partitionBy="bucket", maxOpenFiles=2)
+    batches = [rows(i * 30, 30) for i in range(4)]  # every batch touches buckets 0, 1 and 2
+
+    handle = prepare(sink, batches)
+    sink.commit(handle)
+
+    assert len(handle["files"]) > 3  # evicted writers reopen as new parts
+    assert len({f["final"] for f in handle["files"]}) == len(handle["files"])
+    assert idsOf(local.dataset().to_table()) == list(range(120))
+    table = local.dataset().to_table()
+    assert all(
+        i % 3 == b
+        for i, b in zip(table["id"].to_pylist(), table["bucket"].to_pylist(), strict=True)
+    )
+
+
+def test_partition_values_render_as_spark_renders_them() -> None:
+    assert escapePathName("a/b:c=d%e#f") == "a%2Fb%3Ac%3Dd%25e%23f"
+    assert escapePathName("plain value é") == "plain value é"
+    assert escapePathName("tab\there") == "tab%09here"
+    assert partitionValueText(None, pa.string()) == "__HIVE_DEFAULT_PARTITION__"
+    assert partitionValueText("", pa.string()) == "__HIVE_DEFAULT_PARTITION__"
+    assert partitionValueText(True, pa.bool_()) == "true"
+    assert partitionValueText(1.0, pa.float64()) == "1.0"
+    assert partitionValueText(1e20, pa.float64()) == "1.0E20"
+    assert partitionValueText(0.0001, pa.float64()) == "1.0E-4"
+    assert partitionValueText(1234.5, pa.float64()) == "1234.5"
+    assert partitionValueText(float("nan"), pa.float64()) == "NaN"
+    assert partitionValueText(0.1, pa.float32()) == "0.1"
+    ts = dt.datetime(2024, 1, 2, 3, 4, 5, 120000)
+    assert partitionValueText(ts, pa.timestamp("us")) == "2024-01-02 03:04:05.12"
+    assert partitionValueText(dt.date(2024, 1, 2), pa.date32()) == "2024-01-02"
+
+
+# -- formats --------------------------------------------------------------------------------
+
+
+def mixedBatch() -> pa.RecordBatch:
+    return pa.record_batch(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "score": pa.array([1.0, None, 2.5]),
+            "text": pa.array(['say "hi"', "line\nbreak\\ and\ttab é", None]),
+            "flag": pa.array([True, False, None]),
+            "at": pa.array(
+                [dt.datetime(2024, 1, 2, 3, 4, 5, 120000), None, dt.datetime(2024, 5, 6)],
+                pa.timestamp("us"),
+            ),
+            "day": pa.array([dt.date(2024, 1, 2), dt.date(2024, 1, 3), None]),
+            "tags": pa.array([["a", "b"], [], None], pa.list_(pa.string())),
+        }
+    )
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_json_lines_round_trip(target: Target, compression: str) -> None:
+    sink = participant(target, format="json", compression=compression)
+    handle = prepare(sink, [mixedBatch()])
+    sink.commit(handle)
+
+    final = handle["files"][0]["final"]
+    assert final.endswith(".json" if compression == "none" else ".json.gz")
+    raw = target.fs.cat_file(f"{target.root}/{final}")
+    text = (gzip.decompress(raw) if compression == "gzip" else raw).decode()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines == [
+        {
+            "id": 1,
+            "score": 1.0,
+            "text": 'say "hi"',
+            "flag": True,
+            "at": "2024-01-02T03:04:05.120000",
+            "day": "2024-01-02",
+            "tags": ["a", "b"],
+        },
+        {
+            "id": 2,
+            "score": None,
+            "text": "line\nbreak\\ and\ttab é",
+            "flag": False,
+            "at": None,
+            "day": "2024-01-03",
+            "tags": [],
+        },
+        {
+            "id": 3,
+            "score": 2.5,
+            "text": None,
+            "flag": None,
+            "at": "2024-05-06T00:00:00.000000",
+            "day": None,
+            "tags": None,
+        },
+    ]
+    assert '"score":1.0' in text  # floats stay floats for readers that infer types
+    table = pajson.read_json(pa.BufferReader(text.encode()))
+    assert table.column("id").to_pylist() == [1, 2, 3]
+    assert table.column("score").type == pa.float64()
+
+
+def test_json_lines_special_floats_and_zoned_timestamps(local: Target) -> None:
+    sink = participant(local, format="json")
+    batch = pa.record_batch(
+        {
+            "x": pa.array([float("nan"), float("inf"), -float("inf"), -2.0, 1e20]),
+            "at": pa.array(
+                [dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)] * 5,
+                pa.timestamp("us", tz="Europe/Berlin"),
+            ),
+        }
+    )
+    handle = prepare(sink, [batch])
+    sink.commit(handle)
+
+    text = Path(local.root, handle["files"][0]["final"]).read_text()
+    assert [line.split(",")[0] for line in text.splitlines()] == [
+        '{"x":NaN',
+        '{"x":Infinity',
+        '{"x":-Infinity',
+        '{"x":-2.0',
+        '{"x":1e+20',
+    ]
+    assert '"at":"2024-01-02T04:04:05.000000+01:00"' in text
+    assert pd.read_json(Path(local.root, handle["files"][0]["final"]), lines=True).shape == (5, 2)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_csv_round_trip(target: Target, compression: str) -> None:
+    sink = participant(target, format="csv", compression=compression, partitionBy="bucket")
+    handle = prepare(sink, [rows(0, 60)])
+    sink.commit(handle)
+
+    assert all(
+        f["final"].endswith(".csv" if compression == "none" else ".csv.gz") for f in handle["files"]
+    )
+    table = target.dataset("csv").to_table()
+    assert idsOf(table) == list(range(60))
+    byId = dict(zip(table["id"].to_pylist(), table["name"].to_pylist(), strict=True))
+    assert byId[42] == 42  # the csv reader infers the digits back as integers
+    assert table.schema.names == ["id", "value", "name", "bucket"]
+
+
+def test_parquet_compression_codecs(local: Target) -> None:
+    import pyarrow.parquet as pq
+
+    for codec, extension, expected in [
+        ("zstd", ".zstd.parquet", "ZSTD"),
+        ("none", ".parquet", "UNCOMPRESSED"),
+        ("gzip", ".gz.parquet", "GZIP"),
+    ]:
+        sink = participant(local, compression=codec)
+        handle = prepare(
+            sink, [rows(0, 10)], context(batchId={"zstd": 0, "none": 1, "gzip": 2}[codec])
+        )
+        sink.commit(handle)
+        final = handle["files"][0]["final"]
+        assert final.endswith(extension)
+        meta = pq.ParquetFile(Path(local.root, final)).metadata
+        assert meta.row_group(0).column(0).compression == expected
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def test_settings_defaults_and_case_insensitive_options() -> None:
+    settings = FilesSettings.fromOptions(
+        {
+            "PATH": "/tmp/out",
+            "maxrecordsperfile": "10",
+            "partitionBy": "a, b",
+            "checkpointLocation": "/tmp/cp",  # other options are ignored
+            "fs.anon": "true",
+            "fs.client_kwargs": '{"region_name": "eu-west-1"}',
+            "fs.secret": "12345",
+        }
+    )
+
+    assert settings == FilesSettings(
+        path="/tmp/out",
+        format="parquet",
+        compression="snappy",
+        maxRecordsPerFile=10,
+        partitionBy=("a", "b"),
+        storageOptions={
+            "anon": True,
+            "client_kwargs": {"region_name": "eu-west-1"},
+            "secret": "12345",
+        },
+    )
+    assert settings.extension == ".snappy.parquet"
+    assert FilesSettings.fromOptions({"path": "p", "format": "JSON"}).compression == "none"
+    assert (
+        FilesSettings.fromOptions({"path": "p", "compression": "uncompressed"}).extension
+        == ".parquet"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option path is required"),
+        ({"path": "  "}, "option path is required"),
+        ({"path": "nosuchproto://x"}, "option path=.*protocol 'nosuchproto'"),
+        (
+            {"path": "p", "format": "avro"},
+            "option format='avro' is not supported; use one of parquet",
+        ),
+        ({"path": "p", "compression": "lz77"}, "option compression='lz77' .* use one of snappy"),
+        (
+            {"path": "p", "format": "csv", "compression": "snappy"},
+            "with format=csv; use one of none, gzip",
+        ),
+        (
+            {"path": "p", "maxRecordsPerFile": "ten"},
+            "option maxRecordsPerFile='ten' must be an integer",
+        ),
+        ({"path": "p", "maxRecordsPerFile": "-1"}, "option maxRecordsPerFile=-1 must be >= 0"),
+        ({"path": "p", "maxOpenFiles": "0"}, "option maxOpenFiles=0 must be >= 1"),
+        ({"path": "p", "partitionBy": "a,,b"}, "option partitionBy='a,,b' must list distinct"),
+        ({"path": "p", "partitionBy": "a,a"}, "option partitionBy='a,a' must list distinct"),
+        ({"path": "p", "header": "maybe"}, "option header='maybe' must be true or false"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FilesSettings.fromOptions(options)
+
+
+@pytest.mark.parametrize(
+    ("options", "batch", "message"),
+    [
+        ({"partitionBy": "missing"}, rows(0, 3), "option partitionBy: column 'missing' is missing"),
+        ({"partitionBy": "id,value,name,bucket"}, rows(0, 3), "names every column"),
+        (
+            {"partitionBy": "tags"},
+            pa.record_batch({"id": [1], "tags": pa.array([["x"]])}),
+            "has type list<item: string>",
+        ),
+        (
+            {"format": "csv"},
+            pa.record_batch({"id": [1], "tags": pa.array([["x"]])}),
+            "option format=csv cannot write column 'tags'",
+        ),
+    ],
+)
+def test_data_the_options_cannot_write_is_refused_at_the_first_batch(
+    local: Target, options: dict[str, str], batch: pa.RecordBatch, message: str
+) -> None:
+    sink = participant(local, **options)
+    txn = sink.beginTransaction(context())
+    with pytest.raises(ValueError, match=message):
+        sink.write(txn, batch)
+    sink.abortTransaction(txn)
+    assert local.files() == []
+
+
+def test_schema_change_within_a_transaction_is_refused(local: Target) -> None:
+    sink = participant(local)
+    txn = sink.beginTransaction(context())
+    sink.write(txn, rows(0, 3))
+    with pytest.raises(ValueError, match="schema changed"):
+        sink.write(txn, pa.record_batch({"id": [1]}))
+
+
+# -- resources ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("format", "batches"), [("parquet", 200), ("json", 40), ("csv", 40)])
+def test_memory_stays_bounded_by_one_batch(local: Target, format: str, batches: int) -> None:
+    """Streaming many 50k-row batches never holds more than a few batches in memory."""
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())
+    _POOLS.append(pool)  # buffers it allocated may outlive the test: never free the pool
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        sink = participant(local, format=format)
+        txn = sink.beginTransaction(context())
+        batchBytes = rows(0, 50_000).nbytes
+        tracemalloc.start()
+        try:
+            for i in range(batches):
+                sink.write(txn, rows(i * 50_000, 50_000))
+            handle = sink.preCommit(txn)
+            _, pythonPeak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        arrowPeak = pool.max_memory()
+    finally:
+        pa.set_memory_pool(previous)
+
+    total = batches * batchBytes
+    assert handle["files"][0]["rows"] == batches * 50_000
+    assert arrowPeak < 6 * batchBytes, (arrowPeak, batchBytes, total)
+    assert pythonPeak < 6 * batchBytes, (pythonPeak, batchBytes, total)

@@ -1,0 +1,712 @@
+"""The driver-side coordinator: decides, commits, recovers and retries batches of one sink.
+
+It knows the protocol (``twophase.protocol``) and its decision log, never Spark and never a
+particular external system. Every method is safe to call from a fresh process: the log and
+the task results carry all the state (PROTOCOL.md sections 4 and 5).
+
+The commit point of batch N is ``decided(N)`` in the log. Before it, everything of N may be
+thrown away; after it, N is only ever driven forward:
+
+- ``recover()`` runs before any task of a batch: commits the handles of decided-but-unfinished
+  batches, then aborts every prepared transaction of the sink that no decision keeps;
+- ``commitBatch(N, results)`` decides N (or finds it decided), commits every decided handle,
+  marks N committed, aborts the other transactions of N (failed or speculative attempts, a
+  replay's duplicates);
+- ``abortBatch(N, results)`` aborts an undecided N, and rolls a decided N forward instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+from tenacity.stop import stop_base
+
+from twophase.coordinator.errors import CommitFailedError, CoordinatorError, LogOwnershipError
+from twophase.coordinator.log import BatchState, BatchStatus, DecisionLog, LoggedHandle
+from twophase.faults import crashPoint
+from twophase.protocol import (
+    Handle,
+    RecoveryScope,
+    TaskResult,
+    TransactionLostError,
+    TransientCommitError,
+    TwoPhaseParticipant,
+    dumpsHandle,
+)
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """How hard the coordinator drives a decision forward, and how much log it keeps.
+
+    commitRetries: retries of a handle's commit/abort after a ``TransientCommitError`` (so at
+        most ``commitRetries + 1`` attempts); other errors are never retried.
+    commitTimeoutSeconds: the time budget of one batch's commits, retries included.
+    retentionBatches: finished batches whose records the log keeps (older ones are pruned).
+    maxParallelCommits: handles committed at the same time.
+    retryInitialSeconds, retryMaxSeconds: exponential backoff with full jitter between retries.
+    """
+
+    commitRetries: int = 8
+    commitTimeoutSeconds: float = 120.0
+    retentionBatches: int = 100
+    maxParallelCommits: int = 16
+    retryInitialSeconds: float = 0.2
+    retryMaxSeconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("commitRetries", 0),
+            ("commitTimeoutSeconds", 0),
+            ("retentionBatches", 0),
+            ("maxParallelCommits", 1),
+            ("retryInitialSeconds", 0),
+            ("retryMaxSeconds", 0),
+        ):
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValueError(f"coordinator setting {name} must be >= {minimum}, got {value}")
+
+
+class CommitOutcome(StrEnum):
+    """What ``commitBatch``/``abortBatch`` did to the batch."""
+
+    COMMITTED = "committed"
+    """Decided now, and every handle committed."""
+    ROLLED_FORWARD = "rolledForward"
+    """Found decided by an earlier attempt; its logged handles committed now."""
+    ALREADY_COMMITTED = "alreadyCommitted"
+    """A replay of a committed batch: nothing committed, the replay's handles aborted."""
+    ABORTED = "aborted"
+    """Undecided batch aborted: nothing of it is visible."""
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """The outcome and timings of one ``commitBatch`` or ``abortBatch`` call."""
+
+    sinkId: str
+    batchId: int
+    outcome: CommitOutcome
+    handles: int
+    """Handles of the decision (committed), or handles aborted for ``ABORTED``."""
+    rows: int
+    duplicatesAborted: int
+    """Handles of the given results not in the decision (replays, duplicates), aborted."""
+    stragglersAborted: int
+    """Other prepared transactions of the batch found and aborted (failed attempts)."""
+    retries: int
+    """Retries after transient errors, over all handles."""
+    seconds: float
+    """Wall time of the whole call."""
+    commitSeconds: float
+    """Wall time of committing (or aborting) the handles alone."""
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What ``recover`` finished: decided batches rolled forward, lingering transactions aborted."""
+
+    sinkId: str
+    batchesFinished: tuple[int, ...]
+    handlesCommitted: int
+    transactionsAborted: int
+    seconds: float
+
+    @property
+    def idle(self) -> bool:
+        """True when there was nothing to recover."""
+        return not self.batchesFinished and not self.transactionsAborted
+
+
+@dataclass(frozen=True)
+class _Job:
+    batchId: int
+    entry: LoggedHandle
+    action: Callable[[Handle], None]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    job: _Job
+    attempts: int
+    error: Exception | None
+
+
+class _stopAtDeadline(stop_base):
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return time.monotonic() >= self.deadline
+
+
+class Coordinator:
+    """Drives batches of one sink through the two-phase commit; a decided batch only goes forward.
+
+    Parameters
+    ----------
+    participant:
+        The sink's driver-side operations (``commit``, ``abort``, ``recoverAndCommit``,
+        ``recoverAndAbort``, ``describe``); all idempotent.
+    log:
+        The sink's decision log.
+    sinkId:
+        The sink's id; task results of another sink are refused.
+    commitRetries, commitTimeoutSeconds, retentionBatches, maxParallelCommits,
+    retryInitialSeconds, retryMaxSeconds:
+        See ``CoordinatorSettings`` (defaults 8, 120 s, 100, 16, 0.2 s, 10 s); or pass a whole
+        ``settings`` object instead.
+
+    No state is kept between calls beyond the settings: any process may make any call.
+    """
+
+    def __init__(
+        self,
+        participant: TwoPhaseParticipant[Any],
+        log: DecisionLog,
+        sinkId: str,
+        *,
+        commitRetries: int = 8,
+        commitTimeoutSeconds: float = 120.0,
+        retentionBatches: int = 100,
+        maxParallelCommits: int = 16,
+        retryInitialSeconds: float = 0.2,
+        retryMaxSeconds: float = 10.0,
+        settings: CoordinatorSettings | None = None,
+    ) -> None:
+        self.participant = participant
+        self.log = log
+        self.sinkId = sinkId
+        self.settings = settings or CoordinatorSettings(
+            commitRetries=commitRetries,
+            commitTimeoutSeconds=commitTimeoutSeconds,
+            retentionBatches=retentionBatches,
+            maxParallelCommits=maxParallelCommits,
+            retryInitialSeconds=retryInitialSeconds,
+            retryMaxSeconds=retryMaxSeconds,
+        )
+
+    # ------------------------------------------------------------------ public API
+
+    def claim(self, queryId: str, *, reset: bool = False) -> None:
+        """Make the log this query's; refuses a log of another query unless ``reset``.
+
+        ``reset`` (option ``twophase.resetLog``) first commits the outstanding decisions of
+        the old query (a decision is never dropped), then clears the log; it does nothing to a
+        log this query already owns. Idempotent.
+        """
+        try:
+            self.log.claim(self.sinkId, queryId)
+            return
+        except LogOwnershipError:
+            if not reset:
+                raise
+        self._rollForwardOutstanding()
+        self.log.claim(self.sinkId, queryId, reset=True)
+
+    def recover(self, batchId: int | None = None) -> RecoveryReport:
+        """Finish every decided batch, then abort prepared transactions no decision keeps.
+
+        Run before any task of a batch begins (``batchId``, when known, is the batch about to
+        run; it only targets fault injection and logs). Cheap when there is nothing to do: one
+        log listing plus the participant's own ``recoverAndAbort`` sweep. Raises if a decided
+        handle cannot be committed (the batch must not start: its tasks could collide with
+        the unfinished transaction), ``TransactionLostError`` included.
+        """
+        started = time.monotonic()
+        finished, committedHandles, keep = self._rollForwardOutstanding()
+        crashPoint("driver.duringRecovery", batchId)
+        aborted = self._retrying(
+            lambda: self.participant.recoverAndAbort(RecoveryScope(self.sinkId, keep=keep)),
+            what=f"recoverAndAbort of sink {self.sinkId}",
+            deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
+        )
+        for handle in aborted:
+            log.info(
+                "twophase sink %s: aborted lingering transaction %s",
+                self.sinkId,
+                self._describe(handle),
+            )
+        report = RecoveryReport(
+            self.sinkId,
+            tuple(finished),
+            committedHandles,
+            len(aborted),
+            time.monotonic() - started,
+        )
+        if not report.idle:
+            log.info(
+                "twophase sink %s: recovery finished batches %s (%d handles committed), "
+                "aborted %d lingering transactions in %.0f ms",
+                self.sinkId,
+                list(report.batchesFinished),
+                report.handlesCommitted,
+                report.transactionsAborted,
+                report.seconds * 1000,
+            )
+        return report
+
+    def commitBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
+        """Make batch N visible exactly once; safe to call again, for a replay, from any process.
+
+        Not decided yet: validate the results, write ``decided(N)`` (the commit point), commit
+        every handle in parallel with bounded retries, write ``committed(N)``, abort the other
+        prepared transactions of N. Decided but unfinished: commit the logged handles (not the
+        new ones), abort the new ones. Committed: abort this replay's handles, commit nothing.
+
+        Raises ``CommitFailedError`` when handles stay uncommitted after retries (the decision
+        stays: the next ``recover`` rolls forward), ``TransactionLostError`` when the
+        participant lost a decided transaction, ``LogOwnershipError`` when the log belongs to
+        another query, ``ValueError`` for results of another sink or batch.
+        """
+        started = time.monotonic()
+        queryId = self._validate(batchId, results)
+        state = self.log.state(batchId)
+        if state is not None and state.status is BatchStatus.COMMITTED:
+            return self._skipCommitted(state, results, started)
+        if state is not None and state.status is BatchStatus.DECIDED:
+            log.info(
+                "twophase sink %s: batch %d is already decided; committing its logged handles",
+                self.sinkId,
+                batchId,
+            )
+            return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
+        skipped = [r.partitionId for r in results if r.handle is None]
+        if skipped:
+            raise CoordinatorError(
+                f"twophase sink {self.sinkId}: tasks of batch {batchId} (partitions "
+                f"{skipped}) wrote nothing because the log showed the batch decided, but the "
+                "log holds no decision for it now (was the log reset, pruned or edited?). "
+                "Refusing to decide the batch without their data; Spark will retry it."
+            )
+        crashPoint("driver.beforeDecision", batchId)
+        decided = self.log.decide(batchId, results, queryId=queryId)
+        crashPoint("driver.afterDecision", batchId)
+        fresh = {dumpsHandle(r.handle) for r in results if r.handle is not None}
+        outcome = (
+            CommitOutcome.COMMITTED
+            if decided.handleKeys == fresh
+            else CommitOutcome.ROLLED_FORWARD  # someone else's decision won the race
+        )
+        return self._finish(decided, results, started, outcome)
+
+    def abortBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
+        """Abort batch N unless it is decided; a decided N is rolled forward, never back.
+
+        Undecided: abort every given handle, sweep the other prepared transactions of N, record
+        ``aborted(N)`` (Spark replays N later). Failures to abort are logged, not raised: what
+        is left is not in any decision, so the next ``recover`` aborts it.
+        """
+        started = time.monotonic()
+        try:
+            self._validate(batchId, results)
+        except LogOwnershipError:
+            # These handles are this query's and undecided anywhere: discard them, then refuse.
+            self._abortHandles(batchId, results, decided=frozenset())
+            raise
+        state = self.log.state(batchId)
+        if state is not None and state.status is BatchStatus.COMMITTED:
+            return self._skipCommitted(state, results, started)
+        if state is not None and state.status is BatchStatus.DECIDED:
+            log.warning(
+                "twophase sink %s: abort of batch %d, which is decided: rolling it forward",
+                self.sinkId,
+                batchId,
+            )
+            return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
+        abortStart = time.monotonic()
+        aborted, retries = self._abortHandles(batchId, results, decided=frozenset())
+        abortSeconds = time.monotonic() - abortStart
+        stragglers = self._sweepBatch(batchId, keep=())
+        self.log.markAborted(batchId)
+        report = CommitReport(
+            self.sinkId,
+            batchId,
+            CommitOutcome.ABORTED,
+            aborted,
+            0,
+            0,
+            stragglers,
+            retries,
+            time.monotonic() - started,
+            abortSeconds,
+        )
+        log.info(
+            "twophase sink %s: aborted batch %d: %d handles, %d other transactions",
+            self.sinkId,
+            batchId,
+            aborted,
+            stragglers,
+        )
+        return report
+
+    def isDecided(self, batchId: int) -> bool:
+        """True if batch N is decided or committed: nothing of N may be written again."""
+        return self.log.isDecided(batchId)
+
+    def status(self) -> dict[str, Any]:
+        """JSON-ready state of the sink for ``twophase status``; outstanding handles described."""
+        summary = self.log.status()
+        summary["sinkId"] = self.sinkId
+        for batch in summary["outstanding"]:
+            for entry in batch["handles"]:
+                entry["description"] = self._describe(entry["handle"])
+        return summary
+
+    # ------------------------------------------------------------------ the state machine
+
+    def _validate(self, batchId: int, results: Sequence[TaskResult]) -> str | None:
+        """Check that the results belong to this sink and batch and to the log's query."""
+        for result in results:
+            if result.sinkId != self.sinkId:
+                raise ValueError(
+                    f"twophase sink {self.sinkId}: batch {batchId} got a task result of sink "
+                    f"{result.sinkId!r} (partition {result.partitionId})"
+                )
+            if result.batchId != batchId:
+                raise ValueError(
+                    f"twophase sink {self.sinkId}: batch {batchId} got a task result of batch "
+                    f"{result.batchId} (partition {result.partitionId})"
+                )
+        queryIds = {r.queryId for r in results}
+        if len(queryIds) > 1:
+            raise ValueError(
+                f"twophase sink {self.sinkId}: batch {batchId} got task results of several "
+                f"queries: {sorted(queryIds)}"
+            )
+        queryId = queryIds.pop() if queryIds else ""
+        if not queryId:  # no task reported a query id: nothing to check ownership against
+            return None
+        # Before reading any batch state: another query's committed(N) must not make this
+        # query skip its own batch N.
+        self.log.claim(self.sinkId, queryId)
+        return queryId
+
+    def _skipCommitted(
+        self, state: BatchState, results: Sequence[TaskResult], started: float
+    ) -> CommitReport:
+        aborted, retries = self._abortHandles(state.batchId, results, decided=state.handleKeys)
+        log.info(
+            "twophase sink %s: batch %d was already committed; replay aborted %d duplicate handles",
+            self.sinkId,
+            state.batchId,
+            aborted,
+        )
+        return CommitReport(
+            self.sinkId,
+            state.batchId,
+            CommitOutcome.ALREADY_COMMITTED,
+            0,
+            0,
+            aborted,
+            0,
+            retries,
+            time.monotonic() - started,
+            0.0,
+        )
+
+    def _finish(
+        self,
+        state: BatchState,
+        results: Sequence[TaskResult],
+        started: float,
+        outcome: CommitOutcome,
+    ) -> CommitReport:
+        """Commit the decided handles of ``state``, mark it committed, clean up around it."""
+        batchId = state.batchId
+        action = (
+            self.participant.commit
+            if outcome is CommitOutcome.COMMITTED
+            else self.participant.recoverAndCommit
+        )
+        commitStart = time.monotonic()
+        outcomes = self._runAll(
+            [_Job(batchId, entry, action) for entry in state.handles],
+            deadline=commitStart + self.settings.commitTimeoutSeconds,
+            crashBetween=batchId,
+        )
+        commitSeconds = time.monotonic() - commitStart
+        self._raiseFailures(batchId, outcomes)
+        crashPoint("driver.afterCommits", batchId)
+        self.log.markCommitted(batchId, commitSeconds)
+        crashPoint("driver.afterCommitted", batchId)
+        duplicates, abortRetries = self._abortHandles(batchId, results, decided=state.handleKeys)
+        stragglers = self._sweepBatch(batchId, keep=tuple(e.handle for e in state.handles))
+        self._prune()
+        report = CommitReport(
+            self.sinkId,
+            batchId,
+            outcome,
+            len(state.handles),
+            state.rows,
+            duplicates,
+            stragglers,
+            sum(o.attempts - 1 for o in outcomes) + abortRetries,
+            time.monotonic() - started,
+            commitSeconds,
+        )
+        log.info(
+            "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms",
+            self.sinkId,
+            batchId,
+            report.handles,
+            report.rows,
+            report.seconds * 1000,
+        )
+        return report
+
+    def _rollForwardOutstanding(self) -> tuple[list[int], int, tuple[Handle, ...]]:
+        """Commit every handle of every decided-but-unfinished batch; mark those committed.
+
+        Returns the batches finished, the number of handles committed, and every handle of the
+        outstanding decisions (the ``keep`` of the sweep that follows).
+        """
+        outstanding = self.log.outstanding()
+        if not outstanding:
+            return [], 0, ()
+        keep = tuple(entry.handle for state in outstanding for entry in state.handles)
+        log.info(
+            "twophase sink %s: rolling forward decided batches %s",
+            self.sinkId,
+            [s.batchId for s in outstanding],
+        )
+        started = time.monotonic()
+        outcomes = self._runAll(
+            [
+                _Job(state.batchId, entry, self.participant.recoverAndCommit)
+                for state in outstanding
+                for entry in state.handles
+            ],
+            deadline=started + self.settings.commitTimeoutSeconds,
+            crashBetween=None,
+        )
+        seconds = time.monotonic() - started
+        failedBatches = {o.job.batchId for o in outcomes if o.error is not None}
+        finished = [s for s in outstanding if s.batchId not in failedBatches]
+        for state in finished:
+            self.log.markCommitted(state.batchId, seconds)
+            log.info(
+                "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
+                self.sinkId,
+                state.batchId,
+                len(state.handles),
+                state.rows,
+                seconds * 1000,
+            )
+        for batchId in sorted(failedBatches):
+            self._raiseFailures(batchId, [o for o in outcomes if o.job.batchId == batchId])
+        return [s.batchId for s in finished], len(outcomes), keep
+
+    def _abortHandles(
+        self, batchId: int, results: Sequence[TaskResult], *, decided: frozenset[str]
+    ) -> tuple[int, int]:
+        """Abort the handles of ``results`` that are not in ``decided``; log failures.
+
+        Returns (handles aborted, retries). Never aborts a decided handle: Spark may hand the
+        decided messages to ``commit`` twice or to ``abort`` after ``commit``.
+        """
+        seen = set(decided)
+        jobs = []
+        for result in results:
+            if result.handle is None:
+                continue
+            entry = LoggedHandle.fromResult(result)
+            if entry.key in seen:
+                continue
+            seen.add(entry.key)
+            jobs.append(_Job(batchId, entry, self.participant.abort))
+        outcomes = self._runAll(
+            jobs,
+            deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
+            crashBetween=None,
+        )
+        for failed in (o for o in outcomes if o.error is not None):
+            log.warning(
+                "twophase sink %s: batch %d: could not abort %s (%s: %s); the next recovery "
+                "aborts it",
+                self.sinkId,
+                batchId,
+                self._describe(failed.job.entry.handle),
+                type(failed.error).__name__,
+                failed.error,
+            )
+        retries = sum(o.attempts - 1 for o in outcomes)
+        return sum(1 for o in outcomes if o.error is None), retries
+
+    def _sweepBatch(self, batchId: int, keep: tuple[Handle, ...]) -> int:
+        """Abort prepared transactions of batch N that ``keep`` does not name; best effort."""
+        scope = RecoveryScope(self.sinkId, keep=keep, batchId=batchId)
+        try:
+            aborted = self._retrying(
+                lambda: self.participant.recoverAndAbort(scope),
+                what=f"recoverAndAbort of batch {batchId}",
+                deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
+            )
+        except Exception as exc:
+            log.warning(
+                "twophase sink %s: batch %d: sweeping other prepared transactions failed "
+                "(%s: %s); the next recovery aborts them",
+                self.sinkId,
+                batchId,
+                type(exc).__name__,
+                exc,
+            )
+            return 0
+        for handle in aborted:
+            log.info(
+                "twophase sink %s: batch %d: aborted transaction %s outside the decision",
+                self.sinkId,
+                batchId,
+                self._describe(handle),
+            )
+        return len(aborted)
+
+    def _prune(self) -> None:
+        try:
+            self.log.prune(self.settings.retentionBatches)
+        except Exception as exc:
+            log.warning(
+                "twophase sink %s: pruning the decision log failed (%s: %s)",
+                self.sinkId,
+                type(exc).__name__,
+                exc,
+            )
+
+    # ------------------------------------------------------------------ execution
+
+    def _runAll(
+        self, jobs: Sequence[_Job], *, deadline: float, crashBetween: int | None
+    ) -> list[_Outcome]:
+        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job.
+
+        ``crashBetween``: fire ``driver.betweenCommits`` for that batch after the first of
+        several jobs succeeded.
+        """
+        if not jobs:
+            return []
+        workers = min(self.settings.maxParallelCommits, len(jobs))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
+        outcomes: list[_Outcome] = []
+        try:
+            futures = [pool.submit(self._runOne, job, deadline) for job in jobs]
+            for future in as_completed(futures):
+                outcome = future.result()
+                outcomes.append(outcome)
+                if (
+                    crashBetween is not None
+                    and len(jobs) > 1
+                    and len(outcomes) == 1
+                    and outcome.error is None
+                ):
+                    crashPoint("driver.betweenCommits", crashBetween)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return outcomes
+
+    def _runOne(self, job: _Job, deadline: float) -> _Outcome:
+        attempts = [0]
+        try:
+            self._retrying(
+                lambda: job.action(job.entry.handle),
+                what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
+                deadline=deadline,
+                attempts=attempts,
+            )
+        except Exception as exc:
+            return _Outcome(job, attempts[0], exc)
+        return _Outcome(job, attempts[0], None)
+
+    def _retrying(
+        self,
+        call: Callable[[], _T],
+        *,
+        what: str,
+        deadline: float,
+        attempts: list[int] | None = None,
+    ) -> _T:
+        """Call with retries on ``TransientCommitError`` only, bounded by attempts and time.
+
+        Raises the last error when retries are exhausted; ``attempts[0]`` counts the calls.
+        """
+        backoff = wait_random_exponential(
+            multiplier=self.settings.retryInitialSeconds, max=self.settings.retryMaxSeconds
+        )
+
+        def attempt() -> _T:
+            if attempts is not None:
+                attempts[0] += 1
+            return call()
+
+        def wait(state: RetryCallState) -> float:
+            return min(backoff(state), max(0.0, deadline - time.monotonic()))
+
+        def beforeSleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "twophase sink %s: %s: transient failure (attempt %d): %s; retrying",
+                self.sinkId,
+                what,
+                state.attempt_number,
+                error,
+            )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientCommitError),
+            stop=stop_after_attempt(self.settings.commitRetries + 1) | _stopAtDeadline(deadline),
+            wait=wait,
+            before_sleep=beforeSleep,
+            reraise=True,
+        )
+        return retrying(attempt)
+
+    def _raiseFailures(self, batchId: int, outcomes: Sequence[_Outcome]) -> None:
+        failed = [o for o in outcomes if o.error is not None]
+        if not failed:
+            return
+        for outcome in failed:
+            if isinstance(outcome.error, TransactionLostError):
+                lost = outcome.error
+                lost.add_note(
+                    f"twophase sink {self.sinkId}: batch {batchId} is decided, but its "
+                    f"transaction {self._describe(outcome.job.entry.handle)} is lost: "
+                    "exactly-once is broken for it; the decision stays in the log"
+                )
+                log.error(
+                    "twophase sink %s: batch %d: transaction lost: %s: %s",
+                    self.sinkId,
+                    batchId,
+                    self._describe(outcome.job.entry.handle),
+                    lost,
+                )
+                raise lost
+        error = CommitFailedError(
+            self.sinkId,
+            batchId,
+            [(self._describe(o.job.entry.handle), o.attempts, o.error) for o in failed if o.error],
+        )
+        log.error("%s", error)
+        raise error from failed[0].error
+
+    def _describe(self, handle: Handle) -> str:
+        try:
+            return self.participant.describe(handle)
+        except Exception:  # a description must never hide the real error
+            return dumpsHandle(handle)

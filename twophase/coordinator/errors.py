@@ -1,0 +1,66 @@
+"""The coordinator's errors: each one names the sink, the batch and what an operator can do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CoordinatorError(Exception):
+    """Base class of every error the coordinator raises on its own account."""
+
+
+class LogOwnershipError(CoordinatorError):
+    """The decision log belongs to another streaming query; writing to it could lose data.
+
+    A new checkpoint location means a new query id and batch ids that start again at 0, so the
+    old query's ``committed(0)`` would make the new query skip its own batch 0. The log refuses
+    instead, and says how to proceed.
+    """
+
+    def __init__(self, url: str, sinkId: str, logQueryId: str, queryId: str, detail: str = ""):
+        self.url = url
+        self.sinkId = sinkId
+        self.logQueryId = logQueryId
+        self.queryId = queryId
+        message = (
+            f"twophase sink {sinkId}: the decision log at {url} belongs to streaming query "
+            f"{logQueryId}, not to this query {queryId}. Writing here could skip or duplicate "
+            "data. If this is a fresh start of the same pipeline on purpose, set option "
+            "twophase.resetLog=true (outstanding decisions of the old query are committed "
+            "first, then the log is cleared), or give the query a new checkpoint location or a "
+            "new twophase.sinkId."
+        )
+        super().__init__(f"{message} {detail}".rstrip())
+
+
+class DecisionConflictError(CoordinatorError):
+    """A state change that the log's state machine forbids (e.g. aborting a decided batch).
+
+    ``decided(N) -> committed(N)`` and ``aborted(N)`` (possibly followed by a fresh
+    ``decided(N)`` when Spark replays N) are the only transitions.
+    """
+
+
+class CommitFailedError(CoordinatorError):
+    """Decided handles of a batch could not be committed, even after retries.
+
+    The decision stays in the log, so nothing is lost: the next start of the query (or the
+    recovery before the next batch) commits these handles again (commits are idempotent).
+    """
+
+    def __init__(
+        self, sinkId: str, batchId: int, failures: Sequence[tuple[str, int, BaseException]]
+    ):
+        self.sinkId = sinkId
+        self.batchId = batchId
+        self.failures = list(failures)
+        parts = [
+            f"{description} ({attempts} attempt{'s' if attempts != 1 else ''}): "
+            f"{type(error).__name__}: {error}"
+            for description, attempts, error in self.failures
+        ]
+        super().__init__(
+            f"twophase sink {sinkId}: batch {batchId} is decided but {len(parts)} handle(s) "
+            f"could not be committed: {'; '.join(parts)}. The decision is durable: the next "
+            "start of the query rolls it forward (commit is idempotent)."
+        )

@@ -1,0 +1,80 @@
+"""Driver-side glue between a sink's options and the coordinator: open, claim, recover.
+
+The Spark binding and the ``foreachBatch`` adapter both call ``beforeBatch`` once per
+micro-batch, before any task runs, and ``openCoordinator`` to commit or abort it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import fsspec
+
+from twophase.coordinator import Coordinator, DecisionLog
+from twophase.protocol import TwoPhaseParticipant
+from twophase.settings import SinkSettings
+
+log = logging.getLogger(__name__)
+
+
+def ensureLogging() -> None:
+    """Give ``twophase`` loggers a stderr handler inside Spark's Python workers.
+
+    Spark's driver-side Python workers configure no logging, so without this the one INFO line
+    per committed batch would vanish. An application that configured logging keeps its own.
+    ``TWOPHASE_LOG_LEVEL`` (default INFO) sets the level.
+    """
+    logger = logging.getLogger("twophase")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("TWOPHASE_LOG_LEVEL", "INFO").upper())
+
+
+def openCoordinator(participant: TwoPhaseParticipant[Any], settings: SinkSettings) -> Coordinator:
+    """A coordinator over the sink's decision log, with the sink's retry bounds."""
+    return Coordinator(
+        participant,
+        DecisionLog(settings.logLocation),
+        settings.sinkId,
+        commitRetries=settings.commitRetries,
+        commitTimeoutSeconds=settings.commitTimeoutSeconds,
+        retentionBatches=settings.logRetentionBatches,
+    )
+
+
+def checkpointQueryId(checkpointLocation: str) -> str | None:
+    """The query id Spark recorded in ``<checkpointLocation>/metadata``, if it is there yet."""
+    fs, root = fsspec.core.url_to_fs(checkpointLocation)
+    path = f"{root.rstrip('/')}/metadata"
+    try:
+        with fs.open(path, "r") as f:
+            first = f.readline()
+    except FileNotFoundError:
+        return None
+    try:
+        queryId = json.loads(first).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return str(queryId) if queryId else None
+
+
+def beforeBatch(
+    participant: TwoPhaseParticipant[Any], settings: SinkSettings, queryId: str | None
+) -> int | None:
+    """Claim the log for this query, finish or abort what earlier runs left, return the last
+    decided batch id (tasks of a batch at or below it write nothing)."""
+    ensureLogging()
+    coordinator = openCoordinator(participant, settings)
+    if queryId:
+        coordinator.claim(queryId, reset=settings.resetLog)
+    report = coordinator.recover()
+    if not report.idle:
+        log.info("twophase sink %s: recovery %s", settings.sinkId, report)
+    return coordinator.log.lastDecided()

@@ -1,0 +1,86 @@
+"""Deterministic fault injection: crash this process abruptly at a named protocol step.
+
+Tests and the chaos harness set ``TWOPHASE_CRASH_AT`` to ``<point>`` or ``<point>:<batchId>``
+(several separated by commas). When the running code reaches that point, the whole process
+group (``driver.*`` points) or the task's Python worker (``task.*`` points) is killed with
+SIGKILL: no ``finally``, no atexit, exactly like a power cut. Spark's driver-side Python workers
+share the process group of the driver that spawned them, so a driver point takes down the
+driver JVM too; run the query in its own session (``start_new_session``). A task point kills
+the worker mid-task: Spark sees the attempt die and retries it, leaving its debris behind.
+
+Points (see PROTOCOL.md section 5): ``task.afterBegin``, ``task.afterWrite``,
+``task.afterPreCommit``, ``driver.beforeDecision``, ``driver.afterDecision``,
+``driver.betweenCommits``, ``driver.afterCommits``, ``driver.afterCommitted``,
+``driver.duringRecovery``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger(__name__)
+
+ENV = "TWOPHASE_CRASH_AT"
+ONCE_ENV = "TWOPHASE_CRASH_ONCE_FILE"
+GROUP_ENV = "TWOPHASE_CRASH_PGID"
+
+POINTS = (
+    "task.afterBegin",
+    "task.afterWrite",
+    "task.afterPreCommit",
+    "driver.beforeDecision",
+    "driver.afterDecision",
+    "driver.betweenCommits",
+    "driver.afterCommits",
+    "driver.afterCommitted",
+    "driver.duringRecovery",
+)
+
+
+def markQueryProcessGroup() -> None:
+    """Record this process's group as the one a ``driver.*`` point kills.
+
+    Call it in the process that starts the query, before Spark starts: the JVM and every
+    Python worker inherit the variable. Needed because PySpark's daemon puts its workers in
+    process groups of their own, so the commit worker's group is not the driver's.
+    """
+    os.environ.setdefault(GROUP_ENV, str(os.getpgid(0)))
+
+
+def _armed(point: str, batchId: int | None) -> bool:
+    spec = os.environ.get(ENV, "")
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, batch = item.partition(":")
+        if name != point:
+            continue
+        if batch and (batchId is None or int(batch) != batchId):
+            continue
+        return True
+    return False
+
+
+def crashPoint(point: str, batchId: int | None = None) -> None:
+    """Kill the process group with SIGKILL if ``TWOPHASE_CRASH_AT`` names this point.
+
+    ``TWOPHASE_CRASH_ONCE_FILE``, when set, names a marker file: the crash happens only if the
+    file does not exist yet (it is created just before), so a restarted query runs through.
+    """
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known points: {', '.join(POINTS)}")
+    if not _armed(point, batchId):
+        return
+    marker = os.environ.get(ONCE_ENV)
+    if marker:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, f"{point}:{batchId}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+    log.warning("fault injection: SIGKILL at %s (batch %s)", point, batchId)
+    if point.startswith("driver."):
+        os.killpg(int(os.environ.get(GROUP_ENV) or os.getpgid(0)), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
