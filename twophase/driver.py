@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import fsspec
@@ -65,6 +67,52 @@ def checkpointQueryId(checkpointLocation: str) -> str | None:
     return str(queryId) if queryId else None
 
 
+SINK_DESCRIPTION = "sink.json"
+_SECRET_KEY = re.compile(r"password|secret|sasl\.jaas|token|credential", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+):[^@\s]*@")
+
+
+def publicOptions(options: Mapping[str, str]) -> dict[str, str]:
+    """The options with secrets removed: secret-named keys dropped, URL passwords cut out."""
+    return {
+        key: _URL_PASSWORD.sub(r"\1@", value)
+        for key, value in sorted(options.items())
+        if not _SECRET_KEY.search(key)
+    }
+
+
+def describeSink(participant: TwoPhaseParticipant[Any], settings: SinkSettings) -> None:
+    """Keep ``sink.json`` beside the log: which class and options can finish its transactions.
+
+    ``twophase recover`` rebuilds the sink from it. Secrets are never written; a sink that
+    needs one reads it from its usual place (environment, ``.pgpass``...). Written only when
+    it changed, so a batch costs one small read.
+    """
+    cls = type(participant)
+    options = getattr(participant, "options", {})
+    body = json.dumps(
+        {
+            "sinkId": settings.sinkId,
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "options": publicOptions(options),
+        },
+        indent=2,
+        sort_keys=True,
+    )
+    fs, root = fsspec.core.url_to_fs(settings.logLocation)
+    path = f"{root.rstrip('/')}/{SINK_DESCRIPTION}"
+    try:
+        with fs.open(path, "r") as f:
+            if f.read() == body:
+                return
+    except FileNotFoundError:
+        fs.makedirs(root, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with fs.open(tmp, "w") as f:
+        f.write(body)
+    fs.mv(tmp, path)
+
+
 def beforeBatch(
     participant: TwoPhaseParticipant[Any], settings: SinkSettings, queryId: str | None
 ) -> int | None:
@@ -74,6 +122,7 @@ def beforeBatch(
     coordinator = openCoordinator(participant, settings)
     if queryId:
         coordinator.claim(queryId, reset=settings.resetLog)
+    describeSink(participant, settings)
     report = coordinator.recover()
     if not report.idle:
         log.info("twophase sink %s: recovery %s", settings.sinkId, report)

@@ -393,6 +393,11 @@ class DecisionLog:
                     found.append(state)
         return found
 
+    def committedBatchIds(self) -> list[int]:
+        """Ids of the committed batches still in the log (not pruned), ascending; one listing."""
+        records = self._list().records
+        return sorted(b for b, paths in records.items() if BatchStatus.COMMITTED in paths)
+
     def lastDecided(self) -> int | None:
         """The highest batch id that is decided or committed, or ``None``; verified.
 
