@@ -1,0 +1,59 @@
+# Developer and CI entry points. Needs Python 3.11+ and Java 17+ (plus Maven and, for
+# PostgreSQL, the OS packages, which services/postgres.sh installs with apt-get as root).
+#
+#   make test           unit + integration tests against real Kafka and PostgreSQL
+#   make unit           unit tests only (no services)
+#   make demo           the end-to-end demo
+#   make services       start Kafka and PostgreSQL, write .services.env
+#   make services-down  stop them and delete their state
+#   make lint           ruff format check, ruff lint, mypy
+
+PYTHON ?= python3
+VENV := .venv
+VENV_PY := $(abspath $(VENV)/bin/python)
+# Installed once per pyproject.toml change.
+STAMP := $(VENV)/.installed
+
+# Downloads (Kafka jars) and the servers' state live here.
+export TWOPHASE_CACHE ?= $(HOME)/.cache/twophase
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Spark's Python workers must use the venv's interpreter.
+export PYSPARK_PYTHON := $(VENV_PY)
+
+.PHONY: .venv demo test unit lint services services-down services-status
+
+.venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+demo: .venv
+	$(VENV)/bin/twophase demo
+
+unit: .venv
+	$(VENV)/bin/pytest tests
+
+# Services are stopped whatever happens to the tests (also on Ctrl-C), and the target exits
+# with pytest's status. Variables in .services.env win over stale ones in the environment.
+test: .venv
+	@rc=0; \
+	trap 'services/services.sh down || true' EXIT; \
+	trap 'exit 130' INT TERM; \
+	PYTHON=$(VENV_PY) services/services.sh up || exit $$?; \
+	set -a; . ./.services.env; set +a; \
+	$(VENV)/bin/pytest tests integration_tests || rc=$$?; \
+	exit $$rc
+
+services: .venv
+	PYTHON=$(VENV_PY) services/services.sh up
+
+services-down:
+	services/services.sh down
+
+services-status:
+	services/services.sh status
+
+lint: .venv
+	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check . && $(VENV)/bin/mypy

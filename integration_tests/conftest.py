@@ -1,0 +1,192 @@
+"""Fixtures for tests against real Kafka and PostgreSQL servers.
+
+Where the servers are comes from the environment (TWOPHASE_PG_URL, TWOPHASE_KAFKA_BOOTSTRAP),
+else from .services.env at the repo root, which `make services` writes. A server that is not
+configured or not reachable fails the test: these tests are never skipped silently.
+
+Tests that restart a server use the `kafka_broker` and `postgres_server` fixtures; they drive
+services/kafka.sh and services/postgres.sh (stop/start keep data and ports).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVICES_DIR = REPO_ROOT / "services"
+SERVICES_ENV = REPO_ROOT / ".services.env"
+
+HOW_TO_START = (
+    "start it with `make services` (or `docker compose up -d` and `set -a; . services/docker.env`)"
+)
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    """KEY=value lines, optionally prefixed with `export`, with shell quoting."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if words and words[0] == "export":
+            words = words[1:]
+        if len(words) == 1 and "=" in words[0]:
+            key, _, value = words[0].partition("=")
+            values[key] = value
+    return values
+
+
+def service_setting(name: str) -> str | None:
+    """The environment first, then .services.env."""
+    return os.environ.get(name) or _read_env_file(SERVICES_ENV).get(name)
+
+
+@pytest.fixture(scope="session")
+def services_dir() -> Path:
+    return SERVICES_DIR
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    url = service_setting("TWOPHASE_PG_URL")
+    if not url:
+        pytest.fail(
+            f"PostgreSQL is not configured: TWOPHASE_PG_URL is unset and {SERVICES_ENV} "
+            f"has none; {HOW_TO_START}",
+            pytrace=False,
+        )
+    import psycopg
+
+    problem = None
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        problem = " ".join(str(exc).split())
+    if problem is not None:  # failing outside `except` keeps the report to one line
+        pytest.fail(
+            f"PostgreSQL is not reachable at {url} ({problem}); {HOW_TO_START}", pytrace=False
+        )
+    return url
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    bootstrap = service_setting("TWOPHASE_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        pytest.fail(
+            f"Kafka is not configured: TWOPHASE_KAFKA_BOOTSTRAP is unset and {SERVICES_ENV} "
+            f"has none; {HOW_TO_START}",
+            pytrace=False,
+        )
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    problem = None
+    try:
+        if not admin.list_topics(timeout=15).brokers:
+            problem = "the metadata response lists no broker"
+    except KafkaException as exc:
+        problem = exc.args[0].str() if exc.args else str(exc)
+    if problem is not None:
+        pytest.fail(
+            f"Kafka is not reachable at {bootstrap} ({problem}); {HOW_TO_START}", pytrace=False
+        )
+    return bootstrap
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping and starting the servers, for restart and crash tests.
+
+
+@dataclass
+class ServiceControl:
+    """Stops and starts one server started by services/*.sh, keeping its data and port."""
+
+    script: Path
+    noun: str  # "broker" or "server": the scripts' verbs are stop-<noun>, start-<noun>, ...
+
+    def _run(self, verb: str) -> None:
+        env = dict(os.environ)
+        # The state lives under the TWOPHASE_CACHE the services were started with.
+        cache = service_setting("TWOPHASE_CACHE")
+        if cache:
+            env["TWOPHASE_CACHE"] = cache
+        result = subprocess.run(
+            [str(self.script), f"{verb}-{self.noun}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"{self.script.name} {verb}-{self.noun} failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )
+
+    def stop(self) -> None:
+        """Graceful shutdown."""
+        self._run("stop")
+
+    def kill(self) -> None:
+        """Crash: SIGKILL for Kafka, immediate shutdown for PostgreSQL."""
+        self._run("kill")
+
+    def start(self) -> None:
+        """Start again on the same port with the same data; returns once it serves requests."""
+        self._run("start")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
+    """True when `script query` (the running service's address) matches what the tests use."""
+    env = dict(os.environ)
+    cache = service_setting("TWOPHASE_CACHE")
+    if cache:
+        env["TWOPHASE_CACHE"] = cache
+    result = subprocess.run(
+        [str(script), *query], env=env, capture_output=True, text=True, timeout=60
+    )
+    return result.returncode == 0 and result.stdout.strip() == address
+
+
+@pytest.fixture
+def kafka_broker(kafka_bootstrap: str, services_dir: Path) -> Iterator[ServiceControl]:
+    """Control of the Kafka broker; it is running again after the test, whatever happened."""
+    script = services_dir / "kafka.sh"
+    if not _managed_by_scripts(script, ["bootstrap"], kafka_bootstrap):
+        pytest.fail(
+            f"the broker at {kafka_bootstrap} was not started by services/kafka.sh, so this "
+            "test cannot restart it; run it after `make services`",
+            pytrace=False,
+        )
+    control = ServiceControl(script, "broker")
+    yield control
+    control.start()
+
+
+@pytest.fixture
+def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]:
+    """Control of the PostgreSQL server; it is running again after the test, whatever happened."""
+    script = services_dir / "postgres.sh"
+    if not _managed_by_scripts(script, ["url"], pg_url):
+        pytest.fail(
+            f"the server at {pg_url} was not started by services/postgres.sh, so this test "
+            "cannot restart it; run it after `make services`",
+            pytrace=False,
+        )
+    control = ServiceControl(script, "server")
+    yield control
+    control.start()

@@ -1,0 +1,174 @@
+"""docker-compose.yml must start the same Kafka and PostgreSQL as services/*.sh.
+
+The scripts take their settings from services/settings.env; this test holds docker-compose.yml,
+services/docker.env and the Kafka pom to that file.
+"""
+
+from __future__ import annotations
+
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ROOT / "services"
+
+# Broker properties that docker-compose.yml sets for its own network layout (listeners, quorum);
+# the script derives these from the free ports it picks, so they are not shared settings.
+COMPOSE_LAYOUT_PROPERTIES = {
+    "node.id",
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.listener.names",
+    "listeners",
+    "advertised.listeners",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+}
+# Variables of the apache/kafka image that are not broker properties.
+KAFKA_IMAGE_NON_PROPERTIES = {"CLUSTER_ID", "KAFKA_HEAP_OPTS"}
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse KEY=value lines (optionally `export KEY=value`, shell quoting) without a shell."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] == "export":
+            words = words[1:]
+        assert len(words) == 1 and "=" in words[0], f"{path.name}: not KEY=value: {line!r}"
+        key, _, value = words[0].partition("=")
+        values[key] = value
+    return values
+
+
+def kafka_env_name(prop: str) -> str:
+    """The apache/kafka image's variable for a broker property: `.`->`_`, `_`->`__`, `-`->`___`."""
+    return "KAFKA_" + prop.replace("_", "__").replace("-", "___").replace(".", "_").upper()
+
+
+def as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@pytest.fixture(scope="module")
+def settings() -> dict[str, str]:
+    return read_env_file(SERVICES / "settings.env")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def kafka_env(compose: dict[str, Any]) -> dict[str, str]:
+    env = compose["services"]["kafka"]["environment"]
+    assert isinstance(env, dict), "kafka.environment must be a mapping"
+    return {key: as_text(value) for key, value in env.items()}
+
+
+def shared_broker_properties(settings: dict[str, str]) -> dict[str, str]:
+    props = dict(p.split("=", 1) for p in settings["TWOPHASE_KAFKA_BROKER_PROPERTIES"].split())
+    props["transaction.max.timeout.ms"] = settings["TWOPHASE_DEFAULT_KAFKA_TXN_MAX_TIMEOUT_MS"]
+    return props
+
+
+def test_kafka_version_is_the_same_everywhere(
+    settings: dict[str, str], compose: dict[str, Any]
+) -> None:
+    version = settings["TWOPHASE_KAFKA_VERSION"]
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{version}"
+
+    pom = ET.parse(SERVICES / "kafka" / "pom.xml").getroot()
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    assert pom.findtext("m:properties/m:kafka.version", namespaces=ns) == version
+
+
+def test_kafka_broker_settings_match_the_script(
+    settings: dict[str, str], kafka_env: dict[str, str]
+) -> None:
+    for prop, value in shared_broker_properties(settings).items():
+        name = kafka_env_name(prop)
+        assert kafka_env.get(name) == value, f"{name} (broker property {prop}) should be {value}"
+    assert kafka_env["KAFKA_HEAP_OPTS"] == settings["TWOPHASE_KAFKA_HEAP_OPTS"]
+
+
+def test_compose_sets_no_kafka_property_the_script_lacks(
+    settings: dict[str, str], kafka_env: dict[str, str]
+) -> None:
+    known = {kafka_env_name(p) for p in shared_broker_properties(settings)}
+    known |= {kafka_env_name(p) for p in COMPOSE_LAYOUT_PROPERTIES}
+    extra = set(kafka_env) - known - KAFKA_IMAGE_NON_PROPERTIES
+    assert not extra, f"add these to services/settings.env (or explain them here): {extra}"
+
+
+def test_kafka_is_a_single_kraft_node_on_the_published_port(
+    compose: dict[str, Any], kafka_env: dict[str, str]
+) -> None:
+    assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert kafka_env["KAFKA_NODE_ID"] == "1"
+    assert kafka_env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith("1@")
+    assert kafka_env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://127.0.0.1:9092"
+    assert "127.0.0.1:9092:9092" in compose["services"]["kafka"]["ports"]
+
+
+def test_postgres_settings_match_the_script(
+    settings: dict[str, str], compose: dict[str, Any]
+) -> None:
+    pg = compose["services"]["postgres"]
+    assert pg["image"] == f"postgres:{settings['TWOPHASE_POSTGRES_MAJOR']}"
+    command = pg["command"]
+    assert command[0] == "postgres"
+    options = dict(command[i + 1].split("=", 1) for i, word in enumerate(command) if word == "-c")
+    assert options == {
+        "max_prepared_transactions": settings["TWOPHASE_PG_MAX_PREPARED_TRANSACTIONS"],
+        "max_connections": settings["TWOPHASE_PG_MAX_CONNECTIONS"],
+    }
+    assert int(options["max_prepared_transactions"]) >= 64
+    env = {key: as_text(value) for key, value in pg["environment"].items()}
+    assert env == {
+        "POSTGRES_USER": settings["TWOPHASE_PG_USER"],
+        "POSTGRES_PASSWORD": settings["TWOPHASE_PG_PASSWORD"],
+        "POSTGRES_DB": settings["TWOPHASE_PG_DATABASE"],
+    }
+    assert "127.0.0.1:5432:5432" in pg["ports"]
+
+
+def test_docker_env_points_at_the_compose_services(settings: dict[str, str]) -> None:
+    env = read_env_file(SERVICES / "docker.env")
+    assert env["TWOPHASE_KAFKA_BOOTSTRAP"] == "127.0.0.1:9092"
+    url = urlsplit(env["TWOPHASE_PG_URL"])
+    assert url.scheme == "postgresql"
+    assert (url.hostname, url.port) == ("127.0.0.1", 5432)
+    assert url.username == settings["TWOPHASE_PG_USER"]
+    assert url.password == settings["TWOPHASE_PG_PASSWORD"]
+    assert url.path == "/" + settings["TWOPHASE_PG_DATABASE"]
+
+
+def test_scripts_take_their_settings_from_settings_env() -> None:
+    kafka = (SERVICES / "kafka.sh").read_text()
+    postgres = (SERVICES / "postgres.sh").read_text()
+    lib = (SERVICES / "lib.sh").read_text()
+    assert "settings.env" in lib
+    assert "lib.sh" in kafka and "lib.sh" in postgres
+    for name in (
+        "TWOPHASE_KAFKA_VERSION",
+        "TWOPHASE_KAFKA_HEAP_OPTS",
+        "TWOPHASE_KAFKA_BROKER_PROPERTIES",
+        "TWOPHASE_DEFAULT_KAFKA_TXN_MAX_TIMEOUT_MS",
+    ):
+        assert name in kafka, name
+    for name in ("TWOPHASE_PG_MAX_PREPARED_TRANSACTIONS", "TWOPHASE_PG_MAX_CONNECTIONS"):
+        assert name in postgres, name
