@@ -43,3 +43,20 @@ def test_the_documented_sink_runs_and_commits_every_row_once(tmp_path: Path) -> 
     ]
     assert sorted(ids) == list(range(2000))
     assert not list((tmp_path / "run" / "data" / "_pending").iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_pipeline_prints_every_row_once(tmp_path: Path) -> None:
+    readme = (DOC.parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "register" in b]
+    assert blocks, "README.md lost its runnable example"
+    code = blocks[0].replace("/tmp/twophase-out", str(tmp_path / "out"))
+    code = code.replace("/tmp/twophase-ckpt", str(tmp_path / "ckpt"))
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "100000"
