@@ -57,3 +57,14 @@ services-status:
 
 lint: .venv
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check . && $(VENV)/bin/mypy
+
+# The postgres sink against Spark's JDBC writer and raw COPY (after `make services`).
+.PHONY: bench-postgres
+bench-postgres: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.postgres
+
+# The twophase.kafka sink and source against Spark's own Kafka connector and a raw
+# confluent-kafka producer, plus the driver commit time per batch (after `make services`).
+.PHONY: bench-kafka
+bench-kafka: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka

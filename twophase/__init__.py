@@ -47,9 +47,11 @@ __all__ = [
 def builtinDataSources() -> list[type]:
     """The built-in sources and sinks, as PySpark data source classes."""
     from twophase.sinks.files import FilesSink
+    from twophase.sinks.kafka import KafkaSink
+    from twophase.sinks.postgres import PostgresSink
     from twophase.sources.sequence import SequenceSource
 
-    return [FilesSink, SequenceSource]
+    return [FilesSink, KafkaSink, PostgresSink, SequenceSource]
 
 
 def register(spark: SparkSession) -> None:

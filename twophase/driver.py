@@ -113,8 +113,27 @@ def describeSink(participant: TwoPhaseParticipant[Any], settings: SinkSettings) 
     fs.mv(tmp, path)
 
 
+def plannedBatchId(checkpointLocation: str) -> int | None:
+    """The batch Spark is about to run: the newest ``<checkpoint>/offsets/<N>`` entry.
+
+    Spark writes ``offsets/N`` (its write-ahead log) before it plans batch N's write, so
+    during ``streamWriter()`` this is N. Used for logs and fault injection only: decisions
+    never depend on it.
+    """
+    fs, root = fsspec.core.url_to_fs(checkpointLocation)
+    try:
+        names = fs.ls(f"{root.rstrip('/')}/offsets", detail=False)
+    except FileNotFoundError:
+        return None
+    ids = [int(n.rsplit("/", 1)[-1]) for n in names if n.rsplit("/", 1)[-1].isdigit()]
+    return max(ids, default=None)
+
+
 def beforeBatch(
-    participant: TwoPhaseParticipant[Any], settings: SinkSettings, queryId: str | None
+    participant: TwoPhaseParticipant[Any],
+    settings: SinkSettings,
+    queryId: str | None,
+    batchId: int | None = None,
 ) -> int | None:
     """Claim the log for this query, finish or abort what earlier runs left, return the last
     decided batch id (tasks of a batch at or below it write nothing)."""
@@ -123,7 +142,7 @@ def beforeBatch(
     if queryId:
         coordinator.claim(queryId, reset=settings.resetLog)
     describeSink(participant, settings)
-    report = coordinator.recover()
+    report = coordinator.recover(batchId)
     if not report.idle:
         log.info("twophase sink %s: recovery %s", settings.sinkId, report)
     return coordinator.log.lastDecided()

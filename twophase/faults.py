@@ -61,6 +61,11 @@ def _armed(point: str, batchId: int | None) -> bool:
     return False
 
 
+def armed(point: str, batchId: int | None = None) -> bool:
+    """True if ``TWOPHASE_CRASH_AT`` names this point (and batch): code may line up the window."""
+    return _armed(point, batchId)
+
+
 def crashPoint(point: str, batchId: int | None = None) -> None:
     """Kill the process group with SIGKILL if ``TWOPHASE_CRASH_AT`` names this point.
 

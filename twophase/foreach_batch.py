@@ -60,7 +60,7 @@ class _ForeachBatchWriter:
             checkpointQueryId(self.settings.checkpointLocation)
         )
         self.sink.validate(df.schema)
-        lastDecided = beforeBatch(self.sink, self.settings, queryId)
+        lastDecided = beforeBatch(self.sink, self.settings, queryId, batchId)
         coordinator = openCoordinator(self.sink, self.settings)
         if lastDecided is not None and batchId <= lastDecided:
             return  # a replay of a batch the log holds: recovery above has finished it

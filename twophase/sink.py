@@ -26,7 +26,13 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from twophase.driver import beforeBatch, checkpointQueryId, ensureLogging, openCoordinator
+from twophase.driver import (
+    beforeBatch,
+    checkpointQueryId,
+    ensureLogging,
+    openCoordinator,
+    plannedBatchId,
+)
 from twophase.protocol import (
     RecoveryScope,
     TaskResult,
@@ -62,7 +68,8 @@ class TwoPhaseCommitSink(DataSource, TwoPhaseParticipant[Txn], Generic[Txn]):
         if not _calledByCommitRunner():
             self.validate(schema)
             queryId = checkpointQueryId(settings.checkpointLocation)
-            lastDecided = beforeBatch(self, settings, queryId)
+            batchId = plannedBatchId(settings.checkpointLocation)
+            lastDecided = beforeBatch(self, settings, queryId, batchId)
         return TwoPhaseStreamWriter(self, settings, lastDecided, uuid.uuid4().hex[:8])
 
 

@@ -36,7 +36,7 @@ from tenacity.stop import stop_base
 
 from twophase.coordinator.errors import CommitFailedError, CoordinatorError, LogOwnershipError
 from twophase.coordinator.log import BatchState, BatchStatus, DecisionLog, LoggedHandle
-from twophase.faults import crashPoint
+from twophase.faults import armed, crashPoint
 from twophase.protocol import (
     Handle,
     RecoveryScope,
@@ -602,6 +602,17 @@ class Coordinator:
         """
         if not jobs:
             return []
+        if (
+            crashBetween is not None
+            and len(jobs) > 1
+            and armed("driver.betweenCommits", crashBetween)
+        ):
+            # Fault injection only: commit one handle before starting the others, so the crash
+            # leaves the batch partly committed (in parallel, fast commits all finish first).
+            first = self._runOne(jobs[0], deadline)
+            if first.error is None:
+                crashPoint("driver.betweenCommits", crashBetween)
+            return [first, *self._runAll(jobs[1:], deadline=deadline, crashBetween=None)]
         workers = min(self.settings.maxParallelCommits, len(jobs))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
         outcomes: list[_Outcome] = []

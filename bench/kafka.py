@@ -1,0 +1,423 @@
+"""``make bench-kafka``: the same rows into Kafka three ways, and back out two ways, in one run.
+
+Writes (each into a fresh topic with ``--topic-partitions`` partitions):
+
+(a) the ``twophase.kafka`` sink: exactly-once, one open transaction per task, ended by the
+    driver with EndTxn;
+(b) Spark's built-in Kafka sink (``format("kafka")``, at-least-once, the Java producer), from
+    Maven Central through ``spark.jars.packages``;
+(c) a raw confluent-kafka transactional producer outside Spark (one transaction per batch of
+    rows, ``produce_batch``): what librdkafka alone does on this machine.
+
+Reads: the ``twophase.kafka`` source against Spark's built-in Kafka source, both reading (a)'s
+topic to Spark's ``noop`` sink.
+
+And the floor of any Python sink: (f) the same query into a PySpark Python stream writer that
+drops its input. Every micro-batch of a Python data source sink costs Spark a planning worker
+and a commit worker on the driver and Arrow transfer to Python workers; (a) cannot be faster
+than (f), so compare (a)/(b) with (f)/(b).
+
+(a) and (b) run the same streaming query (``twophase.sequence`` -> ``key``, ``value`` of
+``--value-bytes``; same batches and partitions, ``trigger(availableNow=True)``), each warmed up
+first on a small run so JVM start-up, jar download and Python worker start are not counted.
+Prints rows/s and ratios, then the driver commit time per batch of (a) (p50, p95) as
+``twophase status --checkpoint`` reports it from the decision log.
+
+Spark's Kafka connector: PySpark here is 4.3.0, but Maven Central has no Spark 4.3.0 artifacts
+(checked: spark-core_2.13 and spark-sql-kafka-0-10_2.13 4.3.0 are 404). The newest connector,
+spark-sql-kafka-0-10_2.13 4.2.0, needs spark-token-provider-kafka-0-10_2.13 4.2.0, which this
+machine's view of Central lacks (404, as are 4.1.x), so ``spark.jars.packages`` cannot resolve
+it. The benchmark therefore loads the 4.2.0 connector jar itself from Central
+(``spark.jars``, ``--spark-kafka-jar``) with its dependencies through ``spark.jars.packages``
+(token provider 4.0.0, kafka-clients 3.9.2, commons-pool2; ``--spark-kafka-packages``). The
+4.0.0 connector writes on Spark 4.3 but its source fails (a moved ``SerializedOffset``); the
+4.2.0 one reads and writes. The versions are printed with the results.
+
+Needs the broker: ``make services`` (TWOPHASE_KAFKA_BOOTSTRAP from the environment or
+.services.env).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+REPO = Path(__file__).resolve().parents[1]
+SPARK_KAFKA_JAR = (
+    "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13/4.2.0/"
+    "spark-sql-kafka-0-10_2.13-4.2.0.jar"
+)
+SPARK_KAFKA_PACKAGES = ",".join(
+    [
+        "org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0",
+        "org.apache.kafka:kafka-clients:3.9.2",
+        "org.apache.commons:commons-pool2:2.13.1",
+    ]
+)
+
+
+class DropWriter(DataSourceStreamArrowWriter):
+    """A Python stream writer that reads its input and writes nothing: PySpark's floor."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+class DropSink(DataSource):
+    """``bench.drop``: the no-op Python sink of (f)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench.drop"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DropWriter:
+        return DropWriter()
+
+
+def bootstrapServers() -> str:
+    value = os.environ.get("TWOPHASE_KAFKA_BOOTSTRAP")
+    if not value and (REPO / ".services.env").is_file():
+        for line in (REPO / ".services.env").read_text().splitlines():
+            if line.strip().startswith("export TWOPHASE_KAFKA_BOOTSTRAP="):
+                value = line.split("=", 1)[1].strip()
+    if not value:
+        raise SystemExit(
+            "TWOPHASE_KAFKA_BOOTSTRAP is not set and .services.env has none: run make services"
+        )
+    return value
+
+
+@dataclass
+class Result:
+    name: str
+    rows: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+@dataclass(frozen=True)
+class Shape:
+    rows: int
+    rowsPerBatch: int
+    partitions: int
+    valueBytes: int
+
+
+def createTopic(bootstrap: str, partitions: int, tag: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"bench-kafka-{tag}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
+    return name
+
+
+def deleteTopics(bootstrap: str, topics: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(topics).values():
+        try:
+            future.result(timeout=60)
+        except Exception:  # best effort clean-up
+            pass
+
+
+def countRecords(bootstrap: str, topic: str) -> int:
+    """Records a read_committed consumer sees: committed offsets minus transaction markers.
+
+    Counted by reading, since markers take offsets too.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    partitions = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        parts = sorted(partitions.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        count, eof = 0, set[int]()
+        while len(eof) < len(parts):
+            for message in consumer.consume(10000, 5.0):
+                error = message.error()
+                if error is None:
+                    count += 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    eof.add(int(message.partition() or 0))
+        return count
+    finally:
+        consumer.close()
+
+
+def stream(spark: Any, shape: Shape, rows: int | None = None) -> Any:
+    return (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", shape.rowsPerBatch if rows is None else rows)
+        .option("totalRows", shape.rows if rows is None else rows)
+        .option("numPartitions", shape.partitions)
+        .load()
+        .selectExpr("cast(id as string) AS key", f"rpad(payload, {shape.valueBytes}, '.') AS value")
+    )
+
+
+def runQuery(writer: Any) -> float:
+    started = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    return time.perf_counter() - started
+
+
+def writeTwophase(
+    spark: Any, bootstrap: str, topic: str, ckpt: str, shape: Shape, rows: int | None = None
+) -> float:
+    writer = (
+        stream(spark, shape, rows)
+        .writeStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("checkpointLocation", ckpt)
+    )
+    return runQuery(writer)
+
+
+def writeSpark(
+    spark: Any, bootstrap: str, topic: str, ckpt: str, shape: Shape, rows: int | None = None
+) -> float:
+    writer = (
+        stream(spark, shape, rows)
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("checkpointLocation", ckpt)
+    )
+    return runQuery(writer)
+
+
+def writeDrop(spark: Any, ckpt: str, shape: Shape, rows: int | None = None) -> float:
+    writer = stream(spark, shape, rows).writeStream.format(DropSink.name())
+    return runQuery(writer.option("checkpointLocation", ckpt))
+
+
+def readWith(spark: Any, fmt: str, bootstrap: str, topic: str, ckpt: str) -> tuple[int, float]:
+    reader = (
+        spark.readStream.format(fmt)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    if fmt == "kafka":
+        reader = reader.option("kafka.isolation.level", "read_committed")
+    started = time.perf_counter()
+    query = (
+        reader.load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    return rows, seconds
+
+
+def writeRaw(bootstrap: str, topic: str, shape: Shape) -> float:
+    """One transactional producer, a transaction per batch of rows, ``produce_batch``."""
+    from confluent_kafka import Producer
+
+    from twophase.sources.sequence import sequenceRows
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "partitioner": "murmur2_random",
+        }
+    )
+    producer.init_transactions(60)
+    started = time.perf_counter()
+    for start in range(0, shape.rows, shape.rowsPerBatch):
+        batch = sequenceRows(start, min(shape.rows, start + shape.rowsPerBatch))
+        keys = pc.cast(batch.column("id"), pa.string()).to_pylist()
+        values = pc.utf8_rpad(batch.column("payload"), shape.valueBytes, ".").to_pylist()
+        producer.begin_transaction()
+        messages = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+        for chunk in range(0, len(messages), 5000):
+            pending = messages[chunk : chunk + 5000]
+            while len(producer) + len(pending) > 100_000:
+                producer.poll(0.005)
+            producer.produce_batch(topic, pending)
+            if any("_error" in m for m in pending):
+                raise SystemExit("raw producer: queue full despite the check")
+        producer.commit_transaction(120)
+    return time.perf_counter() - started
+
+
+def commitLine(ckpt: str) -> str:
+    from twophase import cli
+
+    out = io.StringIO()
+    cli.status(ckpt, None, False, out)
+    lines = [line.strip() for line in out.getvalue().splitlines() if "commit time" in line]
+    return lines[0] if lines else "no commit times in the log"
+
+
+def commitPercentiles(ckpt: str) -> tuple[float, float, int]:
+    from twophase import cli
+    from twophase.coordinator import DecisionLog
+
+    times: list[float] = []
+    for _, url in cli.sinkLogs(ckpt):
+        times += cli.commitTimes(DecisionLog(url))
+    if not times:
+        return float("nan"), float("nan"), 0
+    return statistics.median(times) * 1000, cli.percentile(times, 0.95) * 1000, len(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.kafka", description=__doc__)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--rows-per-batch", type=int, default=50_000)
+    p.add_argument("--partitions", type=int, default=8, help="Spark partitions (tasks)")
+    p.add_argument("--topic-partitions", type=int, default=8)
+    p.add_argument("--value-bytes", type=int, default=100)
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--spark-kafka-jar", default=SPARK_KAFKA_JAR, help="connector jar of (b)")
+    p.add_argument("--spark-kafka-packages", default=SPARK_KAFKA_PACKAGES, help="its deps")
+    p.add_argument("--keep", action="store_true", help="keep topics and checkpoints")
+    args = p.parse_args(argv)
+    bootstrap = bootstrapServers()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
+    shape = Shape(args.rows, args.rows_per_batch, args.partitions, args.value_bytes)
+
+    from pyspark.sql import SparkSession
+
+    import twophase
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("twophase-bench-kafka")
+        .config("spark.ui.enabled", "false")
+        .config("spark.jars", args.spark_kafka_jar)
+        .config("spark.jars.packages", args.spark_kafka_packages)
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    twophase.register(spark)
+    spark.dataSource.register(DropSink)
+    work = Path(tempfile.mkdtemp(prefix="twophase-bench-kafka-"))
+    topics = {
+        key: createTopic(bootstrap, args.topic_partitions, key)
+        for key in ("a", "b", "c", "warm-a", "warm-b")
+    }
+    try:
+        warm = max(args.partitions * 1000, 10_000)
+        print(f"warming up (twophase.kafka and Spark's kafka, {warm:,} rows each)...", flush=True)
+        writeTwophase(spark, bootstrap, topics["warm-a"], str(work / "warm-a"), shape, warm)
+        writeSpark(spark, bootstrap, topics["warm-b"], str(work / "warm-b"), shape, warm)
+        writeDrop(spark, str(work / "warm-f"), shape, warm)
+        readWith(spark, "twophase.kafka", bootstrap, topics["warm-a"], str(work / "warm-ra"))
+        readWith(spark, "kafka", bootstrap, topics["warm-a"], str(work / "warm-rb"))
+
+        print(
+            f"measuring: {args.rows:,} rows of ~{args.value_bytes} bytes, batches of "
+            f"{args.rows_per_batch:,}, {args.partitions} Spark partitions, "
+            f"{args.topic_partitions} topic partitions, master {args.master}",
+            flush=True,
+        )
+        results: dict[str, Result] = {}
+        seconds = writeSpark(spark, bootstrap, topics["b"], str(work / "b"), shape)
+        connector = args.spark_kafka_jar.rsplit("/", 1)[-1].removesuffix(".jar")
+        results["b"] = Result("(b) Spark kafka sink", args.rows, seconds)
+        print(f"  {results['b'].name}: {seconds:.1f} s", flush=True)
+        seconds = writeTwophase(spark, bootstrap, topics["a"], str(work / "a"), shape)
+        results["a"] = Result("(a) twophase.kafka sink", args.rows, seconds)
+        print(f"  {results['a'].name}: {seconds:.1f} s", flush=True)
+        seconds = writeDrop(spark, str(work / "f"), shape)
+        results["f"] = Result("(f) Python no-op sink (PySpark floor)", args.rows, seconds)
+        print(f"  {results['f'].name}: {seconds:.1f} s", flush=True)
+        seconds = writeRaw(bootstrap, topics["c"], shape)
+        results["c"] = Result("(c) raw confluent-kafka producer", args.rows, seconds)
+        print(f"  {results['c'].name}: {seconds:.1f} s", flush=True)
+        for key in ("a", "b", "c"):
+            written = countRecords(bootstrap, topics[key])
+            if written < args.rows or (key != "b" and written != args.rows):
+                raise SystemExit(f"{results[key].name} wrote {written:,} records, expected "
+                                 f"{args.rows:,}")  # fmt: skip
+        rows, seconds = readWith(spark, "twophase.kafka", bootstrap, topics["a"], str(work / "r1"))
+        results["ra"] = Result("(d) twophase.kafka source", rows, seconds)
+        rows, seconds = readWith(spark, "kafka", bootstrap, topics["a"], str(work / "r2"))
+        results["rb"] = Result("(e) Spark kafka source", rows, seconds)
+        for key in ("ra", "rb"):
+            if results[key].rows != args.rows:
+                raise SystemExit(f"{results[key].name} read {results[key].rows:,} rows")
+
+        print()
+        print(f"| {'':<38} | {'rows':>10} | {'seconds':>7} | {'rows/s':>10} |")
+        print(f"| {'-' * 38} | {'-' * 10} | {'-' * 7} | {'-' * 10} |")
+        for key in ("a", "b", "c", "f", "ra", "rb"):
+            r = results[key]
+            print(f"| {r.name:<38} | {r.rows:>10,} | {r.seconds:>7.1f} | {r.rate:>10,.0f} |")
+        a, b, c = results["a"], results["b"], results["c"]
+        print()
+        print(f"(a) / (b) = {a.rate / b.rate:.2f}  (target >= 0.9)")
+        print(f"(a) / (c) = {a.rate / c.rate:.2f}")
+        print(f"(b) / (c) = {b.rate / c.rate:.2f}")
+        print(f"(f) / (b) = {results['f'].rate / b.rate:.2f}  (no Python sink can beat this)")
+        print(f"(a) / (f) = {a.rate / results['f'].rate:.2f}  (the Kafka sink's own cost)")
+        print(f"(d) / (e) = {results['ra'].rate / results['rb'].rate:.2f}  (source)")
+        print(f"Spark's Kafka connector: {connector} on PySpark {spark.version}")
+        p50, p95, batches = commitPercentiles(str(work / "a"))
+        print(
+            f"(a) driver commit time per batch, {args.partitions} partitions: p50 {p50:.0f} ms, "
+            f"p95 {p95:.0f} ms over {batches} batches"
+        )
+        print(f"    twophase status --checkpoint: {commitLine(str(work / 'a'))}")
+        return 0 if a.rate >= 0.9 * b.rate else 1
+    finally:
+        spark.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+            deleteTopics(bootstrap, list(topics.values()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

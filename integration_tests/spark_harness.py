@@ -1,0 +1,687 @@
+"""Run a twophase streaming query in a child process, crash it on purpose, restart it, verify.
+
+The parent (a test) builds a :class:`Harness` for one work directory and calls
+:meth:`Harness.run` once per query start. Each run is a child process
+``python -m integration_tests.spark_harness --mode ... --sink ... --workdir ... --rows ...
+--rows-per-batch ...`` started with ``start_new_session=True``; the child calls
+``twophase.faults.markQueryProcessGroup()`` before the SparkSession exists, so a ``driver.*``
+crash point SIGKILLs the child's whole process group (driver JVM, driver-side Python workers,
+and in local-cluster mode the executor JVMs, which the in-driver Worker forks): a power cut.
+A crash is armed with ``TWOPHASE_CRASH_AT=<point>[:<batch>]`` and
+``TWOPHASE_CRASH_ONCE_FILE=<workdir>/crashed...``, so the restarted query runs through. The
+child reads ``twophase.sequence`` (``totalRows``, ``rowsPerBatch``, ``Trigger.availableNow``)
+and writes one sink; output, checkpoint and logs all live in the work directory, so tests share
+nothing but the virtualenv. Verification is pyarrow only (:func:`exactlyOnceReport`).
+
+Modes (``MODES``)
+-----------------
+``local``          ``local[2,4]``: one JVM, 2 task slots, a failed task is retried (up to 4
+                   failures); plain ``local[2]`` fails the job at the first task failure.
+``local-cluster``  ``local-cluster[2,1,1024]``: master and 2 workers inside the driver JVM,
+                   each worker forks its own executor JVM (1 core, 1024 MB), so tasks run in
+                   separate processes, as on a real cluster.
+``standalone``     a real standalone cluster the test starts (:class:`StandaloneCluster`):
+                   master plus 2 worker JVMs bound to 127.0.0.2 and 127.0.0.3. Needed for
+                   speculation: Spark never launches a speculative copy on a host where the
+                   task already ran (``TaskSetManager.dequeueTaskFromList`` skips it when
+                   ``hasAttemptOnHost``), and in ``local[...]`` and ``local-cluster[...]`` every
+                   executor reports the same host.
+
+Running pip-installed PySpark this way (what we found, PySpark 4.3 from PyPI)
+------------------------------------------------------------------------------
+- ``SPARK_HOME``: PySpark finds its own home (the ``pyspark`` package directory) when unset,
+  and local-cluster works with it, but the in-driver Worker then creates its work directory at
+  ``$SPARK_HOME/work/app-*`` *inside the virtualenv* (executor stdout/stderr land there). The
+  harness therefore gives every work directory a private ``spark-home/`` holding two symlinks
+  into the package, ``bin`` (``spark-submit``, which PySpark launches) and ``jars`` (the
+  driver's and executors' class path), and sets ``SPARK_HOME`` to it. Executor logs are then
+  under ``<workdir>/spark-home/work/``.
+- ``python/lib/pyspark.zip`` is deliberately not linked: Spark puts
+  ``$SPARK_HOME/python/lib/pyspark.zip`` first on every Python worker's ``PYTHONPATH``, and
+  ``zipimport`` never caches bytecode, so each Python worker daemon (about eight per query:
+  data source lookup, creation, stream reader, planning, writer, tasks, commit) recompiles
+  PySpark, 1.5-2 s of CPU each. Without the zip the workers import the installed ``pyspark``
+  package: the same files (we diffed them) with cached bytecode. On this 2-core machine that
+  takes a 6-batch run from ~38 s to ~28 s. Set ``TWOPHASE_IT_PYSPARK_ZIP=1`` to link
+  ``python/`` too and run the stock layout.
+- JVMs start with ``-XX:TieredStopAtLevel=1`` (C1 only): short runs spend most of their time
+  starting up, and this cut another ~25 % here. It changes nothing Spark does.
+- ``PYSPARK_PYTHON`` is this interpreter (the venv's). Executors of local-cluster and
+  standalone mode get it, ``PYTHONPATH`` (the repository root, so workers can import sink
+  classes defined in test modules: cloudpickle pickles them by reference) and the
+  ``TWOPHASE_CRASH_*``/``TWOPHASE_LOG_LEVEL`` variables through ``spark.executorEnv.*``.
+  (local-cluster executors would also inherit the driver's environment through the in-driver
+  Worker; the standalone workers, started before the query, would not.)
+- ``SPARK_LOCAL_IP=127.0.0.1``: the machine's hostname resolves to a loopback address and Spark
+  otherwise picks an interface address and warns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from twophase.coordinator import DecisionLog
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+MODES: dict[str, str] = {
+    "local": "local[2,4]",
+    "local-cluster": "local-cluster[2,1,1024]",
+}
+"""Test id -> Spark master, for the modes a test can run in without starting servers."""
+
+FAST_JVM = "-XX:TieredStopAtLevel=1"
+RUN_TIMEOUT = 300.0
+"""Seconds one child run may take before the harness kills its session and fails."""
+
+FILES_SINK = "twophase.sinks.files:FilesSink"
+FOREACH_BATCH = "foreachBatch"
+"""``--via``: write through ``twophase.foreachBatch`` instead of ``writeStream.format``."""
+
+_EXECUTOR_ENV = ("TWOPHASE_CRASH_AT", "TWOPHASE_CRASH_ONCE_FILE", "TWOPHASE_LOG_LEVEL")
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: one query start.
+
+
+def _keyValues(items: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def loadSinkClass(spec: str) -> type:
+    """``module:Class`` -> the class (the child imports it; workers import it by reference)."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def childMain(args: argparse.Namespace) -> int:
+    """Run the query until ``availableNow`` drains the source; write ``--result`` JSON."""
+    from twophase import faults
+
+    faults.markQueryProcessGroup()  # before Spark: the JVM and every worker inherit it
+    started = time.monotonic()
+    workdir = Path(args.workdir)
+    from pyspark.sql import SparkSession
+
+    import twophase
+    from twophase.sources.sequence import SequenceSource
+
+    sinkClass = loadSinkClass(args.sink)
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName(f"twophase-it-{workdir.name}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config("spark.driver.extraJavaOptions", FAST_JVM)
+        .config("spark.executor.extraJavaOptions", FAST_JVM)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
+    )
+    for name in _EXECUTOR_ENV:
+        if name in os.environ:
+            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    for key, value in _keyValues(args.conf).items():
+        builder = builder.config(key, value)
+    if args.checkpoint == "session":
+        builder = builder.config("spark.sql.streaming.checkpointLocation", args.checkpointDir)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(SequenceSource)
+    stream = (
+        spark.readStream.format(SequenceSource.name())
+        .option("totalRows", args.rows)
+        .option("rowsPerBatch", args.rows_per_batch)
+        .option("numPartitions", args.partitions)
+        .load()
+    )
+    columns = _keyValues(args.column)
+    if columns:
+        stream = stream.selectExpr(*(f"{expr} AS {name}" for name, expr in columns.items()))
+    options = {"path": args.output, **_keyValues(args.option)}
+    if args.trigger == "availableNow":
+        writer = stream.writeStream.trigger(availableNow=True)
+    else:
+        writer = stream.writeStream.trigger(processingTime=args.trigger)
+    if args.via == FOREACH_BATCH:
+        writer = writer.foreachBatch(
+            twophase.foreachBatch(sinkClass, {**options, "checkpointLocation": args.checkpointDir})
+        )
+    else:
+        spark.dataSource.register(sinkClass)
+        writer = writer.format(sinkClass.name()).options(**options)
+    if args.checkpoint == "option":
+        writer = writer.option("checkpointLocation", args.checkpointDir)
+    result: dict[str, Any] = {"ok": False, "error": None, "batches": []}
+    try:
+        query = writer.start()
+        while not query.awaitTermination(0.5):
+            drained = lastCommittedOffset(Path(args.checkpointDir))
+            if args.trigger != "availableNow" and drained is not None and drained >= args.rows:
+                query.stop()  # a processing-time trigger never stops by itself
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+        result["batches"] = [
+            {"batchId": p["batchId"], "numInputRows": p["numInputRows"]}
+            for p in query.recentProgress
+        ]
+        result["ok"] = True
+    except Exception as exc:  # the query's failure is the result some tests look for
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["seconds"] = round(time.monotonic() - started, 2)
+    Path(args.result).write_text(json.dumps(result, indent=1))
+    if result["error"]:
+        print(f"query failed: {result['error']}", file=sys.stderr, flush=True)
+    spark.stop()
+    return 0 if result["ok"] else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="run one start of a twophase test query (child)")
+    p.add_argument("--mode", default="local", help=f"one of {', '.join(MODES)} or standalone")
+    p.add_argument("--master", help="Spark master URL (default: from --mode)")
+    p.add_argument("--sink", default=FILES_SINK, help="module:Class of the sink")
+    p.add_argument("--via", choices=("format", FOREACH_BATCH), default="format")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--output", help="sink path (default <workdir>/output)")
+    p.add_argument("--checkpoint-dir", dest="checkpointDir", help="default <workdir>/checkpoint")
+    p.add_argument(
+        "--checkpoint",
+        choices=("option", "session", "none"),
+        default="option",
+        help="how the checkpoint location is given: writer option, session conf, not at all",
+    )
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--rows-per-batch", type=int, required=True)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument(
+        "--trigger",
+        default="availableNow",
+        help="availableNow, or a processing-time interval ('1 second'): stops once drained",
+    )
+    p.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        help="NAME=SQL output column over id and payload (default: id, payload as read)",
+    )
+    p.add_argument("--conf", action="append", default=[], help="Spark conf KEY=VALUE")
+    p.add_argument("--option", action="append", default=[], help="sink option KEY=VALUE")
+    p.add_argument("--result", help="result JSON path (default <workdir>/result.json)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    workdir = Path(args.workdir)
+    args.master = args.master or MODES[args.mode]
+    args.output = args.output or str(workdir / "output")
+    args.checkpointDir = args.checkpointDir or str(workdir / "checkpoint")
+    args.result = args.result or str(workdir / "result.json")
+    return childMain(args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: start, crash, restart, verify.
+
+
+@dataclass
+class QueryRun:
+    """One child process: how it ended, its log, and the result it wrote (if it got that far)."""
+
+    number: int
+    returncode: int
+    seconds: float
+    log: Path
+    result: dict[str, Any] | None
+    crashAt: str | None
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == 0 and bool(self.result and self.result.get("ok"))
+
+    @property
+    def error(self) -> str:
+        return str((self.result or {}).get("error") or "")
+
+    def tail(self, lines: int = 80) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def describe(self) -> str:
+        return (
+            f"run {self.number} (crash armed: {self.crashAt or 'none'}) ended with "
+            f"{self.returncode} after {self.seconds:.1f}s; log {self.log}; last lines:\n"
+            f"{self.tail()}"
+        )
+
+
+@dataclass
+class Harness:
+    """One query (one checkpoint, one output) of one test, started as often as the test needs.
+
+    ``sink`` is the ``module:Class`` of the sink; ``via`` is ``format`` (the data source) or
+    ``foreachBatch``; ``conf`` and ``options`` are extra Spark confs and sink options.
+    """
+
+    workdir: Path
+    mode: str
+    sink: str = FILES_SINK
+    rows: int = 8000
+    rowsPerBatch: int = 2000
+    partitions: int = 2
+    via: str = "format"
+    conf: dict[str, str] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)
+    checkpointMode: str = "option"
+    trigger: str = "availableNow"
+    columns: dict[str, str] = field(default_factory=dict)
+    master: str | None = None
+    runs: list[QueryRun] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sparkHome = makeSparkHome(self.workdir / "spark-home")
+
+    @property
+    def output(self) -> Path:
+        return self.workdir / "output"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.workdir / "checkpoint"
+
+    @property
+    def batches(self) -> int:
+        return -(-self.rows // self.rowsPerBatch)
+
+    def onceFile(self, tag: str = "") -> Path:
+        return self.workdir / f"crashed{tag}"
+
+    def run(
+        self,
+        crashAt: str | None = None,
+        *,
+        onceFile: Path | None = None,
+        timeout: float = RUN_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+    ) -> QueryRun:
+        """Start the query once and wait for the child; arm ``crashAt`` (once per ``onceFile``)."""
+        number = len(self.runs) + 1
+        logPath = self.workdir / f"run-{number}.log"
+        resultPath = self.workdir / f"run-{number}.json"
+        childEnv = self._env(crashAt, onceFile or self.onceFile(), env)
+        args = [sys.executable, "-m", "integration_tests.spark_harness"]
+        args += ["--mode", self.mode, "--sink", self.sink, "--via", self.via]
+        args += ["--workdir", str(self.workdir), "--result", str(resultPath)]
+        args += ["--rows", str(self.rows), "--rows-per-batch", str(self.rowsPerBatch)]
+        args += ["--partitions", str(self.partitions), "--checkpoint", self.checkpointMode]
+        args += ["--trigger", self.trigger]
+        args += [f"--column={k}={v}" for k, v in self.columns.items()]
+        if self.master:
+            args += ["--master", self.master]
+        args += [f"--conf={k}={v}" for k, v in self.conf.items()]
+        args += [f"--option={k}={v}" for k, v in self.options.items()]
+        started = time.monotonic()
+        with logPath.open("w") as log:
+            child = subprocess.Popen(
+                args,
+                cwd=REPO_ROOT,
+                env=childEnv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                returncode = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                killSession(child.pid)
+                child.wait()
+                raise AssertionError(
+                    f"run {number} did not finish in {timeout:.0f}s; log {logPath}:\n"
+                    + "\n".join(logPath.read_text(errors="replace").splitlines()[-80:])
+                ) from None
+            finally:
+                leftovers = killSession(child.pid)
+        result = json.loads(resultPath.read_text()) if resultPath.exists() else None
+        run = QueryRun(number, returncode, time.monotonic() - started, logPath, result, crashAt)
+        if leftovers:
+            with logPath.open("a") as log:
+                log.write(f"\n[harness] killed {leftovers} leftover process(es) of the run\n")
+        print(
+            f"[harness] {self.workdir.name}: run {number} ({self.mode}, crash {crashAt}) -> "
+            f"{returncode} in {run.seconds:.1f}s",
+            flush=True,
+        )
+        self.runs.append(run)
+        return run
+
+    def _env(
+        self, crashAt: str | None, onceFile: Path, extra: Mapping[str, str] | None
+    ) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("TWOPHASE_CRASH_AT", "TWOPHASE_CRASH_ONCE_FILE", "TWOPHASE_CRASH_PGID"):
+            env.pop(name, None)
+        if crashAt:
+            env["TWOPHASE_CRASH_AT"] = crashAt
+            env["TWOPHASE_CRASH_ONCE_FILE"] = str(onceFile)
+        env["PYSPARK_PYTHON"] = sys.executable
+        env["SPARK_HOME"] = str(self.sparkHome)
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        env["SPARK_LOCAL_DIRS"] = str(self.workdir / "spark-local")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        env.update(extra or {})
+        return env
+
+    # -- the crash-and-restart protocol -----------------------------------------------------
+
+    def crashRun(self, crashAt: str, *, onceFile: Path | None = None) -> QueryRun:
+        """Run with ``crashAt`` armed and check that the crash point really fired.
+
+        ``driver.*``: the child must die by SIGKILL. ``task.*``: Spark retries the killed
+        attempt and the query completes.
+        """
+        once = onceFile or self.onceFile()
+        run = self.run(crashAt, onceFile=once)
+        point, _, batch = crashAt.partition(":")
+        fired = once.read_text().strip() if once.exists() else ""
+        # faults writes "<point>:<batch it was reached in>"; unnumbered points fire in any batch
+        assert fired == crashAt if batch else fired.startswith(f"{point}:"), (
+            f"crash point {crashAt} did not fire (once-file says {fired!r}); " + run.describe()
+        )
+        if point.startswith("driver."):
+            assert run.killed, f"expected SIGKILL at {crashAt}; " + run.describe()
+        else:
+            assert run.succeeded, f"Spark did not recover from {crashAt}; " + run.describe()
+        return run
+
+    def restartUntilExhausted(self, maxRuns: int = 2) -> list[QueryRun]:
+        """Start the query without a crash until its checkpoint shows the source drained.
+
+        Every restart must succeed; one is normally enough (``availableNow``).
+        """
+        runs = []
+        while not self.exhausted():
+            assert len(runs) < maxRuns, (
+                f"source not drained after {maxRuns} clean restarts; " + runs[-1].describe()
+            )
+            run = self.run()
+            assert run.succeeded, "a clean restart failed; " + run.describe()
+            runs.append(run)
+        return runs
+
+    def exhausted(self) -> bool:
+        """True when Spark's checkpoint commits a batch whose end offset is ``rows``."""
+        last = lastCommittedOffset(self.checkpoint)
+        return last is not None and last >= self.rows
+
+    def decisionLog(self) -> DecisionLog:
+        """The sink's decision log (the only one under ``<checkpoint>/twophase/``)."""
+        logs = sorted((self.checkpoint / "twophase").iterdir())
+        assert len(logs) == 1, f"expected one decision log, found {logs}"
+        return DecisionLog(str(logs[0]))
+
+    def sparkCommitted(self, batchId: int) -> bool:
+        """Whether Spark's own checkpoint has ``commits/<batchId>``."""
+        return (self.checkpoint / "commits" / str(batchId)).exists()
+
+    def describeRuns(self) -> str:
+        return "\n\n".join(r.describe() for r in self.runs)
+
+
+def makeSparkHome(home: Path) -> Path:
+    """A private ``SPARK_HOME``: symlinks to the pip package's ``bin`` and ``jars`` (see top)."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    home.mkdir(parents=True, exist_ok=True)
+    links = ["bin", "jars"]
+    if os.environ.get("TWOPHASE_IT_PYSPARK_ZIP") == "1":
+        links.append("python")
+    for name in links:
+        link = home / name
+        if not link.exists():
+            link.symlink_to(package / name, target_is_directory=True)
+    return home
+
+
+def lastCommittedOffset(checkpoint: Path) -> int | None:
+    """The sequence source's end offset of the last batch in ``commits/`` (Spark's own log)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    return int(json.loads(lines[-1])["offset"])
+
+
+def killSession(sid: int) -> int:
+    """SIGKILL every process left in session ``sid`` (the child's); returns how many."""
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:  # fields after ``(comm)``: state ppid pgrp session
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+# ---------------------------------------------------------------------------------------------
+# A standalone cluster on distinct loopback hosts (for speculation).
+
+
+def freePort(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class StandaloneCluster:
+    """A master and ``workers`` worker JVMs (1 core each), on 127.0.0.1, .2, .3 ...
+
+    Started from the harness's private ``SPARK_HOME`` in a session of its own; ``stop`` kills
+    that session. Worker work directories are under ``<workdir>/standalone``.
+    """
+
+    def __init__(self, workdir: Path, workers: int = 2, memory: str = "1g") -> None:
+        self.workdir = workdir / "standalone"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sparkHome = makeSparkHome(workdir / "spark-home")
+        self.port = freePort()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.workers = workers
+        self.memory = memory
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def _start(self, name: str, args: list[str], host: str) -> None:
+        env = dict(os.environ, SPARK_HOME=str(self.sparkHome), SPARK_LOCAL_IP=host)
+        env["SPARK_LOCAL_DIRS"] = str(self.workdir / f"{name}-local")
+        env["SPARK_WORKER_DIR"] = str(self.workdir / f"{name}-work")
+        env["SPARK_DAEMON_JAVA_OPTS"] = FAST_JVM
+        log = (self.workdir / f"{name}.log").open("w")
+        self.processes.append(
+            subprocess.Popen(
+                [str(self.sparkHome / "bin" / "spark-class"), *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        log.close()
+
+    def start(self, timeout: float = 120.0) -> StandaloneCluster:
+        self._start(
+            "master",
+            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
+            + ["--port", str(self.port), "--webui-port", str(freePort())],
+            "127.0.0.1",
+        )
+        for n in range(self.workers):
+            host = f"127.0.0.{n + 2}"
+            self._start(
+                f"worker-{n}",
+                ["org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", "1"]
+                + ["--memory", self.memory, "--webui-port", str(freePort(host)), self.url],
+                host,
+            )
+        deadline = time.monotonic() + timeout
+        master = self.workdir / "master.log"
+        while time.monotonic() < deadline:
+            registered = master.read_text(errors="replace").count("Registering worker")
+            if registered >= self.workers:
+                return self
+            if any(p.poll() is not None for p in self.processes):
+                break
+            time.sleep(0.5)
+        logs = "\n".join(
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
+            for p in sorted(self.workdir.glob("*.log"))
+        )
+        self.stop()
+        raise AssertionError(f"the standalone cluster did not come up:\n{logs}")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            killSession(process.pid)
+            process.wait()
+        self.processes.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# What a sink under test is, and how its committed output is read.
+
+
+@dataclass(frozen=True)
+class SinkUnderTest:
+    """A sink as the tests see it: how the child loads it, how a reader sees its output.
+
+    ``read(output)`` returns the committed rows (``id``, ``payload``) as a reader that skips
+    uncommitted data would; ``visibleFiles(output)`` lists committed data files;
+    ``prepared(output, batch)`` lists what uncommitted transactions left on disk (one entry per
+    attempt: a staging directory, a pending file), of one batch or, for ``None``, anything.
+    """
+
+    id: str
+    spec: str
+    read: Callable[[Path], pa.Table]
+    visibleFiles: Callable[[Path], list[Path]]
+    prepared: Callable[[Path, int | None], list[Path]]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+STAGING = ("_twophase", "staging")
+
+
+def readFilesOutput(output: Path) -> pa.Table:
+    """Committed Parquet rows of the files sink; pyarrow skips ``_``- and ``.``-prefixed paths."""
+    files = filesVisible(output)
+    if not files:
+        return pa.table({"id": pa.array([], pa.int64()), "payload": pa.array([], pa.string())})
+    return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["id", "payload"])
+
+
+def filesVisible(output: Path) -> list[Path]:
+    if not output.exists():
+        return []
+    return sorted(Path(f) for f in ds.dataset(str(output), format="parquet").files)
+
+
+def filesPrepared(output: Path, batch: int | None = None) -> list[Path]:
+    """Attempt directories under ``_twophase/staging/<sink>/<batch>/``; for ``batch=None``
+    everything below the per-sink directories (batch directories and stray files too)."""
+    staging = output.joinpath(*STAGING)
+    if not staging.exists():
+        return []
+    if batch is not None:
+        return sorted(staging.glob(f"*/{batch}/*"))
+    return sorted(staging.glob("*/*")) + sorted(p for p in staging.glob("*") if p.is_file())
+
+
+FILES = SinkUnderTest("files", FILES_SINK, readFilesOutput, filesVisible, filesPrepared)
+
+
+def exactlyOnceReport(table: pa.Table, rows: int) -> dict[str, int]:
+    """Rows, duplicates, missing ids, unexpected ids and wrong payloads against ``[0, rows)``."""
+    ids = table.column("id").to_numpy() if len(table) else np.array([], dtype=np.int64)
+    unique = np.unique(ids)
+    expected = np.arange(rows, dtype=np.int64)
+    wrong = 0
+    if len(table):
+        want = pc.binary_join_element_wise("row-", pc.cast(table.column("id"), pa.string()), "")
+        wrong = len(table) - int(pc.sum(pc.equal(table.column("payload"), want)).as_py() or 0)
+    return {
+        "rows": len(table),
+        "duplicates": len(ids) - len(unique),
+        "missing": len(np.setdiff1d(expected, unique, assume_unique=True)),
+        "unexpected": len(np.setdiff1d(unique, expected, assume_unique=True)),
+        "wrongPayloads": wrong,
+    }
+
+
+def assertExactlyOnce(sink: SinkUnderTest, harness: Harness) -> None:
+    """Every id in ``[0, rows)`` exactly once with its payload, and no debris left behind."""
+    report = exactlyOnceReport(sink.read(harness.output), harness.rows)
+    want = {
+        "rows": harness.rows,
+        "duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "wrongPayloads": 0,
+    }
+    assert report == want, f"{sink} output is not exactly-once: {report}\n" + (
+        harness.describeRuns()
+    )
+    left = sink.prepared(harness.output, None)
+    assert not left, f"{sink} left uncommitted debris after the final run: {left}"
+
+
+def visibleIds(sink: SinkUnderTest, output: Path) -> np.ndarray:
+    table = sink.read(output)
+    return np.sort(table.column("id").to_numpy()) if len(table) else np.array([], np.int64)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

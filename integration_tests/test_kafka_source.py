@@ -1,0 +1,209 @@
+"""The Kafka source against the real broker: what a micro-batch plans and what a task reads.
+
+The reader is driven the way Spark drives it (``initialOffset``, ``latestOffset``,
+``partitions``, ``read``) without a JVM: transaction markers, aborted and open transactions,
+new and deleted partitions, deleted records, admission limits and replays.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from integration_tests.test_kafka_helpers import createTopic, unique
+from twophase.sources.kafka import (
+    KafkaRange,
+    KafkaSourceError,
+    KafkaSourceSettings,
+    KafkaStreamReader,
+)
+
+
+def reader(bootstrap: str, topics: str, **options: str) -> KafkaStreamReader:
+    settings = KafkaSourceSettings.fromOptions(
+        {"kafka.bootstrap.servers": bootstrap, "subscribe": topics, **options}
+    )
+    return KafkaStreamReader(settings)
+
+
+def readAll(r: KafkaStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[dict]:
+    rows: list[dict] = []
+    for part in r.partitions(start, end):
+        for batch in r.read(part):
+            rows.extend(batch.to_pylist())
+    return rows
+
+
+def transactional(bootstrap: str) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("it-src")})
+    producer.init_transactions(60)
+    return producer
+
+
+def write(producer: Producer, topic: str, texts: list[str], *, commit: bool | None) -> None:
+    """A transaction of ``texts``: committed, aborted, or (None) left open."""
+    producer.begin_transaction()
+    for text in texts:
+        producer.produce(topic, text.encode(), key=text.encode())
+    producer.flush(30)
+    if commit is True:
+        producer.commit_transaction(60)
+    elif commit is False:
+        producer.abort_transaction(60)
+
+
+def texts(rows: list[dict]) -> list[str]:
+    return [r["value"].decode() for r in rows]
+
+
+def test_a_range_ending_in_a_transaction_marker_is_read_to_its_end(kafka_bootstrap: str) -> None:
+    topic = createTopic(kafka_bootstrap)
+    producer = transactional(kafka_bootstrap)
+    write(producer, topic, ["aborted-1", "aborted-2"], commit=False)
+    write(producer, topic, ["a", "b", "c"], commit=True)
+    r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    # 2 aborted records + abort marker + 3 records + commit marker: the range ends on a marker
+    assert end == {topic: {"0": 7}}
+    started = time.monotonic()
+    rows = readAll(r, start, end)
+    assert time.monotonic() - started < 10  # no waiting for an offset that never comes
+    assert texts(rows) == ["a", "b", "c"]
+    assert [row["offset"] for row in rows] == [3, 4, 5]
+    assert rows[0]["key"] == b"a" and rows[0]["topic"] == topic and rows[0]["partition"] == 0
+    assert rows[0]["timestampType"] == 0 and rows[0]["timestamp"] is not None
+    assert readAll(r, start, end) == rows  # a replay of the range gives the same records
+
+
+def test_an_open_transaction_ends_the_batch_at_the_last_stable_offset(
+    kafka_bootstrap: str,
+) -> None:
+    topic = createTopic(kafka_bootstrap)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    plain.produce(topic, b"before")
+    plain.flush(30)
+    producer = transactional(kafka_bootstrap)
+    write(producer, topic, ["open-1", "open-2"], commit=None)
+    plain.produce(topic, b"after")  # committed, but behind the open transaction
+    plain.flush(30)
+    r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
+    start = r.initialOffset()
+    first = r.latestOffset(start, ReadAllAvailable())
+    assert first == {topic: {"0": 1}}
+    assert texts(readAll(r, start, first)) == ["before"]
+    producer.commit_transaction(60)
+    second = r.latestOffset(first, ReadAllAvailable())
+    assert texts(readAll(r, first, second)) == ["open-1", "open-2", "after"]
+    uncommitted = reader(
+        kafka_bootstrap,
+        topic,
+        startingOffsets="earliest",
+        **{"kafka.isolation.level": "read_uncommitted"},
+    )
+    assert uncommitted.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 5}}
+
+
+def test_max_offsets_per_trigger_and_split_ranges_stop_where_planned(
+    kafka_bootstrap: str,
+) -> None:
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(40):
+        plain.produce(topic, f"r{i}".encode(), partition=i % 2)
+    plain.flush(30)
+    r = reader(
+        kafka_bootstrap,
+        topic,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="10",
+        minPartitions="4",
+    )
+    start = r.initialOffset()
+    seen: list[str] = []
+    while True:
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        if end == start:
+            break
+        parts = r.partitions(start, end)
+        assert len(parts) == 4 and sum(p.end - p.start for p in parts) == 10
+        seen += texts(readAll(r, start, end))
+        start = end
+    assert sorted(seen) == sorted(f"r{i}" for i in range(40))
+
+
+def test_new_partitions_are_picked_up_and_deleted_topics_reported(kafka_bootstrap: str) -> None:
+    topic = createTopic(kafka_bootstrap, partitions=1)
+    doomed = createTopic(kafka_bootstrap, partitions=1)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    plain.produce(topic, b"p0")
+    plain.produce(doomed, b"d0")
+    plain.flush(30)
+    r = reader(kafka_bootstrap, f"{topic},{doomed}", startingOffsets="earliest")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert sorted(texts(readAll(r, start, end))) == ["d0", "p0"]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result(timeout=60)
+    deadline = time.monotonic() + 30
+    while len(plain.list_topics(topic, timeout=10).topics[topic].partitions) < 2:
+        assert time.monotonic() < deadline, "the new partition never reached the producer"
+        time.sleep(0.2)
+    plain.produce(topic, b"p1", partition=1)
+    plain.flush(30)
+    deadline = time.monotonic() + 30
+    while True:  # metadata of the new partition reaches the reader a little later
+        nxt = r.latestOffset(end, ReadAllAvailable())
+        if "1" in nxt[topic] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert nxt[topic] == {"0": 1, "1": 1}
+    assert texts(readAll(r, end, nxt)) == ["p1"]
+    admin.delete_topics([doomed])[doomed].result(timeout=60)
+    deadline = time.monotonic() + 30
+    with pytest.raises(KafkaSourceError, match=rf"{doomed}-0 no longer exist"):
+        while time.monotonic() < deadline:
+            r.latestOffset(nxt, ReadAllAvailable())
+            time.sleep(0.5)
+    lenient = reader(kafka_bootstrap, f"{topic},{doomed}", failOnDataLoss="false")
+    assert doomed not in lenient.latestOffset(nxt, ReadAllAvailable())
+
+
+def test_deleted_records_fail_the_read_unless_told_to_skip(kafka_bootstrap: str) -> None:
+    topic = createTopic(kafka_bootstrap)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(10):
+        plain.produce(topic, f"r{i}".encode())
+    plain.flush(30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 6)])[TopicPartition(topic, 0, 6)].result(60)
+    strict = reader(kafka_bootstrap, topic)
+    with pytest.raises(KafkaSourceError, match="deleted before they were read"):
+        list(strict.read(KafkaRange(topic, 0, 2, 10)))
+    lenient = reader(kafka_bootstrap, topic, failOnDataLoss="false")
+    rows = [row for batch in lenient.read(KafkaRange(topic, 0, 2, 10)) for row in batch.to_pylist()]
+    assert texts(rows) == ["r6", "r7", "r8", "r9"]
+
+
+def test_an_unreachable_cluster_is_a_clear_error() -> None:
+    r = reader("127.0.0.1:1", "t", requestTimeoutSeconds="3")
+    started = time.monotonic()
+    with pytest.raises(KafkaSourceError, match=r"cannot read metadata from 127\.0\.0\.1:1"):
+        r.initialOffset()
+    assert time.monotonic() - started < 30
+
+
+def test_max_rows_limit_from_spark_is_honoured(kafka_bootstrap: str) -> None:
+    topic = createTopic(kafka_bootstrap)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(5):
+        plain.produce(topic, f"r{i}".encode())
+    plain.flush(30)
+    r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
+    start = r.initialOffset()
+    assert r.latestOffset(start, ReadMaxRows(3)) == {topic: {"0": 3}}

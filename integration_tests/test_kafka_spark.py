@@ -1,0 +1,482 @@
+"""twophase.kafka end to end: Spark streaming queries crashed on purpose, read back exactly once.
+
+The queries run in child processes (``integration_tests/spark_harness.py``: its own session,
+``markQueryProcessGroup``, ``TWOPHASE_CRASH_AT``) against the real broker of
+``make services``. The harness feeds ``twophase.sequence`` rows (``id``, ``payload``) to a
+sink; :class:`SequenceKafkaSink` is ``twophase.kafka`` with ``key = id`` and ``value =
+payload``, plus one test-only fault: SIGKILL of the executor JVM in the middle of a
+transaction. What a user sees is checked with a ``read_committed`` consumer: every id exactly
+once, with its payload, no transaction of the sink left open.
+
+The Kafka -> Spark -> Kafka pipeline needs the Kafka source, which the harness's child does not
+have, so it runs in a small child of this module (``--pipeline``) built the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from confluent_kafka import Producer
+from kafka import KafkaAdminClient
+from pyspark.sql.types import StringType, StructField, StructType
+
+from integration_tests.conftest import ServiceControl
+from integration_tests.spark_harness import (
+    FAST_JVM,
+    REPO_ROOT,
+    Harness,
+    exactlyOnceReport,
+    killSession,
+    makeSparkHome,
+)
+from integration_tests.test_kafka_helpers import (
+    Record,
+    createTopic,
+    privateBroker,
+    readTopic,
+    unique,
+)
+from twophase.coordinator import DecisionLog
+from twophase.settings import optionOf
+from twophase.sinks.kafka import KafkaSink
+
+SINK_SPEC = "integration_tests.test_kafka_spark:SequenceKafkaSink"
+
+
+class SequenceKafkaSink(KafkaSink):
+    """``twophase.kafka`` fed by the harness's sequence rows: ``key = id``, ``value = payload``.
+
+    Option ``it.killExecutorAtBatch=<N>`` with ``it.killOnceFile=<path>``: in batch N, after the
+    task's first records reached the broker (transaction open), SIGKILL the executor JVM that
+    runs the task, once.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.kafka-sequence"
+
+    def validate(self, schema: StructType) -> None:
+        super().validate(
+            StructType([StructField("key", StringType()), StructField("value", StringType())])
+        )
+
+    def write(self, txn: Any, batch: pa.RecordBatch) -> None:
+        converted = pa.RecordBatch.from_arrays(
+            [pc.cast(batch.column("id"), pa.string()), batch.column("payload")],
+            names=["key", "value"],
+        )
+        super().write(txn, converted)
+        killAt = optionOf(self.options, "it.killExecutorAtBatch")
+        if killAt is not None and int(killAt) == txn.ctx.batchId:
+            _killExecutorOnce(txn, str(optionOf(self.options, "it.killOnceFile")))
+
+
+def _killExecutorOnce(txn: Any, onceFile: str) -> None:
+    try:
+        fd = os.open(onceFile, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"{txn.transactionalId}\n".encode())
+    os.close(fd)
+    txn.producer.flush(30)  # the records are in the log, the transaction open
+    pid = os.getppid()
+    while pid > 1:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(30)  # the JVM is gone; this worker dies with its pipes
+            return
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    raise RuntimeError("no executor JVM above this Python worker (not local-cluster?)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what a user sees.
+
+
+def sequenceTable(records: list[Record]) -> pa.Table:
+    ids = [int(r.key or b"-1") for r in records]
+    payloads = [(r.value or b"").decode() for r in records]
+    return pa.table({"id": pa.array(ids, pa.int64()), "payload": pa.array(payloads, pa.string())})
+
+
+def openTransactions(bootstrap: str, prefix: str) -> list[str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        listing = admin.list_transactions(state_filters=["Ongoing"])
+    finally:
+        admin.close()
+    return sorted(
+        t.transactional_id
+        for rows in listing.values()
+        for t in rows
+        if t.transactional_id.startswith(prefix + "-")
+    )
+
+
+class KafkaOutput:
+    """What a user of the topic sees: the committed rows, and the sink's open transactions."""
+
+    def __init__(self, bootstrap: str, topic: str, prefix: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.prefix = prefix
+
+    def read(self, _: Path | None = None) -> pa.Table:
+        return sequenceTable(readTopic(self.bootstrap, self.topic))
+
+    def leftovers(self, _: Path | None = None) -> list[str]:
+        return openTransactions(self.bootstrap, self.prefix)
+
+
+def harness(
+    tmp: Path, bootstrap: str, *, mode: str = "local", rows: int, perBatch: int, **options: str
+) -> tuple[Harness, KafkaOutput, str]:
+    topic = createTopic(bootstrap, partitions=3, prefix="it-kafka-spark")
+    prefix = unique("it-spark")
+    h = Harness(
+        tmp / "query",
+        mode,
+        sink=SINK_SPEC,
+        rows=rows,
+        rowsPerBatch=perBatch,
+        options={
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": topic,
+            "transactionalIdPrefix": prefix,
+            **options,
+        },
+    )
+    return h, KafkaOutput(bootstrap, topic, prefix), topic
+
+
+def assertExactlyOnce(sink: KafkaOutput, h: Harness) -> None:
+    report = exactlyOnceReport(sink.read(), h.rows)
+    want = dict(rows=h.rows, duplicates=0, missing=0, unexpected=0, wrongPayloads=0)
+    assert report == want, f"not exactly once: {report}\n{h.describeRuns()}"
+    assert sink.leftovers() == [], "transactions of the sink left open"
+
+
+def committedBatches(h: Harness) -> tuple[set[int], set[int]]:
+    """(committed, decided) batch ids in the sink's decision log."""
+    committed: set[int] = set()
+    decided: set[int] = set()
+    root = h.checkpoint / "twophase"
+    for logDir in root.iterdir() if root.exists() else []:
+        status = DecisionLog(str(logDir)).status()
+        committed |= set(DecisionLog(str(logDir)).committedBatchIds())
+        decided |= {b["batchId"] for b in status["outstanding"]}
+    return committed, decided | committed
+
+
+def batchIds(batches: set[int], perBatch: int) -> set[int]:
+    return {i for b in batches for i in range(b * perBatch, (b + 1) * perBatch)}
+
+
+def assertNothingUndecidedVisible(sink: KafkaOutput, h: Harness, window: str) -> None:
+    """After a crash: no duplicate, every committed batch whole, nothing of an undecided one."""
+    ids = sink.read().column("id").to_numpy()
+    committed, decided = committedBatches(h)
+    seen = set(ids.tolist())
+    assert len(ids) == len(seen), f"after {window}: duplicates visible"
+    assert batchIds(committed, h.rowsPerBatch) <= seen, f"after {window}: committed rows missing"
+    assert seen <= batchIds(decided, h.rowsPerBatch), (
+        f"after {window}: rows of undecided batches visible: "
+        f"{sorted(seen - batchIds(decided, h.rowsPerBatch))[:10]}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Crashes of the driver, executors and the broker.
+
+DRIVER_WINDOWS = [
+    "driver.beforeDecision:1",  # tasks prepared, nothing decided
+    "driver.afterDecision:2",  # decided, nothing committed
+    "driver.duringRecovery",  # the restart rolled batch 2 forward, died before the sweep
+    "driver.betweenCommits:3",  # one transaction of the batch committed, the other open
+    "driver.afterCommits:4",  # all committed, not marked in the log
+    "driver.afterCommitted:5",  # marked, Spark's commits/ not written
+]
+
+
+@pytest.mark.timeout(1200)
+def test_driver_sigkill_at_every_window_then_a_broker_crash_is_exactly_once(
+    kafka_bootstrap: str, kafka_broker: ServiceControl, tmp_path: Path
+) -> None:
+    """One query, started again after each SIGKILL of its driver; its last start survives a
+    SIGKILL and restart of the broker mid-stream. (One query for all of it: every start of
+    Spark costs half a minute on this machine.)"""
+    h, sink, topic = harness(tmp_path, kafka_bootstrap, rows=10 * 40, perBatch=40)
+    for number, window in enumerate(DRIVER_WINDOWS):
+        h.crashRun(window, onceFile=h.onceFile(f"-{number}"))
+        assertNothingUndecidedVisible(sink, h, window)
+        if window == "driver.betweenCommits:3":
+            # The operator's way out without Spark: `twophase recover` finishes batch 3.
+            recovered = subprocess.run(
+                [sys.executable, "-m", "twophase", "recover", "--checkpoint", str(h.checkpoint)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=REPO_ROOT,
+                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+            )
+            assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+            assert "[3]" in recovered.stdout, recovered.stdout
+            visible = set(sink.read().column("id").to_numpy().tolist())
+            assert batchIds({3}, h.rowsPerBatch) <= visible
+            assert sink.leftovers() == []
+        if window == "driver.beforeDecision:1":
+            # Batch 1 is in the log, in open transactions, and invisible to read_committed.
+            uncommitted = readTopic(kafka_bootstrap, topic, isolation="read_uncommitted")
+            assert batchIds({1}, h.rowsPerBatch) <= {int(r.key or b"-1") for r in uncommitted}
+            visible = set(sink.read().column("id").to_numpy().tolist())
+            assert not batchIds({1}, h.rowsPerBatch) & visible
+            assert sink.leftovers(), "the prepared transactions should be open"
+    # The last start drains the source (batches 6-9); the broker dies under it.
+    before = len(committedBatches(h)[0])
+    runs: list[Any] = []
+    worker = threading.Thread(target=lambda: runs.append(h.run()))
+    worker.start()
+    deadline = time.monotonic() + 400
+    while worker.is_alive() and len(committedBatches(h)[0]) < before + 2:
+        assert time.monotonic() < deadline, "the last start committed nothing"
+        time.sleep(0.2)
+    assert worker.is_alive(), "the query ended before the broker could be crashed"
+    kafka_broker.kill()  # SIGKILL, mid-stream
+    time.sleep(3)
+    kafka_broker.start()
+    worker.join(600)
+    assert runs and runs[0].succeeded, "the query did not survive the broker crash: " + (
+        runs[0].describe() if runs else "no run"
+    )
+    assert h.exhausted(), h.describeRuns()
+    assertExactlyOnce(sink, h)
+
+
+@pytest.mark.timeout(900)
+def test_executor_jvm_sigkilled_mid_transaction_is_retried_exactly_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    once = tmp_path / "killed-executor"
+    h, sink, _ = harness(
+        tmp_path,
+        kafka_bootstrap,
+        mode="local-cluster",
+        rows=4 * 50,
+        perBatch=50,
+        **{"it.killExecutorAtBatch": "1", "it.killOnceFile": str(once)},
+    )
+    h.conf["spark.task.maxFailures"] = "4"
+    run = h.run()
+    assert once.exists(), "the executor was never killed: " + run.describe()
+    assert run.succeeded, "Spark did not recover from the lost executor: " + run.describe()
+    assertExactlyOnce(sink, h)
+
+
+@pytest.mark.timeout(900)
+def test_driver_down_longer_than_the_broker_transaction_timeout_fails_loudly(
+    tmp_path: Path,
+) -> None:
+    maxTimeoutMs = 20000
+    for broker in privateBroker(tmp_path, TWOPHASE_KAFKA_TXN_MAX_TIMEOUT_MS=str(maxTimeoutMs)):
+        h, sink, _ = harness(tmp_path, broker.bootstrap, rows=3 * 20, perBatch=20)
+        h.crashRun("driver.afterDecision:1")
+        _, decided = committedBatches(h)
+        assert 1 in decided
+        prefix = h.options["transactionalIdPrefix"]
+        deadline = time.monotonic() + 120  # timeout + the broker's 10 s abort sweep
+        while openTransactions(broker.bootstrap, prefix):
+            assert time.monotonic() < deadline, "the broker never aborted the transactions"
+            time.sleep(1)
+        run = h.run()
+        assert not run.succeeded
+        error = run.error + run.tail(400)
+        assert "TransactionLostError" in error, run.describe()
+        assert "batch 1 partition" in error and prefix in error
+        assert f"transaction.timeout.ms of {maxTimeoutMs // 1000} s" in error
+        ids = sink.read().column("id").to_numpy()
+        assert sorted(ids.tolist()) == list(range(20)), "batch 0 once, batch 1 lost, no more"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka -> Spark -> Kafka.
+
+
+def pipelineChild(args: argparse.Namespace) -> int:
+    """One start of ``twophase.kafka`` (topic A) -> ``twophase.kafka`` (topic B)."""
+    from twophase import faults
+
+    faults.markQueryProcessGroup()
+    from pyspark.sql import SparkSession
+
+    import twophase
+
+    spark = (
+        SparkSession.builder.master("local[2,4]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.extraJavaOptions", FAST_JVM)
+        # A Python worker per task, gone when its task ends: prepared transactions must
+        # outlive the process that opened them.
+        .config("spark.python.worker.reuse", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    twophase.register(spark)
+    if args.errors:
+        Path(args.errors).write_text(json.dumps(badQueryErrors(spark, args)))
+    query = (
+        spark.readStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", args.source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", args.perBatch)
+        .load()
+        .selectExpr("key", "value")
+        .writeStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("topic", args.target)
+        .option("checkpointLocation", args.checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def badQueryErrors(spark: Any, args: argparse.Namespace) -> dict[str, str]:
+    """How queries with bad options fail, as the user sees it (the exception's text)."""
+    errors: dict[str, str] = {}
+    sequence = spark.readStream.format("twophase.sequence").option("totalRows", 10).load()
+    kafkaRows = sequence.selectExpr("cast(id as string) as value")
+    cases = {
+        "unreachable": (
+            kafkaRows,
+            {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "requestTimeoutSeconds": "3"},
+        ),
+        "noTopic": (kafkaRows, {"kafka.bootstrap.servers": args.bootstrap}),
+        "noValue": (sequence, {"kafka.bootstrap.servers": args.bootstrap, "topic": "t"}),
+        "javaOption": (
+            kafkaRows,
+            {
+                "kafka.bootstrap.servers": args.bootstrap,
+                "topic": "t",
+                "kafka.ssl.truststore.location": "/x.jks",
+            },
+        ),
+    }
+    for name, (frame, options) in cases.items():
+        writer = frame.writeStream.format("twophase.kafka").options(**options)
+        writer = writer.option("checkpointLocation", f"{args.checkpoint}-bad-{name}")
+        try:
+            writer.trigger(availableNow=True).start().awaitTermination(120)
+            errors[name] = "no error"
+        except Exception as exc:
+            errors[name] = str(exc)
+    return errors
+
+
+def runPipeline(
+    tmp: Path,
+    bootstrap: str,
+    source: str,
+    target: str,
+    crashAt: str | None,
+    errors: Path | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    env["SPARK_HOME"] = str(makeSparkHome(tmp / "spark-home"))
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    for name in ("TWOPHASE_CRASH_AT", "TWOPHASE_CRASH_ONCE_FILE", "TWOPHASE_CRASH_PGID"):
+        env.pop(name, None)
+    if crashAt:
+        env["TWOPHASE_CRASH_AT"] = crashAt
+        env["TWOPHASE_CRASH_ONCE_FILE"] = str(tmp / "crashed")
+    args = [sys.executable, "-m", "integration_tests.test_kafka_spark", "--pipeline"]
+    args += ["--bootstrap", bootstrap, "--source", source, "--target", target]
+    args += ["--checkpoint", str(tmp / "checkpoint"), "--per-batch", "40"]
+    if errors is not None:
+        args += ["--errors", str(errors)]
+    with (tmp / "pipeline.log").open("ab") as log:
+        child = subprocess.Popen(
+            args,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = child.wait(timeout=400)
+        finally:
+            killSession(child.pid)
+    return subprocess.CompletedProcess(args, code)
+
+
+@pytest.mark.timeout(900)
+def test_kafka_to_spark_to_kafka_is_exactly_once_across_a_crash(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    source = createTopic(kafka_bootstrap, partitions=2, prefix="it-pipe-in")
+    target = createTopic(kafka_bootstrap, partitions=2, prefix="it-pipe-out")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique("in")})
+    producer.init_transactions(60)
+    expected: list[str] = []
+    for t in range(8):  # committed and aborted transactions, interleaved
+        producer.begin_transaction()
+        texts = [f"t{t}-r{i}" for i in range(20)]
+        for text in texts:
+            producer.produce(source, text.encode(), key=text.encode())
+        if t % 3 == 2:
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+            expected += texts
+    errors = tmp_path / "errors.json"
+    crashed = runPipeline(
+        tmp_path, kafka_bootstrap, source, target, "driver.betweenCommits:1", errors
+    )
+    assert crashed.returncode == -signal.SIGKILL, (tmp_path / "pipeline.log").read_text()[-3000:]
+    done = runPipeline(tmp_path, kafka_bootstrap, source, target, None)
+    assert done.returncode == 0, (tmp_path / "pipeline.log").read_text()[-3000:]
+    out = readTopic(kafka_bootstrap, target)
+    got = sorted((r.value or b"").decode() for r in out)
+    assert got == sorted(expected)  # each committed input record once, no aborted one
+    assert all(r.key == r.value for r in out)
+    # The same child first started queries with bad options: each failed with a clear error.
+    failures = json.loads(errors.read_text())
+    assert "cannot reach the cluster at 127.0.0.1:1" in failures["unreachable"]
+    assert "no topic: add a 'topic' column or set .option('topic'" in failures["noTopic"]
+    assert "the input needs a 'value' column" in failures["noValue"]
+    assert "kafka.ssl.truststore.location" in failures["javaOption"]
+    assert "kafka.ssl.ca.location" in failures["javaOption"]
+
+
+def _main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--pipeline", action="store_true")
+    p.add_argument("--bootstrap")
+    p.add_argument("--source")
+    p.add_argument("--target")
+    p.add_argument("--checkpoint")
+    p.add_argument("--per-batch", dest="perBatch", default="40")
+    p.add_argument("--errors", help="first try queries with bad options; their errors here")
+    return pipelineChild(p.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,505 @@
+"""The postgres participant against the real PostgreSQL of `make services`, without Spark.
+
+Each test drives ``beginTransaction`` -> ``write`` -> ``preCommit`` -> ``commit``/``abort``/
+``recoverAndAbort`` directly, like the files participant's tests, and reads the table back over
+an ordinary connection (a reader that only sees committed rows). Every test uses its own table
+and sink id, so it never touches another test's (or another engineer's) prepared transactions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from integration_tests.conftest import ServiceControl
+from twophase.protocol import (
+    RecoveryScope,
+    TransactionContext,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks._postgres_xid import sinkPrefix
+from twophase.sinks.postgres import (
+    PostgresParticipant,
+    PostgresSinkError,
+    PostgresUnavailableError,
+    RowRejectedError,
+)
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def table(pg_url: str) -> Iterator[str]:
+    """A fresh table name (created by the test); dropped afterwards with its sink's leftovers."""
+    name = unique("it_pg")
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for (gid,) in conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{name}%",)
+        ).fetchall():
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def sinkIdOf(table: str) -> str:
+    return table.replace("_", "-")
+
+
+def participant(pg_url: str, table: str, **options: str) -> PostgresParticipant:
+    return PostgresParticipant.fromOptions({"url": pg_url, "table": table, **options})
+
+
+def context(table: str, batch: int = 0, part: int = 0, attempt: int = 0) -> TransactionContext:
+    return TransactionContext(sinkIdOf(table), "q", batch, part, attempt, "run1")
+
+
+def execute(pg_url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        cur = conn.execute(statement, params or None)
+        return cur.fetchall() if cur.description else []
+
+
+def prepared(pg_url: str, table: str) -> list[str]:
+    rows = execute(
+        pg_url,
+        "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s)",
+        sinkPrefix(sinkIdOf(table)),
+    )
+    return sorted(r[0] for r in rows)
+
+
+def idsBatch(ids: list[int], payload: str = "row-") -> pa.RecordBatch:
+    return pa.record_batch(
+        {"id": pa.array(ids, pa.int64()), "payload": pa.array([f"{payload}{i}" for i in ids])}
+    )
+
+
+def writeAndPrepare(
+    p: PostgresParticipant, ctx: TransactionContext, *batches: pa.RecordBatch
+) -> dict[str, Any]:
+    txn = p.beginTransaction(ctx)
+    try:
+        for batch in batches:
+            p.write(txn, batch)
+        return p.preCommit(txn)
+    except BaseException:
+        p.abortTransaction(txn)
+        raise
+
+
+def createIdTable(pg_url: str, table: str) -> None:
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL)")
+
+
+# -- the happy path and every type -------------------------------------------------------------
+
+TYPED = pa.record_batch(
+    {
+        "id": pa.array([1, 2, 3, 4], pa.int64()),
+        "tiny": pa.array([-128, 127, None, 0], pa.int8()),
+        "small": pa.array([-32768, 32767, None, 0], pa.int16()),
+        "int": pa.array([-(2**31), 2**31 - 1, None, 0], pa.int32()),
+        "big": pa.array([-(2**63), 2**63 - 1, None, 0], pa.int64()),
+        "f4": pa.array([0.1, float("inf"), None, float("nan")], pa.float32()),
+        "f8": pa.array([float("nan"), float("-inf"), None, 1e-300], pa.float64()),
+        "dec": pa.array(
+            [decimal.Decimal("-12345678.90"), decimal.Decimal("0.01"), None, decimal.Decimal(0)],
+            pa.decimal128(10, 2),
+        ),
+        "text": pa.array(['a,"b"\nc\\d\te\r', "", None, "\\.\nNULL,\\N é ☃"]),
+        "bin": pa.array([b'\x00\x01\\,\n"', b"", None, bytes(range(256))]),
+        "flag": pa.array([True, False, None, True]),
+        "day": pa.array([dt.date(1, 1, 1), dt.date(9999, 12, 31), None, dt.date(2024, 2, 29)]),
+        "ts": pa.array(
+            [
+                dt.datetime(1970, 1, 1),
+                dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
+                None,
+                dt.datetime(1, 1, 1),
+            ],  # fmt: skip
+            pa.timestamp("us", tz="UTC"),
+        ),
+        "ntz": pa.array(
+            [
+                dt.datetime(1970, 1, 1),
+                dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
+                None,
+                dt.datetime(9999, 12, 31),
+            ],  # fmt: skip
+            pa.timestamp("us"),
+        ),
+    }
+)
+
+
+def readTyped(pg_url: str, table: str) -> list[dict[str, Any]]:
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        cur = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(sql.Identifier(table)))
+        names = [d.name for d in cur.description or []]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def sameValue(a: Any, b: Any, single: bool = False) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and a != a:
+        return b != b
+    if single and isinstance(a, float) and isinstance(b, float):
+        return bool(np.float32(a) == np.float32(b))  # psycopg reads real as a double
+    if isinstance(a, dt.datetime) and a.tzinfo is not None:
+        return a == b
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_every_primitive_type_and_null_round_trips_and_is_invisible_until_commit(
+    pg_url: str, table: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = {"keyColumns": "id"} if mode == "upsert" else {}
+    p = participant(pg_url, table, mode=mode, createTable="true", **keys)
+    p.validateTarget(TYPED.schema)  # creates the table from the Arrow (= Spark) schema
+    handle = writeAndPrepare(p, context(table), TYPED.slice(0, 2), TYPED.slice(2))
+
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert prepared(pg_url, table) == [handle["gid"]]
+    assert json.loads(json.dumps(handle)) == handle and "password" not in json.dumps(handle)
+
+    p.commit(handle)
+    with caplog.at_level(logging.INFO, logger="twophase.sinks.postgres"):
+        p.commit(handle)  # idempotent: no longer prepared, the server says committed
+    assert "already committed" in caplog.text
+    assert prepared(pg_url, table) == []
+
+    rows = readTyped(pg_url, table)
+    expected = TYPED.to_pylist()
+    assert len(rows) == len(expected)
+    for got, want in zip(rows, expected, strict=True):
+        for name, value in want.items():
+            assert sameValue(value, got[name], name == "f4"), (name, value, got[name])
+
+
+def test_empty_task_opens_no_connection_and_commits_nothing(pg_url: str, table: str) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    handle = writeAndPrepare(p, context(table))
+    assert handle["gid"] is None and handle["rows"] == 0
+    p.commit(handle)
+    p.abort(handle)
+
+
+# -- driver side: commit, abort, recovery -----------------------------------------------------
+
+
+def test_commit_of_a_transaction_rolled_back_behind_our_back_is_a_loud_loss(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    handle = writeAndPrepare(p, context(table), idsBatch([1, 2]))
+    execute(pg_url, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(handle["gid"])).as_string())
+    with pytest.raises(TransactionLostError, match="rolled back"):
+        p.commit(handle)
+
+
+def test_abort_is_idempotent_and_leaves_nothing(pg_url: str, table: str) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    handle = writeAndPrepare(p, context(table), idsBatch([1, 2]))
+    p.abort(handle)
+    p.abort(handle)
+    assert prepared(pg_url, table) == []
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+
+
+def test_recover_and_abort_keeps_decided_handles_and_spares_other_sinks(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    decided = writeAndPrepare(p, context(table, batch=1, part=0), idsBatch([1]))
+    straggler = writeAndPrepare(p, context(table, batch=1, part=0, attempt=1), idsBatch([2]))
+    other = writeAndPrepare(p, context(table, batch=2, part=0), idsBatch([3]))
+    foreign = TransactionContext(sinkIdOf(table) + "x", "q", 1, 0, 0, "run1")
+    foreignHandle = writeAndPrepare(p, foreign, idsBatch([4]))
+    try:
+        scope = RecoveryScope(sinkIdOf(table), keep=(decided,), batchId=1)
+        assert [h["gid"] for h in p.recoverAndAbort(scope)] == [straggler["gid"]]
+        assert prepared(pg_url, table) == sorted([decided["gid"], other["gid"]])
+        aborted = p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,)))
+        assert [(h["gid"], h["batchId"]) for h in aborted] == [(other["gid"], 2)]
+        assert p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,))) == []
+        p.recoverAndCommit(decided)
+        assert execute(pg_url, f"SELECT id FROM {table}") == [(1,)]
+        assert foreignHandle["gid"] in {
+            r[0] for r in execute(pg_url, "SELECT gid FROM pg_prepared_xacts")
+        }
+    finally:
+        p.abort(foreignHandle)
+
+
+def test_task_that_dies_mid_copy_leaves_nothing_prepared_or_visible(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    txn = p.beginTransaction(context(table))
+    p.write(txn, idsBatch(list(range(1000))))
+    assert txn.conn is not None
+    txn.conn.pgconn.finish()  # the socket closes as when the process is SIGKILLed mid-COPY
+    assert prepared(pg_url, table) == []
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    # the retry of the task writes the same ids without waiting for anything
+    p.commit(writeAndPrepare(p, context(table, attempt=1), idsBatch(list(range(1000)))))
+    assert execute(pg_url, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(1000, 1000)]
+
+
+def test_retry_blocked_by_an_attempt_killed_after_prepare_fails_clearly_until_recovery(
+    pg_url: str, table: str
+) -> None:
+    """A task killed right after PREPARE leaves its unique keys locked: the retry cannot wait
+    for a transaction only the driver can finish, so it fails with the gids, and recovery
+    (the next start of the query) rolls the zombie back."""
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table, lockTimeoutSeconds="1")
+    zombie = writeAndPrepare(p, context(table, batch=3), idsBatch([1, 2, 3]))
+    with pytest.raises(PostgresSinkError) as info:
+        writeAndPrepare(p, context(table, batch=3, attempt=1), idsBatch([1, 2, 3]))
+    message = str(info.value)
+    assert "lockTimeoutSeconds=1" in message and zombie["gid"] in message
+    assert prepared(pg_url, table) == [zombie["gid"]]
+    assert [h["gid"] for h in p.recoverAndAbort(RecoveryScope(sinkIdOf(table)))] == [zombie["gid"]]
+    p.commit(writeAndPrepare(p, context(table, batch=3, attempt=2), idsBatch([1, 2, 3])))
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(3,)]
+
+
+# -- upsert -----------------------------------------------------------------------------------
+
+
+def test_upsert_updates_existing_keys_last_row_wins_and_replays_are_harmless(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table, mode="upsert", keyColumns="id", upsertBatchRows="3")
+    p.validateTarget(idsBatch([1]).schema)
+    p.commit(writeAndPrepare(p, context(table, batch=0), idsBatch([1, 2, 3, 4], "v0-")))
+    batch1 = pa.record_batch(
+        {"id": pa.array([2, 5, 2, 3], pa.int64()), "payload": ["v1-a", "v1-b", "v1-c", "v1-d"]}
+    )
+    # batch 1 runs, is not decided (driver crash), is aborted, and is replayed
+    p.abort(writeAndPrepare(p, context(table, batch=1), batch1))
+    assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
+        (1, "v0-1"), (2, "v0-2"), (3, "v0-3"), (4, "v0-4")]  # fmt: skip
+    handle = writeAndPrepare(p, context(table, batch=1, attempt=1), batch1)
+    p.commit(handle)
+    p.commit(handle)
+    assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
+        (1, "v0-1"), (2, "v1-c"), (3, "v1-d"), (4, "v0-4"), (5, "v1-b")]  # fmt: skip
+
+
+# -- bad input: each a clear error, nothing visible --------------------------------------------
+
+
+def test_missing_table_without_create_table_says_how_to_fix(pg_url: str, table: str) -> None:
+    with pytest.raises(TwoPhaseConfigError) as info:
+        participant(pg_url, table).validateTarget(idsBatch([1]).schema)
+    message = str(info.value)
+    assert table in message and "does not exist" in message and "createTable=true" in message
+
+
+def test_missing_and_mistyped_columns_are_named_with_the_fix(pg_url: str, table: str) -> None:
+    execute(
+        pg_url,
+        f'CREATE TABLE {table} (id integer PRIMARY KEY, "Payload" text, need text NOT NULL)',
+    )
+    schema = pa.schema([("id", pa.int64()), ("payload", pa.string())])
+    with pytest.raises(TwoPhaseConfigError) as info:
+        participant(pg_url, table).validateTarget(schema)
+    message = str(info.value)
+    assert "column 'id' is a Spark bigint but the table column is integer" in message
+    assert "'payload' is not in the table" in message and "'Payload'" in message
+    assert "'need' is NOT NULL without a default" in message
+
+
+def test_upsert_without_a_matching_unique_index_is_refused(pg_url: str, table: str) -> None:
+    execute(pg_url, f"CREATE TABLE {table} (id bigint, payload text)")
+    with pytest.raises(TwoPhaseConfigError, match="CREATE UNIQUE INDEX"):
+        participant(pg_url, table, mode="upsert", keyColumns="id").validateTarget(
+            idsBatch([1]).schema
+        )
+
+
+def test_a_rejected_row_names_batch_column_and_fix_and_nothing_is_visible(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    bad = pa.record_batch(
+        {"id": pa.array([1, 2, 3], pa.int64()), "payload": pa.array(["a", None, "c"])}
+    )
+    with pytest.raises(RowRejectedError) as info:
+        writeAndPrepare(p, context(table, batch=5, part=2), idsBatch([10, 11]), bad)
+    message = str(info.value)
+    assert "batch 5" in message and "partition 2" in message and "column payload" in message
+    assert "not-null" in message and "restart the query" in message
+    assert prepared(pg_url, table) == [] and execute(pg_url, f"SELECT count(*) FROM {table}") == [
+        (0,)
+    ]
+
+    p.commit(writeAndPrepare(p, context(table, batch=6), idsBatch([1])))
+    with pytest.raises(RowRejectedError) as dup:
+        writeAndPrepare(p, context(table, batch=7), idsBatch([1]))
+    assert "constraint" in str(dup.value) and "already exists" in str(dup.value)
+
+
+def test_password_never_reaches_handles_logs_or_errors(
+    pg_url: str, table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    password = str(psycopg.conninfo.conninfo_to_dict(pg_url)["password"])
+    wrongPassword = f"Wr0ng-{uuid.uuid4().hex}"
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table, connectRetrySeconds="0")
+    with caplog.at_level(logging.DEBUG, logger="twophase"):
+        handle = writeAndPrepare(p, context(table), idsBatch([1]))
+        p.commit(handle)
+        p.commit(handle)
+        wrong = PostgresParticipant.fromOptions(
+            {"url": pg_url, "table": table, "password": wrongPassword}
+        )
+        with pytest.raises(PostgresSinkError) as info:
+            wrong.validateTarget(idsBatch([1]).schema)
+        with pytest.raises(PostgresSinkError) as inUrl:
+            PostgresParticipant.fromOptions(
+                {"url": pg_url.replace(f":{password}@", f":{wrongPassword}@"), "table": table}
+            ).validateTarget(idsBatch([1]).schema)
+    assert "password authentication failed" in str(info.value)
+    assert "password" not in json.dumps(handle)
+    texts = (json.dumps(handle), caplog.text, str(info.value), str(inUrl.value), repr(wrong))
+    for text in (*texts, p.describe(handle)):
+        assert wrongPassword not in text and f":{password}@" not in text
+
+
+# -- server down, restarted ----------------------------------------------------------------------
+
+
+def test_prepared_transactions_survive_a_server_crash_and_commit_waits_for_the_server(
+    pg_url: str, table: str, postgres_server: ServiceControl
+) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table, connectRetrySeconds="1")
+    handle = writeAndPrepare(p, context(table), idsBatch([1, 2, 3]))
+    postgres_server.kill()
+    try:
+        with pytest.raises(TransientCommitError):
+            p.commit(handle)  # the coordinator retries these
+        with pytest.raises(PostgresUnavailableError, match="unreachable"):
+            writeAndPrepare(p, context(table, batch=1), idsBatch([4]))
+        with pytest.raises(TransientCommitError):
+            p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(handle,)))
+    finally:
+        postgres_server.start()
+    assert prepared(pg_url, table) == [handle["gid"]]
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    for _ in range(3):  # pooled connections died with the server: retried like the coordinator
+        try:
+            p.commit(handle)
+            break
+        except TransientCommitError:
+            continue
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(3,)]
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def test_memory_per_task_stays_at_one_batch_however_many_batches(pg_url: str, table: str) -> None:
+    createIdTable(pg_url, table)
+    p = participant(pg_url, table)
+    txn = p.beginTransaction(context(table))
+    pool = pa.default_memory_pool()
+    tracemalloc.start()
+    try:
+        peaks = []
+        for start in range(0, 400_000, 20_000):
+            p.write(txn, idsBatch(list(range(start, start + 20_000)), "x" * 50))
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        handle = p.preCommit(txn)
+    finally:
+        tracemalloc.stop()
+    assert pool.bytes_allocated() < 50_000_000
+    assert max(peaks) < 60_000_000  # one batch of Python objects + its CSV, not 400k rows
+    assert peaks[-1] < 2 * peaks[1] + 5_000_000  # flat: no growth with the number of batches
+    p.abort(handle)
+
+
+# -- a server without prepared transactions ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_without_2pc() -> Iterator[str]:
+    """A private, throwaway PostgreSQL with max_prepared_transactions = 0 (the default)."""
+    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
+    initdb = str(bins[0]) if bins else shutil.which("initdb")
+    if not initdb:
+        pytest.fail("initdb not found: install the PostgreSQL server packages (make services)")
+    binDir = Path(initdb).parent
+    root = tempfile.mkdtemp(prefix="twophase-pg0-", dir="/tmp")
+    asUser: list[str] = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        shutil.chown(root, "postgres")
+        asUser = ["runuser", "-u", "postgres", "--"]
+    data = f"{root}/data"
+
+    def run(*args: str) -> None:
+        subprocess.run([*asUser, *args], check=True, capture_output=True, timeout=120, cwd="/")
+
+    try:
+        run(str(binDir / "initdb"), "-D", data, "-U", "postgres", "--auth=trust", "--no-sync")
+        run(
+            str(binDir / "pg_ctl"), "start", "-w", "-D", data, "-l", f"{root}/log",
+            "-o", f"-c listen_addresses='' -k {root} -c max_prepared_transactions=0",
+        )  # fmt: skip
+        yield f"host={root} user=postgres dbname=postgres"
+    finally:
+        subprocess.run(
+            [*asUser, str(binDir / "pg_ctl"), "stop", "-m", "immediate", "-D", data],
+            capture_output=True,
+            cwd="/",
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_max_prepared_transactions_zero_is_refused_with_how_to_set_it(
+    server_without_2pc: str,
+) -> None:
+    p = PostgresParticipant.fromOptions(
+        {"url": server_without_2pc, "table": "t", "createTable": "true"}
+    )
+    with pytest.raises(TwoPhaseConfigError) as info:
+        p.validateTarget(idsBatch([1]).schema)
+    message = str(info.value)
+    assert "max_prepared_transactions = 0" in message
+    assert "ALTER SYSTEM SET max_prepared_transactions" in message
+    assert "number of partitions" in message and "restart" in message

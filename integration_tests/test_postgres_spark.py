@@ -1,0 +1,316 @@
+"""twophase.postgres end to end: Spark streaming queries SIGKILLed at every crash window.
+
+The queries run in child processes (integration_tests/postgres_harness.py) against the real
+PostgreSQL of `make services`; after each crash the test looks at what the crash left (rows
+visible, prepared transactions), restarts the query from its checkpoint, and at the end checks
+with SQL that every source row is in the table exactly once, with the right values, and that no
+prepared transaction of the sink is left. Row counts are small: the cost is Spark's start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from integration_tests.conftest import ServiceControl
+from integration_tests.postgres_harness import QUERY_FAILED, QuerySpec, Run, runChild
+
+# Every Spark SQL primitive type, NULLs and awkward strings, as functions of the source's id.
+TYPED_COLUMNS = {
+    "id": "id",
+    "payload": "payload",
+    "tiny": "cast(id % 100 as tinyint)",
+    "small": "cast(id % 30000 as smallint)",
+    "i": "cast(id as int)",
+    "f4": "cast(id as float) / 4",
+    "f8": "CASE WHEN id % 7 = 0 THEN double('NaN') WHEN id % 7 = 1 THEN double('Infinity') "
+    "ELSE id * 0.5 END",
+    "dec": "cast(id as decimal(12,2)) / 100",
+    "txt": "concat(payload, '\\n\\t\"\\\\,;''', char(9))",
+    "maybe": "CASE WHEN id % 3 = 0 THEN NULL ELSE payload END",
+    "bin": "encode(payload, 'utf-8')",
+    "flag": "id % 2 = 0",
+    "day": "date_add(date'2000-01-01', cast(id as int))",
+    "ts": "timestamp_seconds(id * 1000)",
+    "ntz": "cast(timestamp_seconds(id * 1000) as timestamp_ntz)",
+}
+
+# The same values computed by PostgreSQL: a row is right when every column matches.
+TYPED_CHECK = """
+    payload = 'row-' || id
+    AND tiny = id % 100 AND small = id % 30000 AND i = id
+    AND f4 = (id::real / 4)
+    AND (f8 = CASE WHEN id % 7 = 0 THEN 'NaN'::float8 WHEN id % 7 = 1 THEN 'Infinity'::float8
+                   ELSE id * 0.5 END)
+    AND dec = (id::numeric / 100)::numeric(12,2)
+    AND txt = payload || E'\\n\\t"\\\\,;''' || chr(9)
+    AND maybe IS NOT DISTINCT FROM CASE WHEN id % 3 = 0 THEN NULL ELSE payload END
+    AND bin = convert_to(payload, 'UTF8')
+    AND flag = (id % 2 = 0)
+    AND day = date '2000-01-01' + id::int
+    AND ts = to_timestamp(id * 1000)
+    AND ntz = to_timestamp(id * 1000) AT TIME ZONE 'UTC'
+"""
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def table(pg_url: str) -> Iterator[str]:
+    name = unique("it_pgspark")
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def query(pg_url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        cur = conn.execute(statement, params or None)
+        return cur.fetchall() if cur.description else []
+
+
+def preparedOf(pg_url: str, sinkId: str, batch: int | None = None) -> list[str]:
+    prefix = f"tp1:{sinkId}:" + (f"b{batch}:" if batch is not None else "")
+    rows = query(pg_url, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", prefix + "%")
+    return sorted(r[0] for r in rows)
+
+
+def counts(pg_url: str, table: str) -> tuple[int, int]:
+    [(rows, distinct)] = query(pg_url, f"SELECT count(*), count(DISTINCT id) FROM {table}")
+    return int(rows), int(distinct)
+
+
+def assertExactlyOnce(pg_url: str, table: str, sinkId: str, total: int) -> None:
+    assert counts(pg_url, table) == (total, total)
+    assert query(pg_url, f"SELECT min(id), max(id) FROM {table}") == [(0, total - 1)]
+    assert preparedOf(pg_url, sinkId) == []
+
+
+def assertCrashed(run: Run) -> None:
+    assert run.killed, f"expected a SIGKILL, got exit {run.returncode}:\n{run.tail()}"
+
+
+def assertDone(run: Run) -> None:
+    assert run.returncode == 0, f"query failed (exit {run.returncode}):\n{run.tail()}"
+
+
+# -- the driver at every crash window, and the server restarted ----------------------------------
+
+
+@pytest.mark.timeout(900)
+def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
+    pg_url: str, table: str, postgres_server: ServiceControl, tmp_path: Path
+) -> None:
+    sinkId = f"tp-{table[-10:]}"
+    total, perBatch = 1000, 100
+    spec = QuerySpec(
+        checkpoint=str(tmp_path / "checkpoint"),
+        options={"url": pg_url, "table": table, "createTable": "true", "sinkId": sinkId},
+        rows=total,
+        rowsPerBatch=perBatch,
+        partitions=2,
+        columns=TYPED_COLUMNS,
+    )
+    logs = tmp_path / "logs"
+
+    # Tasks prepared batch 0, nobody decided: invisible, rolled back on restart.
+    assertCrashed(runChild(spec, logs, crashAt="driver.beforeDecision:0"))
+    assert counts(pg_url, table) == (0, 0)
+    assert len(preparedOf(pg_url, sinkId, 0)) == 2
+
+    # Batch 1 decided, not committed; then PostgreSQL crashes too: its prepared transactions
+    # survive the server's crash recovery, still invisible, and the next start commits them.
+    assertCrashed(runChild(spec, logs, crashAt="driver.afterDecision:1"))
+    assert counts(pg_url, table) == (100, 100)
+    assert preparedOf(pg_url, sinkId, 0) == []  # recovery rolled back the undecided batch 0
+    decided = preparedOf(pg_url, sinkId, 1)
+    assert len(decided) == 2
+    postgres_server.kill()
+    postgres_server.start()
+    assert preparedOf(pg_url, sinkId, 1) == decided
+    assert counts(pg_url, table) == (100, 100)
+
+    # Recovery itself killed after rolling batch 1 forward, before its sweep.
+    assertCrashed(runChild(spec, logs, crashAt="driver.duringRecovery"))
+    assert counts(pg_url, table) == (200, 200)
+    # Killed once the first of batch 2's two commits returned (the coordinator commits in
+    # parallel, so the other one may have finished too): committed rows are never duplicated.
+    assertCrashed(runChild(spec, logs, crashAt="driver.betweenCommits:2"))
+    rows, distinct = counts(pg_url, table)
+    assert rows == distinct and 250 <= rows <= 300
+    assert len(preparedOf(pg_url, sinkId, 2)) <= 1
+    # Everything of batch 3 committed, not yet marked in the log; then marked, Spark unaware.
+    assertCrashed(runChild(spec, logs, crashAt="driver.afterCommits:3"))
+    assert counts(pg_url, table) == (400, 400)
+    assertCrashed(runChild(spec, logs, crashAt="driver.afterCommitted:4"))
+    assert counts(pg_url, table) == (500, 500)
+
+    # The last run drains the source while PostgreSQL restarts under it (local[2,4]: Spark
+    # retries a task that lost its connection). Should a retry meet a transaction prepared just
+    # before the restart, the query fails loudly; then one more start finishes the job.
+    restarted = threading.Event()
+
+    def restartMidStream() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not restarted.is_set():
+            if counts(pg_url, table)[0] >= 600:
+                postgres_server.restart()
+                restarted.set()
+                return
+            time.sleep(0.2)
+
+    restarter = threading.Thread(target=restartMidStream, daemon=True)
+    restarter.start()
+    final = runChild(QuerySpec(**{**spec.__dict__, "master": "local[2,4]"}), logs)
+    restarted.set()
+    restarter.join(timeout=200)
+    if final.returncode == QUERY_FAILED:
+        final = runChild(spec, logs)
+    assertDone(final)
+
+    assertExactlyOnce(pg_url, table, sinkId, total)
+    [(wrong,)] = query(pg_url, f"SELECT count(*) FROM {table} WHERE NOT ({TYPED_CHECK})")
+    assert wrong == 0
+
+
+# -- an executor killed mid-COPY ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_executor_python_worker_killed_mid_copy_is_retried_exactly_once(
+    pg_url: str, table: str, tmp_path: Path
+) -> None:
+    sinkId = f"tp-{table[-10:]}"
+    spec = QuerySpec(
+        checkpoint=str(tmp_path / "checkpoint"),
+        options={"url": pg_url, "table": table, "createTable": "true", "sinkId": sinkId},
+        rows=400,
+        rowsPerBatch=100,
+        partitions=2,
+        master="local-cluster[2,1,1024]",  # separate executor JVMs; tasks are retried
+        sparkConf={"spark.sql.execution.arrow.maxRecordsPerBatch": "10"},  # many COPY chunks
+    )
+    run = runChild(spec, tmp_path / "logs", crashAt="task.afterWrite:1", timeout=400)
+    assertDone(run)
+    assert (tmp_path / "logs" / "crash-0.once").exists(), "the task was never killed"
+    assertExactlyOnce(pg_url, table, sinkId, 400)
+
+
+# -- upsert under replays ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_upsert_replayed_after_a_crash_keeps_the_latest_value_per_key(
+    pg_url: str, table: str, tmp_path: Path
+) -> None:
+    sinkId = f"tp-{table[-10:]}"
+    query(pg_url, f"CREATE TABLE {table} (k bigint PRIMARY KEY, v bigint, payload text)")
+    spec = QuerySpec(
+        checkpoint=str(tmp_path / "checkpoint"),
+        options={
+            "url": pg_url,
+            "table": table,
+            "mode": "upsert",
+            "keyColumns": "k",
+            "sinkId": sinkId,
+        },  # fmt: skip
+        rows=500,
+        rowsPerBatch=100,
+        partitions=2,
+        # each batch touches every key 0..99 once, with a newer value
+        columns={"k": "id % 100", "v": "id", "payload": "payload"},
+    )
+    assertCrashed(runChild(spec, tmp_path / "logs", crashAt="driver.beforeDecision:2"))
+    assert query(pg_url, f"SELECT count(*), min(v), max(v) FROM {table}") == [(100, 100, 199)]
+    assertDone(runChild(spec, tmp_path / "logs"))
+    assert query(pg_url, f"SELECT count(*) FROM {table}") == [(100,)]
+    [(wrong,)] = query(
+        pg_url, f"SELECT count(*) FROM {table} WHERE v <> 400 + k OR payload <> 'row-' || v"
+    )
+    assert wrong == 0
+    assert preparedOf(pg_url, sinkId) == []
+
+
+# -- bad input at the Spark level --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    import twophase
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("twophase-postgres-bad-input")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    twophase.register(session)
+    yield session
+    session.stop()
+
+
+def startQuery(spark: Any, options: dict[str, str], checkpoint: Path, columns: list[str]) -> Any:
+    stream = (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 100)
+        .option("totalRows", 300)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(*columns)
+    )
+    writer = stream.writeStream.format("twophase.postgres")
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+
+
+def failureOf(query: Any) -> str:
+    with pytest.raises(Exception) as info:  # noqa: B017 - Spark's StreamingQueryException
+        query.awaitTermination(240)
+    return str(info.value)
+
+
+@pytest.mark.timeout(600)
+def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_the_fix(
+    spark: Any, pg_url: str, table: str, tmp_path: Path
+) -> None:
+    sinkId = f"tp-{table[-10:]}"
+    options = {"url": pg_url, "table": table, "sinkId": sinkId}
+    columns = ["id", "CASE WHEN id = 150 THEN NULL ELSE payload END AS payload"]
+
+    message = failureOf(startQuery(spark, options, tmp_path / "c1", columns))
+    assert f"table public.{table} does not exist" in message and "createTable=true" in message
+    assert pg_url not in message
+
+    query(pg_url, f"CREATE TABLE {table} (id integer, payload text NOT NULL)")
+    message = failureOf(startQuery(spark, options, tmp_path / "c2", columns))
+    assert "column 'id' is a Spark bigint but the table column is integer" in message
+
+    query(pg_url, f"ALTER TABLE {table} ALTER COLUMN id TYPE bigint")
+    checkpoint = tmp_path / "c3"
+    message = failureOf(startQuery(spark, options, checkpoint, columns))
+    assert "PostgreSQL rejected a row" in message and "batch 1" in message
+    assert "column payload" in message and "not-null" in message
+    assert counts(pg_url, table) == (100, 100)  # batch 0 only: nothing of batch 1
+    assert preparedOf(pg_url, sinkId) == []
+    assert pg_url not in message
+
+    query(pg_url, f"ALTER TABLE {table} ALTER COLUMN payload DROP NOT NULL")
+    startQuery(spark, options, checkpoint, columns).awaitTermination(240)
+    assertExactlyOnce(pg_url, table, sinkId, 300)
+    assert query(pg_url, f"SELECT id FROM {table} WHERE payload IS NULL") == [(150,)]

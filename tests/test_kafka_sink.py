@@ -1,0 +1,571 @@
+"""The Kafka participant without a broker: options, ids, columns, handles, commit outcomes.
+
+What needs a broker (the real transactions, EndTxn from another client, fencing, reading back)
+is in integration_tests/test_kafka_*.py. Here the driver-side client is a fake that answers
+with the broker's error codes, so each outcome of ``commit`` is pinned down in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from twophase.protocol import (
+    RecoveryScope,
+    TransactionContext,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks import _kafka_txn as wire
+from twophase.sinks import kafka as kafkasink
+from twophase.sinks._kafka_config import (
+    kafkaPythonConfig,
+    librdkafkaConfig,
+    protectKafkaPythonLogs,
+    redacted,
+)
+from twophase.sinks._kafka_producer import ColumnLayout, KafkaWriteError
+from twophase.sinks._kafka_txn import TransactionListing
+from twophase.sinks.kafka import (
+    KafkaCommitError,
+    KafkaParticipant,
+    KafkaSettings,
+    ProbeVerdict,
+    transactionalIdFor,
+)
+
+BOOTSTRAP = {"kafka.bootstrap.servers": "127.0.0.1:9"}
+
+
+def participant(**options: str) -> KafkaParticipant:
+    return KafkaParticipant.fromOptions({**BOOTSTRAP, "topic": "t", **options})
+
+
+def handle(**overrides: Any) -> dict[str, Any]:
+    h: dict[str, Any] = {
+        "kind": "kafka",
+        "batchId": 7,
+        "partitionId": 3,
+        "attempt": 0,
+        "transactionalId": "twophase-s-3",
+        "producerId": 42,
+        "producerEpoch": 5,
+        "records": 10,
+        "startedAtMs": 0,
+        "transactionTimeoutMs": 0,
+        "probe": {"topic": "t", "partition": 1, "offset": 99},
+    }
+    h.update(overrides)
+    return h
+
+
+class FakeClient:
+    """Answers EndTxn with queued error codes; records every call."""
+
+    def __init__(self, *codes: int, listing: list[TransactionListing] | None = None) -> None:
+        self.codes = list(codes)
+        self.calls: list[tuple[str, int, int, bool]] = []
+        self.listing = listing
+
+    def endTransaction(self, tid: str, pid: int, epoch: int, *, commit: bool) -> int:
+        self.calls.append((tid, pid, epoch, commit))
+        return self.codes.pop(0)
+
+    def listOngoing(self, prefix: str) -> list[TransactionListing] | None:
+        return self.listing
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Install a FakeClient on a participant: ``fake(p, *codes)``."""
+
+    def install(p: KafkaParticipant, *codes: int, **kwargs: Any) -> FakeClient:
+        client = FakeClient(*codes, **kwargs)
+        monkeypatch.setattr(p, "client", lambda: client)
+        return client
+
+    yield install
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def test_bootstrap_servers_are_required() -> None:
+    with pytest.raises(TwoPhaseConfigError, match="kafka.bootstrap.servers is required"):
+        KafkaSettings.fromOptions({"topic": "t"})
+
+
+def test_kafka_options_go_to_librdkafka_with_java_compatible_defaults() -> None:
+    settings = KafkaSettings.fromOptions(
+        {**BOOTSTRAP, "kafka.linger.ms": "20", "kafka.compression.type": "lz4", "topic": "t"}
+    )
+    assert settings.producerConfig["linger.ms"] == "20"
+    assert settings.producerConfig["compression.type"] == "lz4"
+    # Spark's Kafka sink partitions keyed records with Java's murmur2; librdkafka's default
+    # would not, so the same key would land elsewhere.
+    assert settings.producerConfig["partitioner"] == "murmur2_random"
+    assert settings.flushTimeoutSeconds == 150  # the 2 minutes delivery timeout + 30 s
+    assert settings.topic == "t"
+    assert settings.transactionTimeoutMs is None
+    assert settings.prefixFor("sink-1") == "twophase-sink-1"
+
+
+def test_the_delivery_timeout_fits_inside_the_transaction_timeout() -> None:
+    from twophase.sinks._kafka_producer import withTimeouts
+
+    assert withTimeouts({}, 900000)["message.timeout.ms"] == 120000
+    assert withTimeouts({}, 3000)["message.timeout.ms"] == 3000  # librdkafka requires <=
+    assert withTimeouts({"message.timeout.ms": "5000"}, 900000)["message.timeout.ms"] == "5000"
+
+
+def test_an_explicit_transaction_timeout_wins_over_the_resolved_one() -> None:
+    resolved = {**BOOTSTRAP, kafkasink.RESOLVED_TIMEOUT_OPTION: "600000"}
+    assert KafkaSettings.fromOptions(resolved).transactionTimeoutMs == 600000
+    both = {**resolved, "kafka.transaction.timeout.ms": "60000"}
+    settings = KafkaSettings.fromOptions(both)
+    assert settings.transactionTimeoutMs == 60000
+    assert "transaction.timeout.ms" not in settings.producerConfig
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("kafka.transactional.id", "transactionalIdPrefix"),
+        ("kafka.enable.idempotence", "idempotent"),
+        ("kafka.key.serializer", "Java client property"),
+        ("kafka.ssl.truststore.location", "kafka.ssl.ca.location"),
+        ("kafka.max.request.size", "kafka.message.max.bytes"),
+    ],
+)
+def test_options_librdkafka_cannot_honour_are_refused_by_name(option: str, message: str) -> None:
+    with pytest.raises(TwoPhaseConfigError, match=message) as info:
+        KafkaSettings.fromOptions({**BOOTSTRAP, option: "x"})
+    assert option in str(info.value)
+
+
+def test_sasl_jaas_config_becomes_librdkafka_credentials_and_is_never_shown() -> None:
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="s3cr\\"et";'
+    )
+    config = librdkafkaConfig(
+        {**BOOTSTRAP, "kafka.sasl.jaas.config": jaas, "kafka.security.protocol": "SASL_SSL"},
+        forbidden={},
+    )
+    assert config["sasl.username"] == "alice"
+    assert config["sasl.password"] == 's3cr"et'
+    assert config["security.protocol"] == "sasl_ssl"
+    assert "s3cr" not in str(redacted(config))
+    assert redacted(config)["sasl.password"] == "[redacted]"
+
+
+def test_oauth_jaas_config_is_refused_with_the_librdkafka_way() -> None:
+    jaas = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;"
+    with pytest.raises(TwoPhaseConfigError, match="sasl.oauthbearer"):
+        librdkafkaConfig({**BOOTSTRAP, "kafka.sasl.jaas.config": jaas}, forbidden={})
+
+
+def test_the_driver_client_gets_the_same_cluster_and_credentials() -> None:
+    kwargs = kafkaPythonConfig(
+        {
+            "bootstrap.servers": "a:1,b:2",
+            "security.protocol": "sasl_ssl",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "alice",
+            "sasl.password": "pw",
+            "ssl.ca.location": "/ca.pem",
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+    )
+    assert kwargs["bootstrap_servers"] == ["a:1", "b:2"]
+    assert kwargs["security_protocol"] == "SASL_SSL"
+    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kwargs["sasl_plain_username"] == "alice"
+    assert kwargs["sasl_plain_password"] == "pw"
+    assert kwargs["ssl_cafile"] == "/ca.pem"
+    assert kwargs["ssl_check_hostname"] is False
+    with pytest.raises(TwoPhaseConfigError, match="OAUTHBEARER"):
+        kafkaPythonConfig(
+            {
+                "bootstrap.servers": "a:1",
+                "security.protocol": "sasl_plaintext",
+                "sasl.mechanism": "OAUTHBEARER",
+            }
+        )
+
+
+def test_kafka_pythons_debug_dump_of_its_configuration_is_redacted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    protectKafkaPythonLogs()
+    logger = logging.getLogger("kafka.admin.client")
+    with caplog.at_level(logging.DEBUG, logger="kafka.admin.client"):
+        logger.debug(
+            "Starting KafkaAdminClient with configuration: %s",
+            {"sasl_plain_password": "hunter2", "bootstrap_servers": "x"},
+        )
+    assert "hunter2" not in caplog.text
+    assert "[redacted]" in caplog.text
+
+
+def test_a_bad_transactional_id_prefix_is_refused() -> None:
+    with pytest.raises(TwoPhaseConfigError, match="transactionalIdPrefix"):
+        KafkaSettings.fromOptions({**BOOTSTRAP, "transactionalIdPrefix": "bad prefix!"})
+
+
+# -- transactional ids ----------------------------------------------------------------------
+
+
+def test_first_attempts_share_a_stable_id_per_partition_and_retries_get_their_own() -> None:
+    assert transactionalIdFor("p", 3, 0) == "p-3"
+    assert transactionalIdFor("p", 3, 1) == "p-3-a1"
+    owned = kafkasink._ownsId("twophase-s")
+    assert owned.match("twophase-s-3")
+    assert owned.match("twophase-s-3-a2")
+    assert not owned.match("twophase-s-x-3")  # another sink whose prefix extends ours
+    assert not owned.match("twophase-s-3-b")
+
+
+# -- input columns --------------------------------------------------------------------------
+
+
+def spark(*fields: StructField) -> StructType:
+    return StructType(list(fields))
+
+
+def test_the_input_needs_a_value_and_a_topic_as_in_spark() -> None:
+    p = participant()
+    p.validateSchema(spark(StructField("value", StringType())))
+    p.validateSchema(
+        spark(
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField(
+                "headers",
+                ArrayType(
+                    StructType(
+                        [StructField("key", StringType()), StructField("value", BinaryType())]
+                    )
+                ),
+            ),
+            StructField("other", DoubleType()),  # ignored, as Spark does
+        )
+    )
+    with pytest.raises(TwoPhaseConfigError, match="'value' column"):
+        p.validateSchema(spark(StructField("payload", StringType())))
+    with pytest.raises(TwoPhaseConfigError, match="column 'value' has type double"):
+        p.validateSchema(spark(StructField("value", DoubleType())))
+    with pytest.raises(TwoPhaseConfigError, match="column 'key' has type bigint"):
+        p.validateSchema(spark(StructField("value", StringType()), StructField("key", LongType())))
+    with pytest.raises(TwoPhaseConfigError, match="headers"):
+        p.validateSchema(
+            spark(StructField("value", StringType()), StructField("headers", StringType()))
+        )
+    noTopic = KafkaParticipant.fromOptions(BOOTSTRAP)
+    with pytest.raises(TwoPhaseConfigError, match="no topic"):
+        noTopic.validateSchema(spark(StructField("value", StringType())))
+
+
+def test_the_arrow_layout_is_checked_the_same_way_on_executors() -> None:
+    schema = pa.schema([("key", pa.string()), ("value", pa.binary()), ("topic", pa.string())])
+    layout = ColumnLayout.of(schema, None)
+    assert (layout.value, layout.key, layout.topic) == (1, 0, 2)
+    assert ColumnLayout.of(schema, "fixed").topic is None  # the topic option overrides
+    with pytest.raises(KafkaWriteError, match="no 'value' column"):
+        ColumnLayout.of(pa.schema([("v", pa.string())]), "t")
+    with pytest.raises(KafkaWriteError, match="must be string or binary"):
+        ColumnLayout.of(pa.schema([("value", pa.int64())]), "t")
+
+
+# -- handles and commit outcomes ------------------------------------------------------------
+
+
+def test_a_handle_without_records_commits_and_aborts_nothing(fake: Any) -> None:
+    p = participant()
+    client = fake(p)
+    empty = {"kind": "kafka", "transactionalId": "twophase-s-1", "records": 0}
+    p.commit(empty)
+    p.abort(empty)
+    assert client.calls == []
+
+
+def test_malformed_handles_are_refused_before_any_request(fake: Any) -> None:
+    p = participant()
+    client = fake(p)
+    with pytest.raises(ValueError, match="not a kafka handle"):
+        p.commit({"kind": "files"})
+    with pytest.raises(ValueError, match="producer id and epoch"):
+        p.commit({"kind": "kafka", "transactionalId": "x", "records": 3})
+    assert client.calls == []
+
+
+def test_commit_ends_exactly_the_prepared_producer_id_and_epoch(fake: Any) -> None:
+    p = participant()
+    client = fake(p, wire.NONE, wire.NONE)
+    p.commit(handle())
+    p.commit(handle())  # a repeated commit: the broker answers NONE again
+    assert client.calls == [("twophase-s-3", 42, 5, True)] * 2
+
+
+def test_retriable_answers_become_transient(fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = participant()
+
+    class Retriable(FakeClient):
+        def endTransaction(self, tid: str, pid: int, epoch: int, *, commit: bool) -> int:
+            raise TransientCommitError("EndTxn: CONCURRENT_TRANSACTIONS")
+
+    monkeypatch.setattr(p, "client", lambda: Retriable())
+    with pytest.raises(TransientCommitError):
+        p.commit(handle())
+
+
+def probeSays(monkeypatch: pytest.MonkeyPatch, verdict: ProbeVerdict) -> None:
+    monkeypatch.setattr(
+        kafkasink, "probeRecord", lambda *a, **k: (verdict, f"probe says {verdict}")
+    )
+
+
+def test_fenced_but_visible_is_a_commit_that_happened_before(
+    fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = participant()
+    fake(p, wire.PRODUCER_FENCED)
+    probeSays(monkeypatch, ProbeVerdict.COMMITTED)
+    p.commit(handle())
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        wire.PRODUCER_FENCED,
+        wire.INVALID_PRODUCER_EPOCH,
+        wire.INVALID_PRODUCER_ID_MAPPING,
+        wire.INVALID_TXN_STATE,
+    ],
+)
+def test_fenced_and_invisible_is_a_lost_transaction_named_loudly(
+    fake: Any, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    p = participant()
+    fake(p, code)
+    probeSays(monkeypatch, ProbeVerdict.ABORTED)
+    with pytest.raises(TransactionLostError) as info:
+        p.commit(handle(startedAtMs=1, transactionTimeoutMs=60000))
+    text = str(info.value)
+    for needle in ("batch 7", "partition 3", "twophase-s-3", "producer id 42", "epoch 5", "LOST"):
+        assert needle in text
+    assert "longer than its transaction.timeout.ms" in text
+
+
+def test_an_outcome_not_readable_yet_is_retried(fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = participant()
+    fake(p, wire.PRODUCER_FENCED)
+    probeSays(monkeypatch, ProbeVerdict.UNDECIDED)
+    with pytest.raises(TransientCommitError, match="not readable yet"):
+        p.commit(handle())
+
+
+def test_an_outcome_nobody_can_tell_fails_without_claiming_either(
+    fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = participant()
+    fake(p, wire.PRODUCER_FENCED)
+    probeSays(monkeypatch, ProbeVerdict.GONE)
+    with pytest.raises(KafkaCommitError, match="cannot be told"):
+        p.commit(handle())
+
+
+def test_abort_of_a_gone_transaction_is_a_no_op(fake: Any) -> None:
+    p = participant()
+    client = fake(p, wire.NONE, wire.PRODUCER_FENCED, wire.INVALID_TXN_STATE)
+    for _ in range(3):
+        p.abort(handle())
+    assert [c[3] for c in client.calls] == [False, False, False]
+
+
+def test_an_old_transaction_warns_at_half_its_timeout(
+    fake: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import time
+
+    p = participant()
+    fake(p, wire.NONE, wire.NONE)
+    now = int(time.time() * 1000)
+    with caplog.at_level(logging.WARNING, logger="twophase.sinks.kafka"):
+        p.commit(handle(startedAtMs=now - 1000, transactionTimeoutMs=60000))
+        assert "open for" not in caplog.text
+        p.commit(handle(startedAtMs=now - 40000, transactionTimeoutMs=60000))
+    assert "has been open for 40 s" in caplog.text
+    assert "transaction.timeout.ms" in caplog.text
+
+
+# -- recovery -------------------------------------------------------------------------------
+
+
+def test_recovery_fences_this_sinks_lingering_ids_but_never_a_kept_one(
+    fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = participant()
+    fenced: list[str] = []
+    monkeypatch.setattr(p, "_fence", lambda tid, timeoutMs: fenced.append(tid))
+    monkeypatch.setattr(p, "transactionTimeoutMs", lambda: 60000)
+    fake(
+        p,
+        listing=[
+            TransactionListing("twophase-s-0", 1, "Ongoing"),
+            TransactionListing("twophase-s-1", 2, "Ongoing"),
+            TransactionListing("twophase-s-1-a1", 3, "Ongoing"),
+            TransactionListing("twophase-s-x-1", 4, "Ongoing"),  # another sink's
+        ],
+    )
+    scope = RecoveryScope("s", keep=(handle(transactionalId="twophase-s-1"),))
+    aborted = p.recoverAndAbort(scope)
+    assert sorted(fenced) == ["twophase-s-0", "twophase-s-1-a1"]
+    assert sorted(h["transactionalId"] for h in aborted) == ["twophase-s-0", "twophase-s-1-a1"]
+
+
+def test_without_a_transaction_listing_recovery_warns_once(
+    fake: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = participant()
+    fake(p, listing=None)
+    with caplog.at_level(logging.WARNING, logger="twophase.sinks.kafka"):
+        assert p.recoverAndAbort(RecoveryScope("s")) == []
+        assert p.recoverAndAbort(RecoveryScope("s")) == []
+    assert caplog.text.count("cannot list transactions") == 1
+
+
+# -- the participant travels to executors ---------------------------------------------------
+
+
+def test_the_participant_pickles_without_its_client() -> None:
+    p = participant()
+    _ = p.client()
+    copy = pickle.loads(pickle.dumps(p))
+    assert copy._client is None
+    assert copy.settings == p.settings
+
+
+def test_describe_names_batch_partition_and_transactional_id() -> None:
+    text = participant().describe(handle())
+    assert text == (
+        "kafka batch 7 partition 3 attempt 0: transactional id twophase-s-3 "
+        "(producer id 42, epoch 5), 10 record(s)"
+    )
+
+
+def test_begin_without_rows_creates_no_producer() -> None:
+    p = participant(**{kafkasink.RESOLVED_TIMEOUT_OPTION: "60000"})
+    txn = p.beginTransaction(TransactionContext("s", "q", 1, 2, 0))
+    assert txn.producer is None
+    assert p.preCommit(txn) == {
+        "kind": "kafka",
+        "batchId": 1,
+        "partitionId": 2,
+        "attempt": 0,
+        "transactionalId": "twophase-s-2",
+        "records": 0,
+    }
+
+
+def test_secrets_for_tools_come_from_the_environment_and_never_override_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "TWOPHASE_KAFKA_OPTIONS", '{"kafka.sasl.password": "pw", "kafka.linger.ms": "99"}'
+    )
+    settings = KafkaSettings.fromOptions({**BOOTSTRAP, "kafka.linger.ms": "5"})
+    assert settings.producerConfig["sasl.password"] == "pw"
+    assert settings.producerConfig["linger.ms"] == "5"
+    monkeypatch.setenv("TWOPHASE_KAFKA_OPTIONS", "not json")
+    with pytest.raises(TwoPhaseConfigError, match="TWOPHASE_KAFKA_OPTIONS"):
+        KafkaSettings.fromOptions(BOOTSTRAP)
+
+
+class FakeProducer:
+    """Enough of a confluent-kafka Producer for preCommit: everything is delivered."""
+
+    def flush(self, timeout: float = -1) -> int:
+        return 0
+
+    def poll(self, timeout: float = -1) -> int:
+        return 0
+
+
+def preparedTransaction(*stats: dict[str, Any]) -> Any:
+    import json as _json
+
+    from twophase.sinks import _kafka_producer as producing
+
+    txn = producing.beginTransaction(
+        TransactionContext("s", "q", 1, 2, 0),
+        "twophase-s-2",
+        "twophase-s",
+        {"bootstrap.servers": "x"},
+        defaultTopic="t",
+        transactionTimeoutMs=60000,
+        flushTimeoutSeconds=1,
+        initTimeoutSeconds=1,
+    )
+    txn.producer = FakeProducer()
+    txn.produced = txn.deliveries.acked = 3
+    for eos in stats:
+        txn.statistics(_json.dumps({"eos": eos}))
+    return txn
+
+
+@pytest.mark.parametrize("state", ["ReadyNotAcked", "Ready", "InTransaction"])
+def test_the_producer_id_and_epoch_come_from_librdkafkas_statistics(state: str) -> None:
+    from twophase.sinks import _kafka_producer as producing
+
+    txn = preparedTransaction(
+        {"producer_id": -1, "producer_epoch": -1, "txn_state": "WaitPID", "idemp_state": "Init"},
+        {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"},
+    )
+    handle = producing.preCommit(txn)
+    assert (handle["producerId"], handle["producerEpoch"], handle["records"]) == (7, 3, 3)
+
+
+@pytest.mark.parametrize("state", ["AbortableError", "FatalError", "AbortingTransaction"])
+def test_a_transaction_in_an_error_state_is_not_prepared(state: str) -> None:
+    from twophase.sinks import _kafka_producer as producing
+
+    txn = preparedTransaction(
+        {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"}
+    )
+    with pytest.raises(KafkaWriteError, match=f"state '{state}'"):
+        producing.preCommit(txn)
+
+
+def test_unacknowledged_records_fail_the_task() -> None:
+    from twophase.sinks import _kafka_producer as producing
+
+    txn = preparedTransaction(
+        {"producer_id": 7, "producer_epoch": 3, "txn_state": "InTransaction",
+         "idemp_state": "Assigned"}
+    )  # fmt: skip
+    txn.deliveries.acked = 2
+    with pytest.raises(KafkaWriteError, match="3 records produced but 2 acknowledged"):
+        producing.preCommit(txn)
+    txn.deliveries.failed = 1
+    txn.deliveries.errors.append("t [0]: Broker: Message size too large")
+    with pytest.raises(KafkaWriteError, match="were not delivered: t \\[0\\]"):
+        producing.preCommit(txn)

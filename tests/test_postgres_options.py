@@ -1,0 +1,287 @@
+"""The postgres sink's pure logic, no server: gids, options, Arrow -> PostgreSQL text, types.
+
+What needs a real PostgreSQL (COPY, PREPARE, COMMIT PREPARED, recovery, validation against the
+catalog) is in integration_tests/test_postgres_participant.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import pickle
+
+import pyarrow as pa
+import pytest
+
+from twophase.protocol import TransactionContext
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks._postgres_types import (
+    ColumnInfo,
+    arrayLiteral,
+    byteaHex,
+    columnProblem,
+    csvChunk,
+    unsupportedProblem,
+)
+from twophase.sinks._postgres_xid import (
+    MAX_GID_BYTES,
+    GlobalXid,
+    batchPrefix,
+    runTag,
+    sinkPrefix,
+)
+from twophase.sinks.postgres import (
+    ConnectionTarget,
+    PostgresParticipant,
+    PostgresSettings,
+    _scrub,
+    lastPerKey,
+    parseTableName,
+)
+
+URL = "postgresql://alice:s3cret-pw@db.example:5433/sales?sslmode=require"
+
+
+def ctx(sinkId: str = "tp-0123456789ab", batch: int = 7, part: int = 3, attempt: int = 1,
+        run: str = "9f8e7d6c") -> TransactionContext:  # fmt: skip
+    return TransactionContext(sinkId, "query", batch, part, attempt, run)
+
+
+# -- gids -------------------------------------------------------------------------------------
+
+
+def test_gid_encodes_sink_batch_partition_attempt_and_run_and_parses_back() -> None:
+    gid = GlobalXid.forContext(ctx())
+    text = str(gid)
+    assert text.startswith("tp1:tp-0123456789ab:b7:p3:a1:r9f8e7d6c:")
+    assert GlobalXid.parse(text) == gid
+
+
+def test_two_attempts_with_the_same_numbers_get_different_gids() -> None:
+    assert str(GlobalXid.forContext(ctx())) != str(GlobalXid.forContext(ctx()))
+
+
+def test_longest_gid_stays_under_the_postgres_limit() -> None:
+    longest = ctx(sinkId="s" * 48, batch=2**63 - 1, part=2**31 - 1, attempt=2**31 - 1, run="r" * 99)
+    assert len(str(GlobalXid.forContext(longest)).encode()) <= MAX_GID_BYTES
+
+
+def test_run_ids_that_are_long_or_unusual_are_hashed() -> None:
+    assert runTag("abc123") == "abc123"
+    assert runTag("") == ""
+    tag = runTag("run id/with:odd chars")
+    assert tag.isalnum() and len(tag) <= 16
+    assert runTag("run id/with:odd chars") == tag
+
+
+def test_prefixes_select_exactly_one_sink_and_one_batch() -> None:
+    gid = str(GlobalXid.forContext(ctx(sinkId="a_b", batch=1)))
+    assert gid.startswith(sinkPrefix("a_b"))
+    assert not gid.startswith(sinkPrefix("a"))  # no sink id is a prefix of another's gids
+    assert gid.startswith(batchPrefix("a_b", 1))
+    assert not str(GlobalXid.forContext(ctx(sinkId="a_b", batch=12))).startswith(
+        batchPrefix("a_b", 1)
+    )
+
+
+@pytest.mark.parametrize(
+    "gid", ["", "tp1:x", "1_abc_def", "tp1:sink:b1:p2:a3:rrun:zz", "tp2:sink:b1:p2:a3:r:ab"]
+)
+def test_gids_of_others_do_not_parse(gid: str) -> None:
+    assert GlobalXid.parse(gid) is None
+
+
+def test_gid_is_not_mistaken_for_psycopg_xa_format() -> None:
+    import psycopg
+
+    gid = str(GlobalXid.forContext(ctx(sinkId="1_2")))
+    assert psycopg.Xid.from_string(gid).format_id is None
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_url_is_split_into_a_target_without_password() -> None:
+    settings = PostgresSettings.fromOptions({"url": URL, "table": "Sales.Orders"})
+    target = settings.target.toJson()
+    assert target["host"] == "db.example" and target["port"] == "5433"
+    assert target["dbname"] == "sales" and target["user"] == "alice"
+    assert target["sslmode"] == "require" and target["application_name"] == "twophase"
+    assert "password" not in target
+    assert dict(settings.secrets) == {"password": "s3cret-pw"}
+    assert (settings.schema, settings.table) == ("sales", "orders")
+    for text in (repr(settings), settings.target.describe(), repr(settings.target)):
+        assert "s3cret" not in text
+
+
+def test_participant_pickles_and_reprs_without_the_password_in_text() -> None:
+    participant = PostgresParticipant.fromOptions({"url": URL, "table": "t"})
+    assert "s3cret" not in repr(participant)
+    clone = pickle.loads(pickle.dumps(participant))
+    assert clone.settings.target == participant.settings.target
+
+
+def test_options_override_the_url_and_pass_libpq_keywords() -> None:
+    settings = PostgresSettings.fromOptions(
+        {
+            "url": "jdbc:postgresql://h/db",
+            "table": "t",
+            "user": "bob",
+            "password": "pw",
+            "sslmode": "verify-full",
+            "connectTimeout": "3",
+            "pg.keepalives_idle": "30",
+        }
+    )
+    target = settings.target.toJson()
+    assert target["user"] == "bob" and target["sslmode"] == "verify-full"
+    assert target["connect_timeout"] == "3" and target["keepalives_idle"] == "30"
+    assert dict(settings.secrets) == {"password": "pw"}
+
+
+def test_conninfo_strings_work_too() -> None:
+    settings = PostgresSettings.fromOptions(
+        {"url": "host=h port=5 dbname=d user=u password=x", "table": "t"}
+    )
+    assert settings.target.describe() == "u@h:5/d"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"table": "t"}, ["url"]),
+        ({"url": "postgresql://h/db"}, ["table"]),
+        ({"url": "postgresql://h", "table": "t"}, ["database"]),
+        ({"url": URL, "table": "t", "mode": "merge"}, ["mode", "append or upsert"]),
+        ({"url": URL, "table": "t", "mode": "upsert"}, ["keyColumns"]),
+        ({"url": URL, "table": "t", "keyColumns": "id"}, ["keyColumns", "upsert"]),
+        ({"url": URL, "table": "t", "mode": "upsert", "keyColumns": "a,,b"}, ["keyColumns"]),
+        ({"url": URL, "table": "a.b.c"}, ["table", "3 parts"]),
+        ({"url": URL, "table": "t", "createTable": "maybe"}, ["createTable"]),
+        ({"url": URL, "table": "t", "connectTimeout": "0"}, ["connectTimeout"]),
+        ({"url": URL, "table": "t", "upsertBatchRows": "x"}, ["upsertBatchRows"]),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(TwoPhaseConfigError) as info:
+        PostgresSettings.fromOptions(options)
+    for word in words:
+        assert word in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_a_malformed_url_error_does_not_echo_the_password() -> None:
+    with pytest.raises(TwoPhaseConfigError) as info:
+        PostgresSettings.fromOptions({"url": "postgresql://u:s3cret@h/db?nosuch=1", "table": "t"})
+    assert "url" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_scrub_cuts_passwords_out_of_urls_and_conninfo() -> None:
+    assert "s3cret" not in _scrub("bad postgresql://u:s3cret@h/db")
+    assert "s3cret" not in _scrub("host=h password=s3cret user=u")
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("orders", ("public", "orders")),
+        ("Sales.Orders", ("sales", "orders")),
+        ('"Sales"."Order Lines"', ("Sales", "Order Lines")),
+        ('s."a.b"', ("s", "a.b")),
+        ('s."say ""hi"""', ("s", 'say "hi"')),
+    ],
+)
+def test_table_names_follow_postgres_identifier_rules(text: str, parsed: tuple[str, str]) -> None:
+    assert parseTableName(text) == parsed
+
+
+def test_connection_target_refuses_secrets_and_bad_json() -> None:
+    with pytest.raises(ValueError):
+        ConnectionTarget((("password", "x"),))
+    assert "password" not in ConnectionTarget.fromJson({"host": "h", "password": "x"}).toJson()
+    with pytest.raises(ValueError):
+        ConnectionTarget.fromJson({"port": 5432})
+
+
+# -- Arrow -> PostgreSQL text -----------------------------------------------------------------
+
+
+def test_bytea_hex_is_vectorised_and_keeps_nulls_and_slices() -> None:
+    values = pa.array([b"\x00\x01", None, b"", b"\xff\x10"], pa.binary())
+    assert byteaHex(values).to_pylist() == ["\\x0001", None, "\\x", "\\xff10"]
+    assert byteaHex(values.slice(2)).to_pylist() == ["\\x", "\\xff10"]
+    assert byteaHex(pa.array([None, None], pa.binary())).to_pylist() == [None, None]
+
+
+def test_csv_quotes_strings_so_empty_differs_from_null() -> None:
+    batch = pa.record_batch(
+        {
+            "s": pa.array(['a,"b"\nc\\d\t', "", None]),
+            "n": pa.array([1.5, float("nan"), None]),
+            "b": pa.array([b"\x01", None, b""]),
+        }
+    )
+    text = csvChunk(batch).to_pybytes().decode()
+    assert text == '"a,""b""\nc\\d\t",1.5,"\\x01"\n"",nan,\n,,"\\x"\n'
+
+
+def test_array_literal_escapes_quotes_and_backslashes_and_marks_nulls() -> None:
+    assert arrayLiteral(pa.array(['q"\\', None, "", "NULL"])) == '{"q\\"\\\\",NULL,"","NULL"}'
+    assert arrayLiteral(pa.array([1, None], pa.int64())) == '{"1",NULL}'
+    assert arrayLiteral(pa.array([], pa.int64())) == "{}"
+    stamp = pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6)], pa.timestamp("us", tz="UTC"))
+    assert arrayLiteral(stamp) == '{"2024-01-02 03:04:05.000006"}'  # UTC; the session is UTC
+    assert arrayLiteral(pa.array([b"\x0a"])) == '{"\\\\x0a"}'
+
+
+def test_last_row_of_a_key_wins_and_null_keys_are_kept() -> None:
+    batch = pa.record_batch(
+        {"k": pa.array([1, 2, 1, None, None, 2]), "v": pa.array(["a", "b", "c", "d", "e", "f"])}
+    )
+    assert lastPerKey(batch, ("k",)).column("v").to_pylist() == ["c", "d", "e", "f"]
+    unique = pa.record_batch({"k": pa.array([1, 2]), "v": pa.array(["a", "b"])})
+    assert lastPerKey(unique, ("k",)) is unique
+
+
+# -- type compatibility -----------------------------------------------------------------------
+
+
+def column(dataType: str, precision: int | None = None, scale: int | None = None) -> ColumnInfo:
+    return ColumnInfo("c", dataType, dataType, True, False, False, precision, scale)
+
+
+@pytest.mark.parametrize(
+    ("arrow", "target", "ok"),
+    [
+        (pa.int32(), column("bigint"), True),
+        (pa.int64(), column("integer"), False),
+        (pa.int64(), column("numeric", 20, 0), True),
+        (pa.int64(), column("numeric", 10, 0), False),
+        (pa.float64(), column("real"), False),
+        (pa.float32(), column("double precision"), True),
+        (pa.decimal128(10, 2), column("numeric", 12, 2), True),
+        (pa.decimal128(10, 2), column("numeric", 10, 1), False),
+        (pa.decimal128(10, 2), column("numeric"), True),
+        (pa.string(), column("jsonb"), True),
+        (pa.string(), column("integer"), False),
+        (pa.binary(), column("bytea"), True),
+        (pa.bool_(), column("boolean"), True),
+        (pa.date32(), column("date"), True),
+        (pa.timestamp("us", tz="UTC"), column("timestamp with time zone"), True),
+        (pa.timestamp("us", tz="UTC"), column("timestamp without time zone"), False),
+        (pa.timestamp("us"), column("timestamp without time zone"), True),
+    ],
+)
+def test_columns_accept_only_types_that_hold_every_value(
+    arrow: pa.DataType, target: ColumnInfo, ok: bool
+) -> None:
+    problem = columnProblem("c", arrow, target)
+    assert (problem is None) == ok, problem
+    if problem:
+        assert "'c'" in problem and ("alter" in problem or "cast" in problem)
+
+
+def test_nested_types_are_refused_with_a_fix() -> None:
+    problem = unsupportedProblem("tags", pa.list_(pa.string()))
+    assert problem is not None and "tags" in problem and "to_json" in problem
+    assert unsupportedProblem("d", pa.decimal128(5, 1)) is None
