@@ -48,7 +48,11 @@ def test_the_documented_sink_runs_and_commits_every_row_once(tmp_path: Path) -> 
 @pytest.mark.timeout(300)
 def test_the_readme_pipeline_prints_every_row_once(tmp_path: Path) -> None:
     readme = (DOC.parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "register" in b]
+    blocks = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+        if "twophase.register(spark)" in b
+    ]
     assert blocks, "README.md lost its runnable example"
     code = blocks[0].replace("/tmp/twophase-out", str(tmp_path / "out"))
     code = code.replace("/tmp/twophase-ckpt", str(tmp_path / "ckpt"))
