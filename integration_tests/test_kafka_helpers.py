@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -45,8 +46,8 @@ def createTopic(bootstrap: str, partitions: int = 1, prefix: str = "it-kafka") -
 
 @dataclass(frozen=True)
 class Record:
-    key: bytes | None
-    value: bytes | None
+    key: Any
+    value: Any
     partition: int
     offset: int
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -92,26 +93,28 @@ def readTopic(
                 continue
             error = message.error()
             offset = message.offset() or 0
+            partition = message.partition() or 0
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    if offset >= ends[message.partition()]:
-                        waiting.discard(message.partition())
+                    if offset >= ends[partition]:
+                        waiting.discard(partition)
                     continue
                 raise AssertionError(f"consumer error on {topic}: {error}")
-            if offset >= ends[message.partition()]:
-                waiting.discard(message.partition())
+            if offset >= ends[partition]:
+                waiting.discard(partition)
                 continue
+            raw: Any = message.headers() or []
             records.append(
                 Record(
                     message.key(),
                     message.value(),
-                    message.partition(),
+                    partition,
                     offset,
-                    tuple(message.headers() or ()),
+                    tuple((str(k), v) for k, v in raw),
                 )
             )
-            if offset == ends[message.partition()] - 1:
-                waiting.discard(message.partition())
+            if offset == ends[partition] - 1:
+                waiting.discard(partition)
         return records
     finally:
         consumer.close()

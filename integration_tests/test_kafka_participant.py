@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaAdminClient
 
+from integration_tests.conftest import ServiceControl
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
 from twophase.protocol import (
     RecoveryScope,
@@ -58,14 +60,16 @@ def prepare(p: KafkaParticipant, *texts: str, **where: int) -> dict[str, Any]:
     return p.preCommit(txn)
 
 
-def retrying(call: Any, handle: dict[str, Any], attempts: int = 20) -> None:
-    """Call as the coordinator does: again after a TransientCommitError (with a pause)."""
-    for _ in range(attempts - 1):
+def retrying(call: Any, handle: dict[str, Any], seconds: float = 60.0) -> None:
+    """Call as the coordinator does: again after a TransientCommitError, until a deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
         try:
             return call(handle)
         except TransientCommitError:
-            time.sleep(0.2)
-    return call(handle)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def state(bootstrap: str, tid: str) -> str:
@@ -311,3 +315,34 @@ def test_unreachable_brokers_and_bad_options_fail_clearly(kafka_bootstrap: str) 
     tooLong["kafka.transaction.timeout.ms"] = "99999999"
     with pytest.raises(TwoPhaseConfigError, match="transaction.max.timeout.ms=900000"):
         KafkaSink(tooLong).validate(schema)
+
+
+def test_a_task_without_rows_prepares_nothing_to_commit(kafka_bootstrap: str) -> None:
+    topic = createTopic(kafka_bootstrap)
+    p = participant(kafka_bootstrap, topic)
+    txn = p.beginTransaction(ctx(partition=5))  # the producer starts in the background
+    handle = p.preCommit(txn)
+    assert handle["records"] == 0 and "producerId" not in handle
+    p.commit(handle)
+    p.abort(handle)
+    assert state(kafka_bootstrap, handle["transactionalId"]) == "Empty"  # never began remotely
+    assert readTopic(kafka_bootstrap, topic, isolation="read_uncommitted") == []
+
+
+@pytest.mark.timeout(300)
+def test_a_commit_waits_for_a_crashed_broker_to_come_back(
+    kafka_bootstrap: str, kafka_broker: ServiceControl
+) -> None:
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    p = participant(kafka_bootstrap, topic)
+    first = prepare(p, "before", partition=0)
+    p.commit(first)  # the driver's client is connected
+    second = prepare(p, "across", partition=1)
+    kafka_broker.kill()  # SIGKILL: the open transaction must survive the broker's crash
+    restart = threading.Thread(target=kafka_broker.start)
+    restart.start()
+    try:
+        retrying(p.commit, second, seconds=120)
+    finally:
+        restart.join()
+    assert values(readTopic(kafka_bootstrap, topic)) == ["across", "before"]

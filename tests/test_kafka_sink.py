@@ -456,12 +456,14 @@ def test_without_a_transaction_listing_recovery_warns_once(
 # -- the participant travels to executors ---------------------------------------------------
 
 
-def test_the_participant_pickles_without_its_client() -> None:
+def test_the_participant_pickles_and_the_process_shares_one_client_per_cluster() -> None:
     p = participant()
-    _ = p.client()
     copy = pickle.loads(pickle.dumps(p))
-    assert copy._client is None
     assert copy.settings == p.settings
+    # Spark builds the sink again for every batch in the same driver-side worker: the client
+    # (a connection and an IO thread) must not be created again each time.
+    assert copy.client() is p.client()
+    assert participant(**{"kafka.client.id": "other"}).client() is not p.client()
 
 
 def test_describe_names_batch_partition_and_transactional_id() -> None:
@@ -472,8 +474,8 @@ def test_describe_names_batch_partition_and_transactional_id() -> None:
     )
 
 
-def test_begin_without_rows_creates_no_producer() -> None:
-    p = participant(**{kafkasink.RESOLVED_TIMEOUT_OPTION: "60000"})
+def test_begin_without_rows_or_topic_creates_no_producer() -> None:
+    p = KafkaParticipant.fromOptions({**BOOTSTRAP, kafkasink.RESOLVED_TIMEOUT_OPTION: "60000"})
     txn = p.beginTransaction(TransactionContext("s", "q", 1, 2, 0))
     assert txn.producer is None
     assert p.preCommit(txn) == {
@@ -520,12 +522,12 @@ def preparedTransaction(*stats: dict[str, Any]) -> Any:
         "twophase-s-2",
         "twophase-s",
         {"bootstrap.servers": "x"},
-        defaultTopic="t",
+        defaultTopic=None,  # no background start: the fake producer stands in
         transactionTimeoutMs=60000,
         flushTimeoutSeconds=1,
         initTimeoutSeconds=1,
     )
-    txn.producer = FakeProducer()
+    txn.producer = FakeProducer()  # type: ignore[assignment]
     txn.produced = txn.deliveries.acked = 3
     for eos in stats:
         txn.statistics(_json.dumps({"eos": eos}))

@@ -144,7 +144,8 @@ def test_max_offsets_per_trigger_is_shared_in_proportion_to_the_backlog(
     assert end == {"a": {"0": 100, "1": 10}}
     assert _capped({("a", 0): 0}, {("a", 0): 3}, 10) == {("a", 0): 3}
     # rounding never loses the limit: 3 partitions, 10 offsets
-    capped = _capped(dict.fromkeys("xyz", 0), dict.fromkeys("xyz", 100), 10)
+    three = [("x", 0), ("y", 0), ("z", 0)]
+    capped = _capped(dict.fromkeys(three, 0), dict.fromkeys(three, 100), 10)
     assert sum(capped.values()) == 10
 
 
@@ -226,7 +227,7 @@ class Message:
 
 
 def test_records_become_sparks_kafka_columns() -> None:
-    builder = _BatchBuilder(headers=True)
+    builder = _BatchBuilder("a", 0, headers=True)
     builder.add(Message(4, [("h", b"x")]))
     builder.add(Message(5))
     batch = builder.build()

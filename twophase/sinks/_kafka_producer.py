@@ -277,8 +277,9 @@ def _arrowKind(kind: pa.DataType) -> str:
 class KafkaTransaction:
     """One task attempt's Kafka transaction. Lives in one executor process; never pickled.
 
-    The producer is created, fenced and begun at the first record (``producer`` is None until
-    then), so a task with no rows costs no broker round trip and leaves nothing to commit.
+    With a default topic (option ``topic``), the producer is created, fenced and begun in a
+    background thread from ``beginTransaction`` on (``starting``), while Spark computes the
+    task's first rows; otherwise at the first record. ``write`` and ``preCommit`` wait for it.
     """
 
     ctx: TransactionContext
@@ -290,6 +291,8 @@ class KafkaTransaction:
     flushTimeoutSeconds: float
     initTimeoutSeconds: float
     producer: Producer | None = None
+    starting: threading.Thread | None = None
+    startError: BaseException | None = None
     deliveries: _Deliveries = field(default_factory=_Deliveries)
     statistics: _Statistics = field(default_factory=_Statistics)
     startedAtMs: int = 0
@@ -310,8 +313,9 @@ def beginTransaction(
     flushTimeoutSeconds: float,
     initTimeoutSeconds: float,
 ) -> KafkaTransaction:
-    """A transaction of ``transactionalId``; its producer starts at the first record."""
-    return KafkaTransaction(
+    """A transaction of ``transactionalId``; its producer starts now (in the background) when
+    the topic is known, else at the first record."""
+    txn = KafkaTransaction(
         ctx=ctx,
         transactionalId=transactionalId,
         prefix=prefix,
@@ -322,6 +326,30 @@ def beginTransaction(
         initTimeoutSeconds=initTimeoutSeconds,
         queueLimit=int(config.get("queue.buffering.max.messages", DEFAULT_QUEUE_MESSAGES)),
     )
+    if defaultTopic:
+
+        def start() -> None:
+            try:
+                _startProducer(txn, defaultTopic)
+            except BaseException as exc:  # handed to the task thread by _awaitStart
+                txn.startError = exc
+
+        txn.starting = threading.Thread(
+            target=start, name=f"twophase-kafka-init-{transactionalId}", daemon=True
+        )
+        txn.starting.start()
+    return txn
+
+
+def _awaitStart(txn: KafkaTransaction) -> None:
+    """Wait for the background start of the producer; raise what it raised."""
+    if txn.starting is None:
+        return
+    txn.starting.join()
+    txn.starting = None
+    if txn.startError is not None:
+        error, txn.startError = txn.startError, None
+        raise error
 
 
 def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
@@ -375,6 +403,7 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     values = batch.column(layout.value).to_pylist()
     keys = batch.column(layout.key).to_pylist() if layout.key is not None else None
     topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
+    _awaitStart(txn)
     producer = txn.producer or _startProducer(
         txn, str(txn.defaultTopic or next((t for t in topics or () if t), ""))
     )
@@ -489,11 +518,15 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
     """Flush, check every delivery report, read producer id and epoch; keep the txn open.
 
     Returns the handle fields that describe the transaction (the participant adds its own);
-    a transaction without records has no producer and nothing to commit.
+    a transaction without records has nothing to commit (its producer, if any, began a
+    transaction only locally: librdkafka tells the broker at the first record).
     """
+    _awaitStart(txn)
     producer = txn.producer
-    if producer is None:
+    if producer is None or txn.produced == 0:
         txn.state = "prepared"
+        if producer is not None:
+            _markPrepared(txn.transactionalId, producer)
         return {"transactionalId": txn.transactionalId, "records": 0}
     deadline = time.monotonic() + txn.flushTimeoutSeconds
     remaining = producer.flush(txn.flushTimeoutSeconds)
@@ -560,6 +593,10 @@ def _freshEos(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> dict[str, 
 
 def abortTransaction(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> None:
     """Best effort: drop unsent records, abort the open transaction, close the producer."""
+    try:
+        _awaitStart(txn)
+    except BaseException:  # the start failed: nothing to abort on this side
+        log.debug("kafka: %s never started", txn.transactionalId, exc_info=True)
     producer = txn.producer
     txn.state = "aborted"
     if producer is None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 END_TXN_MAX_VERSION = 3
 """Highest EndTxn version sent: v4 and below end a TV1 transaction without an epoch bump."""
+
+RECONNECT_PAUSE_SECONDS = 0.5
+"""Pause between attempts to reach a broker that did not answer (within the request timeout)."""
 
 MAX_IN_FLIGHT = 64
 """Requests kafka-python may have in flight per broker connection (it refuses more)."""
@@ -141,6 +145,9 @@ class TransactionClient:
                         # The coordinator ends up to 16 transactions at once on one
                         # connection; kafka-python refuses (not queues) requests beyond this.
                         max_in_flight_requests_per_connection=MAX_IN_FLIGHT,
+                        # Find a restarted broker within a second, not after kafka-python's
+                        # default backoff of up to 30 s.
+                        reconnect_backoff_max_ms=1000,
                     )
                 except KafkaError as exc:
                     raise TransientCommitError(
@@ -162,17 +169,32 @@ class TransactionClient:
                 log.debug("kafka: closing the admin client failed", exc_info=True)
 
     def _run(self, coroutine: Any, *args: Any) -> Any:
-        """Run a coroutine on the admin client's IO thread; network errors become transient."""
+        """Run a coroutine on the admin client's IO thread.
+
+        A broker that cannot be reached (restarting, connection refused, reconnect backoff) is
+        waited for up to the request timeout, as a client library would; then, and for other
+        retriable errors, ``TransientCommitError``. The requests sent this way (FindCoordinator,
+        EndTxn, ListTransactions) may all be repeated safely.
+        """
         from kafka.errors import KafkaError
 
-        admin = self._client()
-        try:
-            with self._inFlight:
-                return admin._manager.run(coroutine, *args)
-        except KafkaError as exc:
-            if getattr(exc, "retriable", False) or _isConnectionError(exc):
-                raise TransientCommitError(f"{type(exc).__name__}: {exc}") from exc
-            raise
+        deadline = time.monotonic() + self._timeoutMs / 1000
+        while True:
+            admin = self._client()
+            try:
+                with self._inFlight:
+                    return admin._manager.run(coroutine, *args)
+            except KafkaError as exc:
+                if _isConnectionError(exc) and time.monotonic() < deadline:
+                    self._coordinators.clear()
+                    time.sleep(RECONNECT_PAUSE_SECONDS)
+                    continue
+                if getattr(exc, "retriable", False) or _isConnectionError(exc):
+                    raise TransientCommitError(
+                        f"kafka: the cluster at {','.join(self._kwargs['bootstrap_servers'])} "
+                        f"did not answer ({type(exc).__name__}: {exc})"
+                    ) from exc
+                raise
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -313,6 +335,27 @@ class TransactionClient:
                         )
                     )
         return listings
+
+
+_SHARED: dict[tuple[tuple[str, str], ...], TransactionClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def sharedClient(config: Mapping[str, str], *, timeoutSeconds: float = 30.0) -> TransactionClient:
+    """The process's client for this cluster and these credentials, created on first use.
+
+    Spark keeps its driver-side Python workers across micro-batches but builds the sink again
+    for every batch; one client per process (not per sink object) keeps one connection and one
+    IO thread, instead of a new one per batch that nobody closes.
+    """
+    key = tuple(sorted((str(k), str(v)) for k, v in config.items()))
+    key += (("#timeout", str(timeoutSeconds)),)
+    with _SHARED_LOCK:
+        client = _SHARED.get(key)
+        if client is None:
+            client = TransactionClient(config, timeoutSeconds=timeoutSeconds)
+            _SHARED[key] = client
+        return client
 
 
 def _isConnectionError(exc: BaseException) -> bool:

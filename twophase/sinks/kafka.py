@@ -67,6 +67,7 @@ from twophase.sinks._kafka_txn import (
     NONE,
     TransactionClient,
     errorName,
+    sharedClient,
 )
 
 log = logging.getLogger(__name__)
@@ -307,23 +308,11 @@ class KafkaParticipant(TwoPhaseParticipant[KafkaTransaction]):
     def __init__(self, settings: KafkaSettings, options: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.options = dict(options or {})
-        self._client: TransactionClient | None = None
-        self._clientLock = threading.Lock()
         self._warnedNoListing = False
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> KafkaParticipant:
         return cls(KafkaSettings.fromOptions(options), options)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_client"] = None
-        state.pop("_clientLock", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._clientLock = threading.Lock()
 
     # -- shared -----------------------------------------------------------------------------
 
@@ -378,14 +367,10 @@ class KafkaParticipant(TwoPhaseParticipant[KafkaTransaction]):
                 )
 
     def client(self) -> TransactionClient:
-        """The driver's transaction client (one per process and sink)."""
-        with self._clientLock:
-            if self._client is None:
-                self._client = TransactionClient(
-                    self.settings.producerConfig,
-                    timeoutSeconds=self.settings.requestTimeoutSeconds,
-                )
-            return self._client
+        """The driver's transaction client (shared by the process, see ``sharedClient``)."""
+        return sharedClient(
+            self.settings.producerConfig, timeoutSeconds=self.settings.requestTimeoutSeconds
+        )
 
     # -- executor side ----------------------------------------------------------------------
 

@@ -510,6 +510,10 @@ def _errorText(exc: BaseException) -> str:
     return str(text()) if callable(text) else str(exc)
 
 
+CONSUME_TIMEOUT_SECONDS = 0.2
+"""How long one consume call waits for the events it asked for (transaction markers at the end
+of a range take offsets but yield no event, so the last call may wait this long)."""
+
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 """librdkafka's timestamp types -> Kafka's (and Spark's) ids: none -1, create 0, append 1."""
 
@@ -538,11 +542,16 @@ def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.Recor
     where = f"{r.topic}-{r.partition} [{r.start}, {r.end})"
     try:
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        builder = _BatchBuilder(settings.includeHeaders)
+        builder = _BatchBuilder(r.topic, r.partition, settings.includeHeaders)
         lastProgress = time.monotonic()
+        nextOffset = r.start
         done = False
         while not done:
-            messages = consumer.consume(settings.maxRecordsPerArrowBatch, 1.0)
+            # consume() returns when it has as many events as asked for, else at its timeout:
+            # ask for no more than the range can still hold, so that the call that reads the
+            # range's last record (offset end - 1) returns at once.
+            wanted = min(settings.maxRecordsPerArrowBatch, max(1, r.end - nextOffset))
+            messages = consumer.consume(wanted, CONSUME_TIMEOUT_SECONDS)
             if not messages:
                 if time.monotonic() - lastProgress > settings.pollTimeoutSeconds:
                     raise KafkaSourceError(
@@ -573,6 +582,7 @@ def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.Recor
                 if offset >= r.end:
                     done = True
                     break
+                nextOffset = offset + 1
                 builder.add(message)
                 if offset == r.end - 1:
                     done = True
@@ -607,17 +617,17 @@ def _outOfRange(
 
 
 class _BatchBuilder:
-    """Collects consumed messages column by column and builds one Arrow record batch."""
+    """Collects the messages of one topic partition column by column into Arrow batches."""
 
-    def __init__(self, headers: bool) -> None:
+    def __init__(self, topic: str, partition: int, headers: bool) -> None:
+        self.topic = topic
+        self.partition = partition
         self.headers = headers
         self._reset()
 
     def _reset(self) -> None:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.topics: list[str] = []
-        self.partitions: list[int] = []
         self.offsets: list[int] = []
         self.timestamps: list[int | None] = []
         self.timestampTypes: list[int] = []
@@ -630,8 +640,6 @@ class _BatchBuilder:
     def add(self, message: Any) -> None:
         self.keys.append(message.key())
         self.values.append(message.value())
-        self.topics.append(message.topic())
-        self.partitions.append(message.partition())
         self.offsets.append(message.offset())
         kind, stamp = message.timestamp()
         self.timestamps.append(stamp * 1000 if kind else None)
@@ -643,11 +651,12 @@ class _BatchBuilder:
             )
 
     def build(self) -> pa.RecordBatch:
+        rows = self.rows
         arrays = [
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
-            pa.array(self.topics, pa.string()),
-            pa.array(self.partitions, pa.int32()),
+            pa.repeat(pa.scalar(self.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), rows),
             pa.array(self.offsets, pa.int64()),
             pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
             pa.array(self.timestampTypes, pa.int32()),
