@@ -1,8 +1,10 @@
-"""The ``twophase`` command: ``demo``, ``status`` and ``recover``.
+"""The ``twophase`` command: ``demo``, ``status``, ``recover`` and ``verify``.
 
 ``status`` reads a query's decision logs and needs no Spark. ``recover`` rebuilds each sink
 from the ``sink.json`` kept beside its log and finishes what the log decided, then aborts the
 sink's prepared transactions that no decision covers; ``--dry-run`` only says what it would do.
+``verify`` compares what a source offered with what a sink holds (``twophase.verify``) and
+exits 0 when every record is there exactly once, 1 on any violation, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import fsspec
 
 from twophase.coordinator import Coordinator, DecisionLog
 from twophase.driver import SINK_DESCRIPTION
+from twophase.verify import EXAMPLES, SINKS, SOURCES, VerifyInputError, verify
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,137 @@ def recover(checkpoint: str, sinkId: str | None, dryRun: bool, out: TextIO) -> i
     return 0
 
 
+VERIFY_SHORTCUTS = {
+    "start": ("source", "sequence", "start"),
+    "end": ("source", "sequence", "end"),
+    "path": ("sink", "files", "path"),
+    "format": ("sink", "files", "format"),
+    "url": ("sink", "postgres", "url"),
+    "table": ("sink", "postgres", "table"),
+    "topic": ("sink", "kafka", "topic"),
+}
+"""``twophase verify`` flags that stand for one option of one source or sink kind."""
+
+VERIFY_EPILOG = """\
+Options are the ones the pipeline's readStream/writeStream got (Spark's names), as KEY=VALUE:
+--source-option for the source, --sink-option for the sink. Shortcuts: --start/--end (sequence
+ids [start, end)), --path/--format (files), --url/--table (postgres), --topic (kafka sink).
+Kafka is read read_committed from startingOffsets (default earliest) to endingOffsets (default
+latest; both also take Spark's JSON). A Kafka sink uses the source's kafka.* options when it is
+given no kafka.bootstrap.servers of its own. A sequence source checked against a Kafka sink is
+compared as key = CAST(id AS STRING), value = payload.
+
+exit status: 0 exactly once, 1 missing/duplicated/unexpected records, 2 bad input.
+
+examples:
+  twophase verify --source sequence --start 0 --end 1000000 --sink files --path out/
+  twophase verify --source sequence --end 100000 --sink postgres \\
+      --url postgresql://user@localhost:5432/db --table public.events
+  twophase verify --source kafka --source-option kafka.bootstrap.servers=localhost:9092 \\
+      --source-option subscribe=in --sink kafka --topic out
+"""
+
+
+def _keyValue(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _columnList(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return names
+
+
+def _addVerifyParser(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "verify",
+        help="check that a sink holds what a source offered, exactly once",
+        description="Compare what a source offered with what a sink holds: missing, "
+        "duplicated and unexpected records.",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cmd.add_argument("--source", required=True, choices=SOURCES)
+    cmd.add_argument("--sink", required=True, choices=SINKS)
+    cmd.add_argument(
+        "--source-option",
+        action="append",
+        type=_keyValue,
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the source (repeat)",
+    )
+    cmd.add_argument(
+        "--sink-option",
+        action="append",
+        type=_keyValue,
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the sink (repeat)",
+    )
+    for flag, (side, kind, option) in VERIFY_SHORTCUTS.items():
+        cmd.add_argument(f"--{flag}", help=f"{kind} {side}: option {option}")
+    cmd.add_argument(
+        "--columns",
+        type=_columnList,
+        help="identity columns of the source (default: id,payload for sequence, key,value "
+        "for kafka)",
+    )
+    cmd.add_argument(
+        "--sink-columns",
+        type=_columnList,
+        help="the same columns' names in the sink, in the same order (default: --columns)",
+    )
+    cmd.add_argument(
+        "--examples",
+        type=int,
+        default=EXAMPLES,
+        help="examples shown per kind of violation (default %(default)s)",
+    )
+    cmd.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def verifyCommand(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run ``twophase verify``: the report on ``out``, input problems on ``err``."""
+    options: dict[str, dict[str, str]] = {
+        "source": dict(args.source_option),
+        "sink": dict(args.sink_option),
+    }
+    chosen = {"source": args.source, "sink": args.sink}
+    for flag, (side, kind, option) in VERIFY_SHORTCUTS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if chosen[side] != kind:
+            err.write(f"twophase verify: --{flag} is an option of --{side} {kind}\n")
+            return 2
+        options[side][option] = value
+    if args.source == "kafka" and args.sink == "kafka":
+        if not any(k.lower() == "kafka.bootstrap.servers" for k in options["sink"]):
+            for key, value in options["source"].items():
+                if key.lower().startswith("kafka."):
+                    options["sink"].setdefault(key, value)
+    try:
+        report = verify(
+            args.source,
+            options["source"],
+            args.sink,
+            options["sink"],
+            columns=args.columns,
+            sinkColumns=args.sink_columns,
+            examples=args.examples,
+        )
+    except VerifyInputError as exc:
+        err.write(f"twophase verify: {exc}\n")
+        return 2
+    out.write(json.dumps(report.toJson(), indent=2) + "\n" if args.json else report.describe())
+    return 0 if report.ok else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twophase", description="Exactly-once sinks for Spark")
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,6 +296,7 @@ def parser() -> argparse.ArgumentParser:
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         else:
             cmd.add_argument("--dry-run", action="store_true", help="only say what would be done")
+    _addVerifyParser(sub)
     return p
 
 
@@ -175,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if parsed.command == "status":
         return status(parsed.checkpoint, parsed.sink_id, parsed.json, sys.stdout)
+    if parsed.command == "verify":
+        return verifyCommand(parsed, sys.stdout, sys.stderr)
     return recover(parsed.checkpoint, parsed.sink_id, parsed.dry_run, sys.stdout)
 
 

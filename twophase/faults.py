@@ -12,6 +12,9 @@ Points (see PROTOCOL.md section 5): ``task.afterBegin``, ``task.afterWrite``,
 ``task.afterPreCommit``, ``driver.beforeDecision``, ``driver.afterDecision``,
 ``driver.betweenCommits``, ``driver.afterCommits``, ``driver.afterCommitted``,
 ``driver.duringRecovery``.
+
+``TWOPHASE_CRASH_ONCE_DIR`` instead makes every armed item fire once on its own (a marker per
+item in that directory): several task points armed in one query start each kill one attempt.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ENV = "TWOPHASE_CRASH_AT"
 ONCE_ENV = "TWOPHASE_CRASH_ONCE_FILE"
+ONCE_DIR_ENV = "TWOPHASE_CRASH_ONCE_DIR"
 GROUP_ENV = "TWOPHASE_CRASH_PGID"
 
 POINTS = (
@@ -49,7 +53,8 @@ def markQueryProcessGroup() -> None:
     os.environ.setdefault(GROUP_ENV, str(os.getpgid(0)))
 
 
-def _armed(point: str, batchId: int | None) -> bool:
+def _armedItem(point: str, batchId: int | None) -> str | None:
+    """The item of ``TWOPHASE_CRASH_AT`` that names this point (and batch), if any."""
     spec = os.environ.get(ENV, "")
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, batch = item.partition(":")
@@ -57,13 +62,33 @@ def _armed(point: str, batchId: int | None) -> bool:
             continue
         if batch and (batchId is None or int(batch) != batchId):
             continue
-        return True
-    return False
+        onceDir = os.environ.get(ONCE_DIR_ENV)
+        if onceDir and os.path.exists(os.path.join(onceDir, _markerName(item))):
+            continue  # this item already fired
+        return item
+    return None
+
+
+def _markerName(item: str) -> str:
+    return item.replace(":", "-") + ".fired"
 
 
 def armed(point: str, batchId: int | None = None) -> bool:
     """True if ``TWOPHASE_CRASH_AT`` names this point (and batch): code may line up the window."""
-    return _armed(point, batchId)
+    return _armedItem(point, batchId) is not None
+
+
+def firedItems(onceDir: str) -> list[str]:
+    """The items of ``TWOPHASE_CRASH_AT`` that fired under ``TWOPHASE_CRASH_ONCE_DIR=onceDir``,
+    each as ``<point>:<batch it fired in>``."""
+    if not os.path.isdir(onceDir):
+        return []
+    fired = []
+    for name in sorted(os.listdir(onceDir)):
+        if name.endswith(".fired"):
+            with open(os.path.join(onceDir, name)) as f:
+                fired.append(f.read().strip())
+    return fired
 
 
 def crashPoint(point: str, batchId: int | None = None) -> None:
@@ -74,9 +99,11 @@ def crashPoint(point: str, batchId: int | None = None) -> None:
     """
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; known points: {', '.join(POINTS)}")
-    if not _armed(point, batchId):
+    item = _armedItem(point, batchId)
+    if item is None:
         return
-    marker = os.environ.get(ONCE_ENV)
+    onceDir = os.environ.get(ONCE_DIR_ENV)
+    marker = os.path.join(onceDir, _markerName(item)) if onceDir else os.environ.get(ONCE_ENV)
     if marker:
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
