@@ -7,6 +7,7 @@
 #   make services       start Kafka and PostgreSQL, write .services.env
 #   make services-down  stop them and delete their state
 #   make lint           ruff format check, ruff lint, mypy
+#   make chaos KILLS=200  the random chaos soak (starts and stops the servers itself)
 
 PYTHON ?= python3
 VENV := .venv
@@ -35,16 +36,29 @@ demo: .venv
 unit: .venv
 	$(VENV)/bin/pytest tests
 
-# Services are stopped whatever happens to the tests (also on Ctrl-C), and the target exits
-# with pytest's status. Variables in .services.env win over stale ones in the environment.
-test: .venv
+# $(call with_services,COMMAND): start Kafka and PostgreSQL, run COMMAND with their addresses,
+# stop them whatever happens (also on Ctrl-C), and exit with COMMAND's status. Variables in
+# .services.env win over stale ones in the environment.
+define with_services
 	@rc=0; \
 	trap 'services/services.sh down || true' EXIT; \
 	trap 'exit 130' INT TERM; \
 	PYTHON=$(VENV_PY) services/services.sh up || exit $$?; \
 	set -a; . ./.services.env; set +a; \
-	$(VENV)/bin/pytest tests integration_tests || rc=$$?; \
+	$(1) || rc=$$?; \
 	exit $$rc
+endef
+
+test: .venv
+	$(call with_services,$(VENV)/bin/pytest tests integration_tests)
+
+# The chaos soak: KILLS kills over the four pipelines, seeded (SEED=<n> replays a schedule);
+# prints the table and writes chaos-runs/report.{md,json}. Servers as for `make test`.
+KILLS ?= 200
+SEED ?=
+.PHONY: chaos
+chaos: .venv
+	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) $(if $(SEED),--seed $(SEED)))
 
 services: .venv
 	PYTHON=$(VENV_PY) services/services.sh up
@@ -68,3 +82,4 @@ bench-postgres: .venv
 .PHONY: bench-kafka
 bench-kafka: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka
+

@@ -28,10 +28,16 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from integration_tests.spark_harness import FAST_JVM, killSession, makeSparkHome
+from integration_tests.spark_harness import (
+    QUERY_FAILED,
+    awaitDrained,
+    killSession,
+    makeSparkHome,
+    sessionBuilder,
+)
 from twophase import faults
 
-QUERY_FAILED = 3
+__all__ = ["QUERY_FAILED", "QuerySpec", "Run", "runChild"]
 
 
 @dataclass
@@ -116,23 +122,12 @@ def runChild(
 
 def _runQuery(spec: QuerySpec) -> int:
     faults.markQueryProcessGroup()
-    from pyspark.sql import SparkSession
 
     import twophase
 
-    builder = (
-        SparkSession.builder.master(spec.master)
-        .appName("twophase-postgres-it")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(spec.partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", FAST_JVM)
-        .config("spark.executor.extraJavaOptions", FAST_JVM)
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+    builder = sessionBuilder(spec.master, "twophase-postgres-it", spec.partitions).config(
+        "spark.sql.session.timeZone", "UTC"
     )
-    for name in (faults.ENV, faults.ONCE_ENV, "TWOPHASE_LOG_LEVEL"):
-        if name in os.environ:
-            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
     for key, value in spec.sparkConf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -151,15 +146,7 @@ def _runQuery(spec: QuerySpec) -> int:
     for key, value in spec.options.items():
         writer = writer.option(key, value)
     query = writer.option("checkpointLocation", spec.checkpoint).trigger(availableNow=True).start()
-    try:
-        query.awaitTermination()
-    except Exception as exc:  # the query's error, for the test to read
-        sys.stderr.write(f"QUERY FAILED: {exc}\n")
-        sys.stderr.flush()
-        return QUERY_FAILED
-    finally:
-        spark.stop()
-    return 0
+    return awaitDrained(spark, query)
 
 
 def main(argv: list[str] | None = None) -> int:

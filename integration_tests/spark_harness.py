@@ -88,14 +88,14 @@ MODES: dict[str, str] = {
 """Test id -> Spark master, for the modes a test can run in without starting servers."""
 
 FAST_JVM = "-XX:TieredStopAtLevel=1"
+QUERY_FAILED = 3
+"""Exit status of a child whose query failed (as opposed to drained, 0, or killed)."""
 RUN_TIMEOUT = 300.0
 """Seconds one child run may take before the harness kills its session and fails."""
 
 FILES_SINK = "twophase.sinks.files:FilesSink"
 FOREACH_BATCH = "foreachBatch"
 """``--via``: write through ``twophase.foreachBatch`` instead of ``writeStream.format``."""
-
-_EXECUTOR_ENV = ("TWOPHASE_CRASH_AT", "TWOPHASE_CRASH_ONCE_FILE", "TWOPHASE_LOG_LEVEL")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,26 +125,12 @@ def childMain(args: argparse.Namespace) -> int:
     faults.markQueryProcessGroup()  # before Spark: the JVM and every worker inherit it
     started = time.monotonic()
     workdir = Path(args.workdir)
-    from pyspark.sql import SparkSession
 
     import twophase
     from twophase.sources.sequence import SequenceSource
 
     sinkClass = loadSinkClass(args.sink)
-    builder = (
-        SparkSession.builder.master(args.master)
-        .appName(f"twophase-it-{workdir.name}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .config("spark.driver.extraJavaOptions", FAST_JVM)
-        .config("spark.executor.extraJavaOptions", FAST_JVM)
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
-    )
-    for name in _EXECUTOR_ENV:
-        if name in os.environ:
-            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    builder = sessionBuilder(args.master, f"twophase-it-{workdir.name}", args.partitions)
     for key, value in _keyValues(args.conf).items():
         builder = builder.config(key, value)
     if args.checkpoint == "session":
@@ -388,21 +374,10 @@ class Harness:
     def _env(
         self, crashAt: str | None, onceFile: Path, extra: Mapping[str, str] | None
     ) -> dict[str, str]:
-        env = dict(os.environ)
-        for name in ("TWOPHASE_CRASH_AT", "TWOPHASE_CRASH_ONCE_FILE", "TWOPHASE_CRASH_PGID"):
-            env.pop(name, None)
+        crash = {}
         if crashAt:
-            env["TWOPHASE_CRASH_AT"] = crashAt
-            env["TWOPHASE_CRASH_ONCE_FILE"] = str(onceFile)
-        env["PYSPARK_PYTHON"] = sys.executable
-        env["SPARK_HOME"] = str(self.sparkHome)
-        env["SPARK_LOCAL_IP"] = "127.0.0.1"
-        env["SPARK_LOCAL_DIRS"] = str(self.workdir / "spark-local")
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-        )
-        env.update(extra or {})
-        return env
+            crash = {"TWOPHASE_CRASH_AT": crashAt, "TWOPHASE_CRASH_ONCE_FILE": str(onceFile)}
+        return {**childEnvironment(self.workdir, self.sparkHome, crash), **(extra or {})}
 
     # -- the crash-and-restart protocol -----------------------------------------------------
 
@@ -474,6 +449,64 @@ def makeSparkHome(home: Path) -> Path:
         if not link.exists():
             link.symlink_to(package / name, target_is_directory=True)
     return home
+
+
+def childEnvironment(workdir: Path, sparkHome: Path, crash: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a query's child process: this one without crash settings, plus
+    ``crash`` (``TWOPHASE_CRASH_*``), this interpreter, the private ``SPARK_HOME``, loopback,
+    local dirs in ``workdir`` and the repository on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH_")}
+    env.update(crash)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["SPARK_HOME"] = str(sparkHome)
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env["SPARK_LOCAL_DIRS"] = str(workdir / "spark-local")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return env
+
+
+def sessionBuilder(master: str, appName: str, partitions: int) -> Any:
+    """A SparkSession builder as every test child wants it: no UI, C1-only JVMs, this
+    interpreter and the repository on the executors, the ``TWOPHASE_*`` fault and log
+    variables passed to them (local-cluster and standalone executors need them in
+    ``executorEnv``)."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(appName)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.driver.extraJavaOptions", FAST_JVM)
+        .config("spark.executor.extraJavaOptions", FAST_JVM)
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
+    )
+    for name, value in os.environ.items():
+        if (
+            name.startswith("TWOPHASE_CRASH_")
+            and name != "TWOPHASE_CRASH_PGID"
+            or (name == "TWOPHASE_LOG_LEVEL")
+        ):
+            builder = builder.config(f"spark.executorEnv.{name}", value)
+    return builder
+
+
+def awaitDrained(spark: Any, query: Any) -> int:
+    """Wait for an ``availableNow`` query; 0 when it drained its source, ``QUERY_FAILED`` (its
+    error on stderr) when it failed. Stops the session either way."""
+    try:
+        query.awaitTermination()
+    except Exception as exc:  # the query's error, for the test to read
+        sys.stderr.write(f"QUERY FAILED: {exc}\n")
+        sys.stderr.flush()
+        return QUERY_FAILED
+    finally:
+        spark.stop()
+    return 0
 
 
 def lastCommittedOffset(checkpoint: Path) -> int | None:

@@ -1,0 +1,131 @@
+"""One start of a chaos pipeline: a child process that runs one streaming query until drained.
+
+``python -m integration_tests.chaos.pipeline <spec.json>`` reads a :class:`PipelineSpec` and runs
+
+- ``files``:    twophase.sequence -> twophase.files (Parquet)
+- ``postgres``: twophase.sequence -> twophase.postgres
+- ``kafka``:    twophase.sequence -> twophase.kafka (key = id, value = payload)
+- ``kafka-kafka``: twophase.kafka source (read_committed) -> twophase.kafka sink (key, value)
+
+in ``local-cluster[2,1,1024]`` (two executor JVMs, tasks in separate processes, as on a real
+cluster) with ``Trigger.availableNow``, so one start ends when the source is drained. It calls
+``faults.markQueryProcessGroup()`` before Spark starts: a ``driver.*`` crash point
+(``TWOPHASE_CRASH_AT`` with ``TWOPHASE_CRASH_ONCE_DIR``) then kills the driver, its Python
+workers and the executors together, like a power cut; the parent kills the same session for a
+timed driver crash. Exit 0: drained; 3: the query failed (its error on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from integration_tests.spark_harness import QUERY_FAILED, awaitDrained, sessionBuilder
+from twophase import faults
+
+PIPELINES = ("files", "postgres", "kafka", "kafka-kafka")
+
+__all__ = ["PIPELINES", "QUERY_FAILED", "PipelineSpec", "run"]
+
+
+@dataclass
+class PipelineSpec:
+    """What one start runs. ``rows`` and ``rowsPerBatch`` shape the sequence source;
+    ``maxOffsetsPerTrigger`` the Kafka source's batches."""
+
+    pipeline: str
+    workdir: str
+    rows: int
+    rowsPerBatch: int
+    partitions: int = 2
+    master: str = "local-cluster[2,1,1024]"
+    pgUrl: str = ""
+    table: str = ""
+    bootstrap: str = ""
+    inputTopic: str = ""
+    outputTopic: str = ""
+    sparkConf: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def checkpoint(self) -> str:
+        return str(Path(self.workdir) / "checkpoint")
+
+    @property
+    def output(self) -> str:
+        return str(Path(self.workdir) / "output")
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> PipelineSpec:
+        return cls(**json.loads(path.read_text()))
+
+
+def run(spec: PipelineSpec) -> int:
+    faults.markQueryProcessGroup()  # before Spark: the JVM and every worker inherit it
+    import twophase
+
+    builder = (
+        sessionBuilder(spec.master, f"twophase-chaos-{spec.pipeline}", spec.partitions)
+        .config("spark.sql.session.timeZone", "UTC")
+        # A killed executor is replaced; the app must survive every kill of a long soak.
+        .config("spark.deploy.maxExecutorRetries", "-1")
+        .config("spark.task.maxFailures", "8")
+    )
+    for key, value in spec.sparkConf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    twophase.register(spark)
+    if spec.pipeline == "kafka-kafka":
+        stream = (
+            spark.readStream.format("twophase.kafka")
+            .option("kafka.bootstrap.servers", spec.bootstrap)
+            .option("subscribe", spec.inputTopic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
+            .load()
+            .selectExpr("key", "value")
+        )
+    else:
+        stream = (
+            spark.readStream.format("twophase.sequence")
+            .option("totalRows", spec.rows)
+            .option("rowsPerBatch", spec.rowsPerBatch)
+            .option("numPartitions", spec.partitions)
+            .load()
+        )
+    if spec.pipeline == "files":
+        writer = stream.writeStream.format("twophase.files").option("path", spec.output)
+    elif spec.pipeline == "postgres":
+        writer = (
+            stream.writeStream.format("twophase.postgres")
+            .option("url", spec.pgUrl)
+            .option("table", spec.table)
+            .option("createTable", "true")
+        )
+    elif spec.pipeline in ("kafka", "kafka-kafka"):
+        if spec.pipeline == "kafka":
+            stream = stream.selectExpr("cast(id as string) AS key", "payload AS value")
+        writer = (
+            stream.writeStream.format("twophase.kafka")
+            .option("kafka.bootstrap.servers", spec.bootstrap)
+            .option("topic", spec.outputTopic)
+        )
+    else:
+        raise SystemExit(f"unknown pipeline {spec.pipeline!r}; one of {', '.join(PIPELINES)}")
+    query = writer.option("checkpointLocation", spec.checkpoint).trigger(availableNow=True).start()
+    return awaitDrained(spark, query)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("spec", help="JSON file of a PipelineSpec")
+    return run(PipelineSpec.load(Path(parser.parse_args(argv).spec)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Everything a chaos pipeline needs around the runner: servers, tables, topics, verification."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from integration_tests.chaos.pipeline import PipelineSpec
+from integration_tests.chaos.runner import ChaosResult, ChaosRun, Schedule, Services
+from integration_tests.conftest import service_setting
+from twophase import verify
+
+INPUT_TRANSACTION_ROWS = 250
+"""Records per transaction when the Kafka -> Kafka input topic is filled."""
+
+
+def servicesFromEnvironment() -> Services:
+    """The servers of ``make services`` (environment first, then .services.env)."""
+    return Services(
+        pgUrl=service_setting("TWOPHASE_PG_URL") or "",
+        bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
+        cache=service_setting("TWOPHASE_CACHE") or "",
+    )
+
+
+def _need(value: str, what: str) -> str:
+    if not value:
+        raise SystemExit(f"{what} is not configured: start the servers with `make services`")
+    return value
+
+
+def createTopic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
+        name
+    ].result(timeout=60)
+
+
+def fillInput(bootstrap: str, topic: str, rows: int) -> None:
+    """``rows`` committed records (key ``<id>``, value ``row-<id>``) and, between them, aborted
+    transactions a read_committed source must skip."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"chaos-fill-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(60)
+    for start in range(0, rows, INPUT_TRANSACTION_ROWS):
+        if (start // INPUT_TRANSACTION_ROWS) % 4 == 1:
+            producer.begin_transaction()
+            for i in range(10):
+                producer.produce(topic, b"aborted", key=b"aborted-%d" % i)
+            producer.abort_transaction(60)
+        producer.begin_transaction()
+        for i in range(start, min(rows, start + INPUT_TRANSACTION_ROWS)):
+            producer.produce(topic, b"row-%d" % i, key=b"%d" % i)
+        producer.commit_transaction(60)
+
+
+def prepare(
+    pipeline: str, workdir: Path, services: Services, rows: int, perBatch: int
+) -> PipelineSpec:
+    """The spec of a fresh run of ``pipeline``: its own table or topics, ``rows`` of input."""
+    tag = uuid.uuid4().hex[:8]
+    spec = PipelineSpec(pipeline, str(workdir), rows=rows, rowsPerBatch=perBatch)
+    if pipeline == "postgres":
+        spec.pgUrl = _need(services.pgUrl, "PostgreSQL")
+        spec.table = f"chaos_{tag}"
+    if pipeline in ("kafka", "kafka-kafka"):
+        spec.bootstrap = _need(services.bootstrap, "Kafka")
+        spec.outputTopic = f"chaos-out-{tag}"
+        createTopic(spec.bootstrap, spec.outputTopic, 2)
+    if pipeline == "kafka-kafka":
+        spec.inputTopic = f"chaos-in-{tag}"
+        createTopic(spec.bootstrap, spec.inputTopic, 2)
+        fillInput(spec.bootstrap, spec.inputTopic, rows)
+    return spec
+
+
+def verifyOutput(spec: PipelineSpec) -> Any:
+    """Compare what the pipeline's sink holds with what its source offered."""
+    if spec.pipeline == "kafka-kafka":
+        expected = verify.expectedFromKafka(
+            {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.inputTopic}
+        )
+        columns = ["key", "value"]
+    else:
+        expected = verify.expectedFromSequence(0, spec.rows)
+        columns = ["id", "payload"]
+    if spec.pipeline == "files":
+        actual = verify.actualFromFiles(spec.output, "parquet")
+    elif spec.pipeline == "postgres":
+        actual = verify.actualFromPostgres(spec.pgUrl, spec.table)
+    else:
+        actual = verify.actualFromKafka(
+            {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.outputTopic}
+        )
+        if spec.pipeline == "kafka":
+            expected = verify.asKafkaRecords(expected)
+            columns = ["key", "value"]
+    return verify.compare(expected, actual, columns)
+
+
+def runPipeline(
+    pipeline: str,
+    workdir: Path,
+    services: Services,
+    *,
+    seed: int,
+    kills: int,
+    rowsPerBatch: int,
+    coverPoints: bool,
+    log: Any = print,
+) -> ChaosResult:
+    """Draw the schedule, size the input to it, run it, verify."""
+    schedule = Schedule.draw(seed, pipeline, kills, coverPoints=coverPoints)
+    workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = schedule.batchesNeeded() * rowsPerBatch
+    spec = prepare(pipeline, workdir, services, rows, rowsPerBatch)
+    log(
+        f"[chaos] {pipeline}: seed {seed}, {rows} rows in batches of {rowsPerBatch}, schedule: "
+        + "; ".join(e.describe() for e in schedule.events)
+    )
+    os.environ.setdefault("TWOPHASE_LOG_LEVEL", "INFO")
+    return ChaosRun(spec, schedule, services, verifyOutput, log).run()
