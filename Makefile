@@ -83,3 +83,12 @@ bench-postgres: .venv
 bench-kafka: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka
 
+
+# Every sink side by side in one run: twophase vs Spark's own vs PyFlink exactly-once vs the raw
+# client for files, PostgreSQL and Kafka, plus commit time, latency, memory and a sweep (after
+# `make services`; PyFlink and its connector jars are cached in $(TWOPHASE_CACHE)). Writes
+# bench/results/bench.{md,csv,png}; see docs/performance.md. BENCH_ARGS=--quick: a small run.
+.PHONY: bench
+bench: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.bench --sweep $(BENCH_ARGS)

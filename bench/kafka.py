@@ -40,10 +40,8 @@ Needs the broker: ``make services`` (TWOPHASE_KAFKA_BOOTSTRAP from the environme
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -57,7 +55,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
-REPO = Path(__file__).resolve().parents[1]
+from bench._common import (
+    Result,
+    bootstrapServers,
+    commitLine,
+    commitPercentiles,
+    sequenceStream,
+)
+
 SPARK_KAFKA_JAR = (
     "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13/4.2.0/"
     "spark-sql-kafka-0-10_2.13-4.2.0.jar"
@@ -95,30 +100,6 @@ class DropSink(DataSource):
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DropWriter:
         return DropWriter()
-
-
-def bootstrapServers() -> str:
-    value = os.environ.get("TWOPHASE_KAFKA_BOOTSTRAP")
-    if not value and (REPO / ".services.env").is_file():
-        for line in (REPO / ".services.env").read_text().splitlines():
-            if line.strip().startswith("export TWOPHASE_KAFKA_BOOTSTRAP="):
-                value = line.split("=", 1)[1].strip()
-    if not value:
-        raise SystemExit(
-            "TWOPHASE_KAFKA_BOOTSTRAP is not set and .services.env has none: run make services"
-        )
-    return value
-
-
-@dataclass
-class Result:
-    name: str
-    rows: int
-    seconds: float
-
-    @property
-    def rate(self) -> float:
-        return self.rows / self.seconds
 
 
 @dataclass(frozen=True)
@@ -184,13 +165,13 @@ def countRecords(bootstrap: str, topic: str) -> int:
 
 
 def stream(spark: Any, shape: Shape, rows: int | None = None) -> Any:
-    return (
-        spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", shape.rowsPerBatch if rows is None else rows)
-        .option("totalRows", shape.rows if rows is None else rows)
-        .option("numPartitions", shape.partitions)
-        .load()
-        .selectExpr("cast(id as string) AS key", f"rpad(payload, {shape.valueBytes}, '.') AS value")
+    return sequenceStream(
+        spark,
+        shape.rows if rows is None else rows,
+        shape.rowsPerBatch if rows is None else rows,
+        shape.partitions,
+        "cast(id as string) AS key",
+        f"rpad(payload, {shape.valueBytes}, '.') AS value",
     )
 
 
@@ -287,27 +268,6 @@ def writeRaw(bootstrap: str, topic: str, shape: Shape) -> float:
                 raise SystemExit("raw producer: queue full despite the check")
         producer.commit_transaction(120)
     return time.perf_counter() - started
-
-
-def commitLine(ckpt: str) -> str:
-    from twophase import cli
-
-    out = io.StringIO()
-    cli.status(ckpt, None, False, out)
-    lines = [line.strip() for line in out.getvalue().splitlines() if "commit time" in line]
-    return lines[0] if lines else "no commit times in the log"
-
-
-def commitPercentiles(ckpt: str) -> tuple[float, float, int]:
-    from twophase import cli
-    from twophase.coordinator import DecisionLog
-
-    times: list[float] = []
-    for _, url in cli.sinkLogs(ckpt):
-        times += cli.commitTimes(DecisionLog(url))
-    if not times:
-        return float("nan"), float("nan"), 0
-    return statistics.median(times) * 1000, cli.percentile(times, 0.95) * 1000, len(times)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,32 +33,11 @@ import pyarrow.compute as pc
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-REPO = Path(__file__).resolve().parents[1]
+from bench._common import Result, commitLine, pgUrl, sequenceStream
+
 JDBC_DRIVER = "org.postgresql:postgresql:42.7.14"
 TABLE_DDL = "CREATE TABLE {} (id bigint, payload text, value double precision, ts timestamptz)"
 COLUMNS = ["id", "payload", "double(id) * 1.5 AS value", "timestamp_seconds(id) AS ts"]
-
-
-def pgUrl() -> str:
-    url = os.environ.get("TWOPHASE_PG_URL")
-    if not url and (REPO / ".services.env").is_file():
-        for line in (REPO / ".services.env").read_text().splitlines():
-            if line.strip().startswith("export TWOPHASE_PG_URL="):
-                url = line.split("=", 1)[1].strip()
-    if not url:
-        raise SystemExit("TWOPHASE_PG_URL is not set and .services.env has none: run make services")
-    return url
-
-
-@dataclass
-class Result:
-    name: str
-    rows: int
-    seconds: float
-
-    @property
-    def rate(self) -> float:
-        return self.rows / self.seconds
 
 
 def resetTable(url: str, name: str) -> None:
@@ -87,14 +65,7 @@ def jdbcTarget(url: str) -> tuple[str, dict[str, str]]:
 
 
 def stream(spark: Any, rows: int, rowsPerBatch: int, partitions: int) -> Any:
-    return (
-        spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", rowsPerBatch)
-        .option("totalRows", rows)
-        .option("numPartitions", partitions)
-        .load()
-        .selectExpr(*COLUMNS)
-    )
+    return sequenceStream(spark, rows, rowsPerBatch, partitions, *COLUMNS)
 
 
 def runTwophase(
@@ -155,15 +126,6 @@ def runCopy(url: str, table: str, rows: int, chunk: int = 100_000) -> float:
                 pacsv.write_csv(batch, out, options)
                 copy.write(out.getbuffer())
     return time.perf_counter() - started
-
-
-def commitTimes(ckpt: str) -> str:
-    from twophase import cli
-
-    out = io.StringIO()
-    cli.status(ckpt, None, False, out)
-    lines = [line.strip() for line in out.getvalue().splitlines() if "commit time" in line]
-    return lines[0] if lines else "no commit times in the log"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(a) / (b) = {a.rate / b.rate:.2f}  (target >= 0.9)")
         print(f"(a) / (c) = {a.rate / c.rate:.2f}")
         print(f"(b) / (c) = {b.rate / c.rate:.2f}")
-        print(f"(a) driver commit time per batch: {commitTimes(str(work / 'tp'))}")
+        print(f"(a) driver commit time per batch: {commitLine(str(work / 'tp'))}")
         return 0 if a.rate >= 0.9 * b.rate else 1
     finally:
         spark.stop()
