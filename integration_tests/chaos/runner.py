@@ -197,9 +197,11 @@ class Services:
             raise RuntimeError(f"{script} {verb} failed: {done.stdout}{done.stderr}")
 
 
-def committedBatches(checkpoint: Path) -> list[int]:
-    """Batch ids in Spark's ``commits/`` log."""
-    return sorted(int(p.name) for p in (checkpoint / "commits").glob("[0-9]*"))
+def batchesDone(checkpoint: Path) -> int:
+    """How many batches Spark has committed: the newest id in ``commits/`` plus one (Spark
+    keeps only the last ``minBatchesToRetain`` = 100 entries, so counting them caps at 100)."""
+    ids = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    return max(ids) + 1 if ids else 0
 
 
 def executorPids(session: int) -> list[int]:
@@ -252,7 +254,7 @@ class ChaosRun:
         return childEnvironment(self.workdir, self.sparkHome, crash)
 
     def _sawCommits(self) -> int:
-        count = len(committedBatches(self.checkpoint))
+        count = batchesDone(self.checkpoint)
         if not self.commitTimes or self.commitTimes[-1][1] != count:
             self.commitTimes.append((time.monotonic(), count))
         return count
@@ -418,7 +420,7 @@ class ChaosRun:
             kills=self.kills,
             starts=self.starts,
             failedStarts=self.failedStarts,
-            batches=len(committedBatches(self.checkpoint)),
+            batches=batchesDone(self.checkpoint),
             records=int(report.actualRows),
             missing=int(report.missing),
             duplicated=int(report.duplicated),
