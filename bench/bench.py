@@ -499,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
                        warm, warm, prof.partitions, prof.valueBytes)  # fmt: skip
         pb.runTwophase(spark, url, tables["wa"], str(work / "wpa"), warm, warm, prof.partitions)
         pb.runJdbc(spark, url, tables["wb"], str(work / "wpb"), warm, warm, prof.partitions)
-        kb.writeTwophase(spark, bootstrap, topics["wa"], str(work / "wka"), kshape, warm)
-        kb.writeSpark(spark, bootstrap, topics["wb"], str(work / "wkb"), kshape, warm)
+        kb.writeKafka(
+            spark, "twophase.kafka", bootstrap, topics["wa"], str(work / "wka"), kshape, warm
+        )
+        kb.writeKafka(spark, "kafka", bootstrap, topics["wb"], str(work / "wkb"), kshape, warm)
 
         log(f"measuring {prof.rows:,} rows, batches of {prof.rowsPerBatch:,}, "
             f"{prof.partitions} partitions, {prof.valueBytes}-byte payloads")  # fmt: skip
@@ -518,10 +520,11 @@ def main(argv: list[str] | None = None) -> int:
             ("postgres", "spark"): lambda: pb.runJdbc(
                 spark, url, tables["spark"], str(work / "c-p-sp"), *shape),
             ("postgres", "raw"): lambda: pb.runCopy(url, tables["raw"], prof.rows),
-            ("kafka", "twophase"): lambda: kb.writeTwophase(
-                spark, bootstrap, topics["twophase"], str(work / "c-k-tp"), kshape),
-            ("kafka", "spark"): lambda: kb.writeSpark(
-                spark, bootstrap, topics["spark"], str(work / "c-k-sp"), kshape),
+            ("kafka", "twophase"): lambda: kb.writeKafka(
+                spark, "twophase.kafka", bootstrap, topics["twophase"], str(work / "c-k-tp"),
+                kshape),
+            ("kafka", "spark"): lambda: kb.writeKafka(
+                spark, "kafka", bootstrap, topics["spark"], str(work / "c-k-sp"), kshape),
             ("kafka", "raw"): lambda: kb.writeRaw(bootstrap, topics["raw"], kshape),
         }  # fmt: skip
         visible: dict[tuple[str, str], Callable[[], int]] = {
@@ -631,7 +634,9 @@ def runSweep(spark: Any, bootstrap: str, work: Path, prof: Profile) -> list[list
             else:
                 topic = kb.createTopic(bootstrap, 8, "sweep")
                 shape = kb.Shape(rows, per, parts, prof.valueBytes)
-                seconds = kb.writeTwophase(spark, bootstrap, topic, str(work / f"{tag}-c"), shape)
+                seconds = kb.writeKafka(
+                    spark, "twophase.kafka", bootstrap, topic, str(work / f"{tag}-c"), shape
+                )
                 kb.deleteTopics(bootstrap, [topic])
             p50, p95, n = commitPercentiles(str(work / f"{tag}-c"))
             batchMs = seconds / max(n, 1) * 1000

@@ -184,25 +184,19 @@ def runQuery(writer: Any) -> float:
     return time.perf_counter() - started
 
 
-def writeTwophase(
-    spark: Any, bootstrap: str, topic: str, ckpt: str, shape: Shape, rows: int | None = None
+def writeKafka(
+    spark: Any,
+    fmt: str,
+    bootstrap: str,
+    topic: str,
+    ckpt: str,
+    shape: Shape,
+    rows: int | None = None,
 ) -> float:
+    """The bench query into a Kafka sink of format ``fmt`` (``twophase.kafka`` or ``kafka``)."""
     writer = (
         stream(spark, shape, rows)
-        .writeStream.format("twophase.kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", topic)
-        .option("checkpointLocation", ckpt)
-    )
-    return runQuery(writer)
-
-
-def writeSpark(
-    spark: Any, bootstrap: str, topic: str, ckpt: str, shape: Shape, rows: int | None = None
-) -> float:
-    writer = (
-        stream(spark, shape, rows)
-        .writeStream.format("kafka")
+        .writeStream.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", topic)
         .option("checkpointLocation", ckpt)
@@ -311,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm = max(args.partitions * 1000, 10_000)
         print(f"warming up (twophase.kafka and Spark's kafka, {warm:,} rows each)...", flush=True)
-        writeTwophase(spark, bootstrap, topics["warm-a"], str(work / "warm-a"), shape, warm)
-        writeSpark(spark, bootstrap, topics["warm-b"], str(work / "warm-b"), shape, warm)
+        writeKafka(
+            spark, "twophase.kafka", bootstrap, topics["warm-a"], str(work / "warm-a"), shape, warm
+        )
+        writeKafka(spark, "kafka", bootstrap, topics["warm-b"], str(work / "warm-b"), shape, warm)
         writeDrop(spark, str(work / "warm-f"), shape, warm)
         readWith(spark, "twophase.kafka", bootstrap, topics["warm-a"], str(work / "warm-ra"))
         readWith(spark, "kafka", bootstrap, topics["warm-a"], str(work / "warm-rb"))
@@ -324,11 +320,13 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         results: dict[str, Result] = {}
-        seconds = writeSpark(spark, bootstrap, topics["b"], str(work / "b"), shape)
+        seconds = writeKafka(spark, "kafka", bootstrap, topics["b"], str(work / "b"), shape)
         connector = args.spark_kafka_jar.rsplit("/", 1)[-1].removesuffix(".jar")
         results["b"] = Result("(b) Spark kafka sink", args.rows, seconds)
         print(f"  {results['b'].name}: {seconds:.1f} s", flush=True)
-        seconds = writeTwophase(spark, bootstrap, topics["a"], str(work / "a"), shape)
+        seconds = writeKafka(
+            spark, "twophase.kafka", bootstrap, topics["a"], str(work / "a"), shape
+        )
         results["a"] = Result("(a) twophase.kafka sink", args.rows, seconds)
         print(f"  {results['a'].name}: {seconds:.1f} s", flush=True)
         seconds = writeDrop(spark, str(work / "f"), shape)

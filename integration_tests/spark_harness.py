@@ -518,9 +518,9 @@ def lastCommittedOffset(checkpoint: Path) -> int | None:
     return int(json.loads(lines[-1])["offset"])
 
 
-def killSession(sid: int) -> int:
-    """SIGKILL every process left in session ``sid`` (the child's); returns how many."""
-    killed = 0
+def sessionProcesses(sid: int) -> list[int]:
+    """Pids of the processes in session ``sid`` (a child started with ``start_new_session``)."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -530,11 +530,19 @@ def killSession(sid: int) -> int:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[3]) == sid:  # fields after ``(comm)``: state ppid pgrp session
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+            pids.append(int(entry.name))
+    return pids
+
+
+def killSession(sid: int) -> int:
+    """SIGKILL every process left in session ``sid`` (the child's); returns how many."""
+    killed = 0
+    for pid in sessionProcesses(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            pass
     return killed
 
 

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from integration_tests.chaos.pipeline import PipelineSpec
+from integration_tests.conftest import SERVICES_DIR, ServiceControl
 from integration_tests.spark_harness import (
     REPO_ROOT,
     childEnvironment,
     killSession,
     makeSparkHome,
+    sessionProcesses,
 )
 from twophase import faults
 
@@ -168,33 +170,20 @@ class ChaosResult:
 
 @dataclass
 class Services:
-    """How the runner crashes and restarts the servers (services/kafka.sh, postgres.sh)."""
+    """Where the servers of ``make services`` are, and how the runner crashes one of them
+    (``conftest.ServiceControl``: services/kafka.sh and postgres.sh, data and port kept)."""
 
     pgUrl: str = ""
     bootstrap: str = ""
-    cache: str = ""
 
     def crash(self, kind: str, downSeconds: float) -> None:
         script, noun = {"broker": ("kafka.sh", "broker"), "postgres": ("postgres.sh", "server")}[
             kind
         ]
-        self._script(script, f"kill-{noun}")
+        control = ServiceControl(SERVICES_DIR / script, noun)
+        control.kill()
         time.sleep(downSeconds)
-        self._script(script, f"start-{noun}")
-
-    def _script(self, script: str, verb: str) -> None:
-        env = dict(os.environ)
-        if self.cache:
-            env["TWOPHASE_CACHE"] = self.cache
-        done = subprocess.run(
-            [str(REPO_ROOT / "services" / script), verb],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{script} {verb} failed: {done.stdout}{done.stderr}")
+        control.start()
 
 
 def batchesDone(checkpoint: Path) -> int:
@@ -207,16 +196,11 @@ def batchesDone(checkpoint: Path) -> int:
 def executorPids(session: int) -> list[int]:
     """Executor JVMs (``CoarseGrainedExecutorBackend``) in the query's session."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in sessionProcesses(session):
         try:
-            stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[3]) != session:
-                continue
-            if b"CoarseGrainedExecutorBackend" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except (OSError, ValueError):
+            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:  # gone meanwhile
             continue
     return sorted(pids)
 

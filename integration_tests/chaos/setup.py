@@ -10,6 +10,7 @@ from typing import Any
 from integration_tests.chaos.pipeline import PipelineSpec
 from integration_tests.chaos.runner import ChaosResult, ChaosRun, Schedule, Services
 from integration_tests.conftest import service_setting
+from integration_tests.test_kafka_helpers import createTopic
 from twophase import verify
 
 INPUT_TRANSACTION_ROWS = 250
@@ -21,7 +22,6 @@ def servicesFromEnvironment() -> Services:
     return Services(
         pgUrl=service_setting("TWOPHASE_PG_URL") or "",
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
-        cache=service_setting("TWOPHASE_CACHE") or "",
     )
 
 
@@ -29,15 +29,6 @@ def _need(value: str, what: str) -> str:
     if not value:
         raise SystemExit(f"{what} is not configured: start the servers with `make services`")
     return value
-
-
-def createTopic(bootstrap: str, name: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
-        name
-    ].result(timeout=60)
 
 
 def fillInput(bootstrap: str, topic: str, rows: int) -> None:
@@ -65,18 +56,15 @@ def prepare(
     pipeline: str, workdir: Path, services: Services, rows: int, perBatch: int
 ) -> PipelineSpec:
     """The spec of a fresh run of ``pipeline``: its own table or topics, ``rows`` of input."""
-    tag = uuid.uuid4().hex[:8]
     spec = PipelineSpec(pipeline, str(workdir), rows=rows, rowsPerBatch=perBatch)
     if pipeline == "postgres":
         spec.pgUrl = _need(services.pgUrl, "PostgreSQL")
-        spec.table = f"chaos_{tag}"
+        spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
     if pipeline in ("kafka", "kafka-kafka"):
         spec.bootstrap = _need(services.bootstrap, "Kafka")
-        spec.outputTopic = f"chaos-out-{tag}"
-        createTopic(spec.bootstrap, spec.outputTopic, 2)
+        spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")
     if pipeline == "kafka-kafka":
-        spec.inputTopic = f"chaos-in-{tag}"
-        createTopic(spec.bootstrap, spec.inputTopic, 2)
+        spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
         fillInput(spec.bootstrap, spec.inputTopic, rows)
     return spec
 
