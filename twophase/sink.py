@@ -42,6 +42,7 @@ from twophase.protocol import (
 )
 from twophase.settings import SinkSettings
 from twophase.task import runTask
+from twophase.worker_gc import freezeWorkerHeap
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class TwoPhaseCommitSink(DataSource, TwoPhaseParticipant[Txn], Generic[Txn]):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         """Driver: build the writer; when planning a batch, claim the log and recover first."""
+        freezeWorkerHeap()
         settings = SinkSettings.fromOptions(self.options, self.name())
         lastDecided: int | None = None
         if not _calledByCommitRunner():
@@ -127,12 +129,14 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: decide batch ``batchId`` durably, then commit every handle of it."""
+        freezeWorkerHeap()
         ensureLogging()
         coordinator = openCoordinator(self.sink, self.settings)
         coordinator.commitBatch(batchId, _results(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: abort batch ``batchId``, or roll it forward if the log shows it decided."""
+        freezeWorkerHeap()
         ensureLogging()
         coordinator = openCoordinator(self.sink, self.settings)
         coordinator.abortBatch(batchId, _results(messages))

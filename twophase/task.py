@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from twophase.faults import crashPoint
 from twophase.protocol import TaskResult, TransactionContext, TwoPhaseParticipant
+from twophase.worker_gc import freezeWorkerHeap
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def runTask(
     transaction is rolled back here (best effort) and the error propagates, so Spark retries
     the task; what a killed attempt leaves behind is swept by ``recoverAndAbort``.
     """
+    freezeWorkerHeap()
     if alreadyDecided:
         for _ in batches:
             pass

@@ -60,6 +60,7 @@ from twophase.settings import (
     optionOf,
 )
 from twophase.sinks._kafka_config import librdkafkaConfig, librdkafkaError
+from twophase.worker_gc import freezeWorkerHeap
 
 log = logging.getLogger(__name__)
 
@@ -257,9 +258,11 @@ class KafkaSource(DataSource):
         return "twophase.kafka"
 
     def schema(self) -> str:
+        freezeWorkerHeap()
         return KafkaSourceSettings.fromOptions(self.options).schema()
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        freezeWorkerHeap()
         return KafkaStreamReader(KafkaSourceSettings.fromOptions(self.options))
 
 
@@ -457,6 +460,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the records of ``[start, end)`` of one topic partition, as Arrow batches."""
         assert isinstance(partition, KafkaRange)
+        freezeWorkerHeap()
         yield from readRange(self.settings, partition)
 
 

@@ -27,6 +27,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from twophase.settings import TwoPhaseConfigError, intOption
+from twophase.worker_gc import freezeWorkerHeap
 
 SCHEMA = "id long, payload string"
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.string())])
@@ -82,9 +83,11 @@ class SequenceSource(DataSource):
         return "twophase.sequence"
 
     def schema(self) -> str:
+        freezeWorkerHeap()
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> SequenceReader:
+        freezeWorkerHeap()
         return SequenceReader(SequenceSettings.fromOptions(self.options))
 
 
@@ -136,6 +139,7 @@ class SequenceReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SequenceRange)
+        freezeWorkerHeap()
         for chunk in range(partition.start, partition.end, CHUNK_ROWS):
             yield sequenceRows(chunk, min(chunk + CHUNK_ROWS, partition.end))
 
