@@ -546,6 +546,31 @@ def test_the_producer_id_and_epoch_come_from_librdkafkas_statistics(state: str) 
     assert (handle["producerId"], handle["producerEpoch"], handle["records"]) == (7, 3, 3)
 
 
+def test_statistics_decode_only_the_eos_object_and_stop_once_prepared() -> None:
+    """librdkafka's document: eos after nested broker/topic objects, spaced as librdkafka does."""
+    from twophase.sinks import _kafka_producer as producing
+
+    def document(pid: int, epoch: int) -> str:
+        return (
+            '{ "name": "p#producer-1", "brokers":{ "b:9092/1": { "toppars":{ "t-0": '
+            '{ "topic":"t", "partition":0} } } }, "topics":{ "t": { "partitions":{ "0": '
+            '{ "msgq_cnt":0 } } } } , "eos": { "idemp_state": "Assigned", "txn_state": '
+            f'"InTransaction", "producer_id": {pid}, "producer_epoch": {epoch}, '
+            '"epoch_cnt": 1 }, "tx":11, "rx":11 }'
+        )
+
+    txn = preparedTransaction()
+    txn.statistics(document(5, 1))
+    txn.statistics(document(5, 2))
+    handle = producing.preCommit(txn)
+    assert (handle["producerId"], handle["producerEpoch"]) == (5, 2)
+    txn.statistics(document(9, 9))  # a retained producer's later statistics: ignored
+    assert txn.statistics.eos is not None and txn.statistics.eos["producer_id"] == 5
+    txn.statistics.eos = None
+    txn.statistics('{ "name": "p", "tx": 1 }')  # no eos section at all: nothing taken
+    assert txn.statistics.eos is None
+
+
 @pytest.mark.parametrize("state", ["AbortableError", "FatalError", "AbortingTransaction"])
 def test_a_transaction_in_an_error_state_is_not_prepared(state: str) -> None:
     from twophase.sinks import _kafka_producer as producing
