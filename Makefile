@@ -92,3 +92,11 @@ bench-kafka: .venv
 bench: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.bench --sweep $(BENCH_ARGS)
+
+# Where each twophase sink's time goes: wall and CPU by role against Spark's noop sink, a Python
+# sink that drops its input and Spark's own path, then py-spy over the Python workers;
+# bench/results/profile.md. See docs/performance.md.
+.PHONY: bench-profile
+bench-profile: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.profile $(PROFILE_ARGS)

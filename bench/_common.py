@@ -165,6 +165,64 @@ def sampleMemory(
         thread.join()
 
 
+@dataclass
+class CpuSeconds:
+    """CPU time (user + system) spent during one run, by the roles of :func:`classify`."""
+
+    driver: float = 0.0
+    jvm: float = 0.0
+    workers: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.driver + self.jvm + self.workers
+
+
+def cpuByRole(root: int | None = None) -> CpuSeconds:
+    """Cumulative CPU seconds of ``root`` (default: this process) and its descendants, by role.
+
+    Python workers that already exited still count: their time is in the ``children_*`` times
+    of the process that reaped them (the daemon, or the JVM for workers it spawned itself).
+    Profilers (py-spy) started by the bench are left out.
+    """
+    import psutil
+
+    cpu = CpuSeconds()
+    top = psutil.Process(root or os.getpid())
+    for proc in [top, *top.children(recursive=True)]:
+        try:
+            cmdline = proc.cmdline()
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        if any("py-spy" in part for part in cmdline[:2]):
+            continue
+        own, reaped = times.user + times.system, times.children_user + times.children_system
+        role = classify(cmdline, proc.pid == top.pid)
+        if role == "driver":
+            cpu.driver += own
+        elif role == "jvm":
+            cpu.jvm += own
+            cpu.workers += reaped
+        else:
+            cpu.workers += own + reaped
+    return cpu
+
+
+@contextmanager
+def measureCpu(root: int | None = None) -> Iterator[CpuSeconds]:
+    """CPU seconds by role spent inside the ``with`` block (filled in when it ends)."""
+    spent = CpuSeconds()
+    before = cpuByRole(root)
+    try:
+        yield spent
+    finally:
+        after = cpuByRole(root)
+        spent.driver = after.driver - before.driver
+        spent.jvm = after.jvm - before.jvm
+        spent.workers = after.workers - before.workers
+
+
 def fmtNumber(value: float, digits: int = 0) -> str:
     """``value`` with thousands separators, ``-`` when missing."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

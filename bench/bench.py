@@ -422,6 +422,28 @@ def chart(measures: dict[tuple[str, str], Measure], path: Path, title: str) -> N
 # ---------------------------------------------------------------------------------------------
 
 
+def benchSession(master: str, partitions: int) -> Any:
+    """The one Spark session every bench run uses: Kafka connector, JDBC driver, twophase."""
+    from pyspark.sql import SparkSession
+
+    import twophase
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("twophase-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.jars", kb.SPARK_KAFKA_JAR)
+        .config("spark.jars.packages", f"{kb.SPARK_KAFKA_PACKAGES},{pb.JDBC_DRIVER}")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    twophase.register(spark)
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="small run for development")
@@ -464,23 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         except (subprocess.CalledProcessError, OSError) as exc:
             flinkReason = f"PyFlink set-up failed: {exc}"[:200]
 
-    from pyspark.sql import SparkSession
-
-    import twophase
-
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("twophase-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.jars", kb.SPARK_KAFKA_JAR)
-        .config("spark.jars.packages", f"{kb.SPARK_KAFKA_PACKAGES},{pb.JDBC_DRIVER}")
-        .config("spark.sql.shuffle.partitions", str(prof.partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    twophase.register(spark)
+    spark = benchSession(args.master, prof.partitions)
     tables = {k: f"bench_all_{k}" for k in ("twophase", "spark", "flink", "raw", "wa", "wb", "wf")}
     topics = {
         k: kb.createTopic(bootstrap, prof.partitions, k)
@@ -610,12 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
         kb.deleteTopics(bootstrap, list(topics.values()))
-        import psycopg
-        from psycopg import sql
-
-        with psycopg.connect(url, autocommit=True) as conn:
-            for name in tables.values():
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        pb.dropTables(url, list(tables.values()))
 
 
 def runSweep(spark: Any, bootstrap: str, work: Path, prof: Profile) -> list[list[str]]:

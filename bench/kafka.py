@@ -62,6 +62,7 @@ from bench._common import (
     commitPercentiles,
     sequenceStream,
 )
+from twophase.worker_gc import freezeWorkerHeap
 
 SPARK_KAFKA_JAR = (
     "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13/4.2.0/"
@@ -80,6 +81,7 @@ class DropWriter(DataSourceStreamArrowWriter):
     """A Python stream writer that reads its input and writes nothing: PySpark's floor."""
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        freezeWorkerHeap()  # as twophase's writers do: the floor of a well-behaved Python sink
         for _ in iterator:
             pass
         return WriterCommitMessage()

@@ -46,6 +46,12 @@ def resetTable(url: str, name: str) -> None:
         conn.execute(sql.SQL(TABLE_DDL).format(sql.Identifier(name)))
 
 
+def dropTables(url: str, names: list[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in names:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def countRows(url: str, name: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))
