@@ -99,4 +99,4 @@ bench: .venv
 .PHONY: bench-profile
 bench-profile: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
-	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.breakdown $(PROFILE_ARGS)

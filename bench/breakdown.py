@@ -201,7 +201,7 @@ def share(n: int, total: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench.profile", description=__doc__)
+    p = argparse.ArgumentParser(prog="bench.breakdown", description=__doc__)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--rows-per-batch", type=int, default=125_000)
     p.add_argument("--partitions", type=int, default=8)
@@ -312,7 +312,7 @@ def report(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, PySpark {sparkVersion}; load average at the end "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
-        f"Run: `python -m bench.profile {' '.join(sys.argv[1:])}`.".replace("  ", " "),
+        f"Run: `python -m bench.breakdown {' '.join(sys.argv[1:])}`.".replace("  ", " "),
         f"Rows: {rows:,}, batches of {args.rows_per_batch:,}, {args.partitions} partitions. "
         f"Total time {seconds / 60:.1f} min.",
         "",
