@@ -61,6 +61,19 @@ SINK_NAMES = {
     "spark": "Spark's own path",
     "twophase": "twophase",
 }
+WAITING = frozenset(
+    {
+        "pyspark/daemon.py:manager",
+        "pyspark/serializers.py:read_int",
+        "python3.11/selectors.py:EpollSelector.select",
+        "python3.11/threading.py:Condition.wait",
+    }
+)
+"""Innermost frames where a worker waits: the daemon's loop between calls, a socket read for
+the JVM's next message, a select, a condition. py-spy does not see these processes go idle
+(its idle check fails for the daemon's forked workers here: it counts far more samples than
+their CPU time allows), so its figures are wall-clock; leaving these frames out of the shares
+keeps the tables about work. CPU time comes from the table above (psutil)."""
 PACKAGES = (
     ("twophase", "/twophase/"),
     ("pyarrow", "/pyarrow/"),
@@ -90,10 +103,8 @@ class Stacks:
     packages: Counter[str] = field(default_factory=Counter)
     ours: Counter[str] = field(default_factory=Counter)  # inclusive, twophase functions
     kinds: Counter[str] = field(default_factory=Counter)  # by PySpark worker module
-    daemonLoop: int = 0
-    """Samples whose innermost frame is the daemon's own loop in a forked worker (its
-    ``gc.collect()`` after each call, or waiting). py-spy counts far more of them than the
-    workers' CPU time allows, so they are reported apart and left out of the shares."""
+    waiting: int = 0
+    """Samples in :data:`WAITING` frames, reported apart and left out of the shares."""
 
 
 def pythonWorkers(root: int | None = None) -> list[int]:
@@ -177,8 +188,8 @@ def readStacks(paths: list[Path]) -> Stacks:
             if not frames:
                 continue
             leaf, package = frames[-1]
-            if leaf == "pyspark/daemon.py:manager":
-                stacks.daemonLoop += n  # between calls: see ``Stacks.daemonLoop``
+            if leaf in WAITING:
+                stacks.waiting += n  # see ``Stacks.waiting``
                 continue
             stacks.samples += n
             stacks.kinds[workerKind(raw)] += n
@@ -340,8 +351,9 @@ def report(
         lines += [
             f"## py-spy: twophase {target}, Python workers ({st.samples:,} samples at 100 Hz)",
             "",
-            f"Left out: {st.daemonLoop:,} samples in the daemon's loop of a forked worker "
-            "(`pyspark/daemon.py:manager`, the `gc.collect()` after each call or a wait).",
+            f"Left out: {st.waiting:,} samples of workers waiting (the daemon's loop between "
+            "calls, socket reads for the JVM's next message, select, condition waits): "
+            "py-spy cannot tell these workers idle, so its samples are wall-clock.",
             "",
         ]
         sections = (
