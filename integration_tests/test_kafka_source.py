@@ -98,7 +98,13 @@ def test_an_open_transaction_ends_the_batch_at_the_last_stable_offset(
     assert first == {topic: {"0": 1}}
     assert texts(readAll(r, start, first)) == ["before"]
     producer.commit_transaction(60)
+    # commit_transaction returns once the coordinator has logged the decision; the markers,
+    # and with them the last stable offset, follow asynchronously (a later batch sees them).
+    deadline = time.monotonic() + 30
     second = r.latestOffset(first, ReadAllAvailable())
+    while second == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+        second = r.latestOffset(first, ReadAllAvailable())
     assert texts(readAll(r, first, second)) == ["open-1", "open-2", "after"]
     uncommitted = reader(
         kafka_bootstrap,
