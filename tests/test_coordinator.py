@@ -459,6 +459,22 @@ def test_abort_of_an_undecided_batch_aborts_everything_then_the_replay_commits(
     world.assertExactlyOnce(range(1))
 
 
+def test_a_task_that_prepares_after_the_abort_is_swept_by_the_second_sweep(
+    world: World,
+) -> None:
+    world.driver.coordinator.recover(0)
+    reported = world.runTasks(0, partitions=1)
+    world.driver.coordinator.abortBatch(0, reported)
+    late = world.runTasks(0, partitions=2)  # a killed task's worker got to PREPARE anyway
+    assert world.driver.coordinator.sweepAbortedBatch(0) == 2
+    assert all(world.system.txns[txnOf(r)].state == "aborted" for r in late)
+
+    decided = world.runTasks(1, partitions=2)
+    world.driver.coordinator.commitBatch(1, decided)
+    assert world.driver.coordinator.sweepAbortedBatch(1) == 0  # never touches a decided batch
+    world.assertExactlyOnce(range(1, 2))  # batch 0 aborted (Spark would replay it), 1 intact
+
+
 def test_commit_called_twice_never_aborts_decided_handles(world: World) -> None:
     world.driver.coordinator.recover(0)
     results = world.runTasks(0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ from twophase.task import runTask
 from twophase.worker_gc import freezeWorkerHeap
 
 log = logging.getLogger(__name__)
+
+LATE_TASK_GRACE_SECONDS = 5.0
+"""How long a Spark abort waits before sweeping the failed batch again (see ``abort``)."""
 
 _COMMIT_RUNNER_FILE = "python_streaming_sink_runner.py"
 
@@ -140,6 +144,13 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         ensureLogging()
         coordinator = openCoordinator(self.sink, self.settings)
         coordinator.abortBatch(batchId, _results(messages))
+        # Spark fails the job and calls abort while it is still killing the batch's other
+        # tasks; a task whose input was all delivered can reach PREPARE before its Python
+        # worker goes (PySpark allows spark.python.task.killTimeout, 2 s). Sweep once more
+        # after that, so a failed batch leaves nothing prepared that would hold table locks
+        # (and Kafka's last stable offset) until the next start.
+        time.sleep(LATE_TASK_GRACE_SECONDS)
+        coordinator.sweepAbortedBatch(batchId)
 
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:

@@ -551,6 +551,25 @@ class Coordinator:
         retries = sum(o.attempts - 1 for o in outcomes)
         return sum(1 for o in outcomes if o.error is None), retries
 
+    def sweepAbortedBatch(self, batchId: int) -> int:
+        """Abort what tasks of batch N prepared after ``abortBatch`` swept it; only if aborted.
+
+        A decided or committed batch is left alone (its transactions are the decision's);
+        returns how many transactions were aborted.
+        """
+        state = self.log.state(batchId)
+        if state is None or state.status is not BatchStatus.ABORTED:
+            return 0
+        late = self._sweepBatch(batchId, keep=())
+        if late:
+            log.info(
+                "twophase sink %s: batch %d: aborted %d transaction(s) prepared after the abort",
+                self.sinkId,
+                batchId,
+                late,
+            )
+        return late
+
     def _sweepBatch(self, batchId: int, keep: tuple[Handle, ...]) -> int:
         """Abort prepared transactions of batch N that ``keep`` does not name; best effort."""
         scope = RecoveryScope(self.sinkId, keep=keep, batchId=batchId)
