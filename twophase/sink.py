@@ -27,6 +27,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from twophase.coordinator import CommitOutcome
 from twophase.driver import (
     beforeBatch,
     checkpointQueryId,
@@ -143,14 +144,16 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         freezeWorkerHeap()
         ensureLogging()
         coordinator = openCoordinator(self.sink, self.settings)
-        coordinator.abortBatch(batchId, _results(messages))
+        report = coordinator.abortBatch(batchId, _results(messages))
         # Spark fails the job and calls abort while it is still killing the batch's other
         # tasks; a task whose input was all delivered can reach PREPARE before its Python
         # worker goes (PySpark allows spark.python.task.killTimeout, 2 s). Sweep once more
         # after that, so a failed batch leaves nothing prepared that would hold table locks
-        # (and Kafka's last stable offset) until the next start.
-        time.sleep(LATE_TASK_GRACE_SECONDS)
-        coordinator.sweepAbortedBatch(batchId)
+        # (and Kafka's last stable offset) until the next start. Only a task that did not
+        # report can still be running, and only an aborted batch is swept.
+        if report.outcome is CommitOutcome.ABORTED and any(m is None for m in messages):
+            time.sleep(LATE_TASK_GRACE_SECONDS)
+            coordinator.sweepAbortedBatch(batchId)
 
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
