@@ -1,4 +1,4 @@
-"""The coordinator's state machine, one test per crash window of PROTOCOL.md section 5.
+"""The coordinator's state machine, one test per crash window of docs/protocol.md section 5.
 
 A crash is simulated by a ``crashPoint`` that raises ``SimulatedCrash`` (a BaseException, so
 nothing in the coordinator can swallow it) and marks the crashed "process" dead: its participant
@@ -24,12 +24,14 @@ import pyarrow as pa
 import pytest
 
 import twophase.coordinator.coordinator as coordinatorModule
+import twophase.coordinator.execution as executionModule
 from twophase import faults
 from twophase.coordinator import (
     CommitFailedError,
     CommitOutcome,
     Coordinator,
     CoordinatorError,
+    CoordinatorSettings,
     DecisionLog,
     LogOwnershipError,
 )
@@ -197,7 +199,8 @@ class World:
         """(Re)start the driver process."""
         participant = FakeParticipant(self.system)
         log = DecisionLog(self.url)
-        self.driver = Driver(participant, log, Coordinator(participant, log, SINK, **self.options))
+        settings = CoordinatorSettings(**self.options)
+        self.driver = Driver(participant, log, Coordinator(participant, log, SINK, settings))
         return self.driver
 
     def runTasks(
@@ -252,6 +255,7 @@ def crashAt(monkeypatch: pytest.MonkeyPatch) -> CrashAt:
             raise SimulatedCrash(f"{point}:{batchId}")
 
     monkeypatch.setattr(coordinatorModule, "crashPoint", fakeCrashPoint)
+    monkeypatch.setattr(executionModule, "crashPoint", fakeCrashPoint)
 
     def arm(point: str, world: World, batchId: int | None = None) -> None:
         armed.update(point=point, world=world, batchId=batchId)

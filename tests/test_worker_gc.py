@@ -7,7 +7,7 @@ import sys
 
 CHILD = """
 import gc, importlib.machinery, sys
-from twophase import worker_gc
+from twophase.spark import worker as worker_gc
 before = gc.get_freeze_count()
 worker_gc.freezeWorkerHeap()
 outside = gc.get_freeze_count()

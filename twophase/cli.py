@@ -15,34 +15,25 @@ import json
 import logging
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Mapping
 from typing import Any, TextIO
 
-import fsspec
-
 from twophase.coordinator import Coordinator, DecisionLog
-from twophase.driver import SINK_DESCRIPTION
+from twophase.coordinator.description import SINK_DESCRIPTION, readSinkDescription
+from twophase.coordinator.log import sinkLogLocations
+from twophase.protocol import Committer
+from twophase.redaction import getLogger, rememberSecrets
+from twophase.settings import coordinatorSettings
 from twophase.verify import EXAMPLES, SINKS, SOURCES, VerifyInputError, verify
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
-
-def sinkLogs(checkpoint: str, sinkId: str | None = None) -> Iterator[tuple[str, str]]:
-    """(sinkId, log URL) of every twophase sink log under ``<checkpoint>/twophase/``."""
-    fs, root = fsspec.core.url_to_fs(checkpoint)
-    base = f"{root.rstrip('/')}/twophase"
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    try:
-        entries = fs.ls(base, detail=True)
-    except FileNotFoundError:
-        return
-    for entry in sorted(entries, key=lambda e: str(e["name"])):
-        if entry["type"] != "directory":
-            continue
-        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
-        if sinkId is None or name == sinkId:
-            yield name, f"{prefix}{entry['name']}"
+MOVED_CLASSES = {
+    "twophase.sinks.files:FilesSink": "twophase.spark.files:FilesSink",
+    "twophase.sinks.postgres:PostgresSink": "twophase.spark.postgres:PostgresSink",
+    "twophase.sinks.kafka:KafkaSink": "twophase.spark.kafka:KafkaSink",
+}
+"""Built-in sink classes named in ``sink.json`` by earlier versions, and where they live now."""
 
 
 def commitTimes(decisionLog: DecisionLog) -> list[float]:
@@ -64,7 +55,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def status(checkpoint: str, sinkId: str | None, asJson: bool, out: TextIO) -> int:
     found = False
-    for name, url in sinkLogs(checkpoint, sinkId):
+    for name, url in sinkLogLocations(checkpoint, sinkId):
         found = True
         decisionLog = DecisionLog(url)
         info = decisionLog.status()
@@ -103,28 +94,40 @@ def status(checkpoint: str, sinkId: str | None, asJson: bool, out: TextIO) -> in
     return 0
 
 
-def loadSink(url: str) -> Any:
-    """Rebuild the sink described by ``sink.json`` in a log directory."""
-    fs, root = fsspec.core.url_to_fs(url)
-    path = f"{root.rstrip('/')}/{SINK_DESCRIPTION}"
-    try:
-        with fs.open(path, "r") as f:
-            description = json.load(f)
-    except FileNotFoundError:
+def loadSink(url: str, extraOptions: Mapping[str, str]) -> tuple[Committer, dict[str, str]]:
+    """Rebuild the committer of the sink described by ``sink.json`` in a log directory.
+
+    ``sink.json`` holds only the sink's safe options; ``extraOptions`` (``--option``) add what
+    it lacks, such as a password, and win over the stored ones.
+    """
+    description = readSinkDescription(url)
+    if description is None:
         raise SystemExit(
             f"{url} has no {SINK_DESCRIPTION}: the sink never planned a batch with this "
             "version of twophase, so recover cannot know which sink finishes its transactions"
-        ) from None
-    moduleName, _, className = str(description["class"]).partition(":")
+        )
+    className = MOVED_CLASSES.get(description.className, description.className)
+    moduleName, _, qualName = className.partition(":")
     target: Any = importlib.import_module(moduleName)
-    for part in className.split("."):
+    for part in qualName.split("."):
         target = getattr(target, part)
-    return target(dict(description["options"]))
+    options = {**description.options, **extraOptions}
+    rememberSecrets(extraOptions, getattr(target, "safeOptions", ()))
+    sink = target(options)
+    makeCommitter = getattr(sink, "createCommitter", None)
+    committer = makeCommitter() if makeCommitter is not None else sink
+    return committer, options
 
 
-def recover(checkpoint: str, sinkId: str | None, dryRun: bool, out: TextIO) -> int:
+def recover(
+    checkpoint: str,
+    sinkId: str | None,
+    dryRun: bool,
+    out: TextIO,
+    extraOptions: Mapping[str, str] | None = None,
+) -> int:
     found = False
-    for name, url in sinkLogs(checkpoint, sinkId):
+    for name, url in sinkLogLocations(checkpoint, sinkId):
         found = True
         decisionLog = DecisionLog(url)
         outstanding = decisionLog.outstanding()
@@ -136,8 +139,8 @@ def recover(checkpoint: str, sinkId: str | None, dryRun: bool, out: TextIO) -> i
                 f"sink {name}: would then abort its prepared transactions no decision covers\n"
             )
             continue
-        sink = loadSink(url)
-        report = Coordinator(sink, decisionLog, name).recover()
+        committer, options = loadSink(url, extraOptions or {})
+        report = Coordinator(committer, decisionLog, name, coordinatorSettings(options)).recover()
         out.write(
             f"sink {name}: committed {report.handlesCommitted} transactions of "
             f"{len(report.batchesFinished)} decided batches {list(report.batchesFinished)}, "
@@ -296,6 +299,14 @@ def parser() -> argparse.ArgumentParser:
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         else:
             cmd.add_argument("--dry-run", action="store_true", help="only say what would be done")
+            cmd.add_argument(
+                "--option",
+                action="append",
+                type=_keyValue,
+                default=[],
+                metavar="KEY=VALUE",
+                help="a sink option that sink.json does not keep, such as a password (repeat)",
+            )
     _addVerifyParser(sub)
     return p
 
@@ -312,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         return status(parsed.checkpoint, parsed.sink_id, parsed.json, sys.stdout)
     if parsed.command == "verify":
         return verifyCommand(parsed, sys.stdout, sys.stderr)
-    return recover(parsed.checkpoint, parsed.sink_id, parsed.dry_run, sys.stdout)
+    return recover(
+        parsed.checkpoint, parsed.sink_id, parsed.dry_run, sys.stdout, dict(parsed.option)
+    )
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ item in that directory): several task points armed in one query start each kill 
 
 from __future__ import annotations
 
-import logging
+from twophase.redaction import getLogger
 import os
 import signal
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
 ENV = "TWOPHASE_CRASH_AT"
 ONCE_ENV = "TWOPHASE_CRASH_ONCE_FILE"

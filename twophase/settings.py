@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from twophase.coordinator.log import logLocationFor
+from twophase.coordinator.settings import CoordinatorSettings
+
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
 
 
@@ -97,17 +100,16 @@ class SinkSettings:
     - ``sinkId``: namespaces the log and every transaction id (default: derived from the
       checkpoint location, so it is stable across restarts).
     - ``twophase.resetLog``: take over a log that belongs to another query id.
-    - ``commitRetries``, ``commitTimeoutSeconds``: bounds of the driver's commit retries.
-    - ``logRetentionBatches``: finished batches kept in the log before pruning.
+    - ``commitRetries``, ``commitTimeoutSeconds``: bounds of the driver's commit retries;
+      ``logRetentionBatches``: finished batches kept in the log before pruning. Together they
+      are the coordinator's settings (defaults: ``CoordinatorSettings``).
     """
 
     checkpointLocation: str
     sinkId: str
     logLocation: str
     resetLog: bool
-    commitRetries: int
-    commitTimeoutSeconds: float
-    logRetentionBatches: int
+    coordinator: CoordinatorSettings
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str], sinkName: str) -> SinkSettings:
@@ -125,24 +127,36 @@ class SinkSettings:
                 f"option sinkId={sinkId!r} must be 1-48 characters of letters, digits, "
                 "'_', '.', '-', starting with a letter or digit"
             )
-        logLocation = optionOf(options, "twophase.logLocation") or (
-            f"{checkpoint.rstrip('/')}/twophase/{sinkId}"
+        logLocation = optionOf(options, "twophase.logLocation") or logLocationFor(
+            checkpoint, sinkId
         )
         return cls(
             checkpointLocation=checkpoint,
             sinkId=sinkId,
             logLocation=logLocation,
             resetLog=boolOption(options, "twophase.resetLog", False),
-            commitRetries=intOption(options, "commitRetries", 8, minimum=1),
-            commitTimeoutSeconds=floatOption(options, "commitTimeoutSeconds", 120.0),
-            logRetentionBatches=intOption(options, "logRetentionBatches", 100, minimum=1),
+            coordinator=coordinatorSettings(options),
         )
+
+
+def coordinatorSettings(options: Mapping[str, str]) -> CoordinatorSettings:
+    """The coordinator's settings from a sink's options; unset ones keep the defaults."""
+    default = CoordinatorSettings()
+    return CoordinatorSettings(
+        commitRetries=intOption(options, "commitRetries", default.commitRetries, minimum=1),
+        commitTimeoutSeconds=floatOption(
+            options, "commitTimeoutSeconds", default.commitTimeoutSeconds
+        ),
+        retentionBatches=intOption(
+            options, "logRetentionBatches", default.retentionBatches, minimum=1
+        ),
+    )
 
 
 def refuseUnsupportedModes(options: Mapping[str, str]) -> None:
     """Refuse async progress tracking: it lets batch N+1 run before N is committed.
 
-    The protocol needs Spark's micro-batches to be strictly sequential (PROTOCOL.md §5), so a
+    The protocol needs Spark's micro-batches to be strictly sequential (docs/protocol.md §5), so a
     batch id means one decision. Real-time mode is refused by Spark itself for Python sinks.
     """
     if boolOption(options, "asyncProgressTrackingEnabled", False):

@@ -1,15 +1,10 @@
 """The driver-side coordinator: the decision log and the state machine that drives batches.
 
-Knows the protocol, never Spark and never a particular external system (PROTOCOL.md section 9).
+Knows the protocol, never Spark and never a particular external system
+(docs/protocol.md section 9).
 """
 
-from twophase.coordinator.coordinator import (
-    CommitOutcome,
-    CommitReport,
-    Coordinator,
-    CoordinatorSettings,
-    RecoveryReport,
-)
+from twophase.coordinator.coordinator import Coordinator
 from twophase.coordinator.errors import (
     CommitFailedError,
     CoordinatorError,
@@ -23,6 +18,8 @@ from twophase.coordinator.log import (
     LoggedHandle,
     LogOwner,
 )
+from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
+from twophase.coordinator.settings import CoordinatorSettings
 
 __all__ = [
     "BatchState",

@@ -1,8 +1,8 @@
-"""The driver-side coordinator: decides, commits, recovers and retries batches of one sink.
+"""The coordinator's state machine: decides, commits and recovers the batches of one sink.
 
 It knows the protocol (``twophase.protocol``) and its decision log, never Spark and never a
 particular external system. Every method is safe to call from a fresh process: the log and
-the task results carry all the state (PROTOCOL.md sections 4 and 5).
+the task results carry all the state (docs/protocol.md sections 4 and 5).
 
 The commit point of batch N is ``decided(N)`` in the log. Before it, everything of N may be
 thrown away; after it, N is only ever driven forward:
@@ -17,145 +17,29 @@ thrown away; after it, N is only ever driven forward:
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
-
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
-from tenacity.stop import stop_base
+from collections.abc import Sequence
+from typing import Any
 
 from twophase.coordinator.errors import CommitFailedError, CoordinatorError, LogOwnershipError
+from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
 from twophase.coordinator.log import BatchState, BatchStatus, DecisionLog, LoggedHandle
-from twophase.faults import armed, crashPoint
+from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
+from twophase.coordinator.settings import CoordinatorSettings
+from twophase.faults import crashPoint
 from twophase.protocol import (
+    Committer,
     Handle,
     RecoveryScope,
     TaskResult,
     TransactionLostError,
-    TransientCommitError,
-    TwoPhaseParticipant,
+    checkedAborted,
     dumpsHandle,
 )
+from twophase.protocol.checks import checkedDescription
+from twophase.redaction import getLogger, redact
 
-log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class CoordinatorSettings:
-    """How hard the coordinator drives a decision forward, and how much log it keeps.
-
-    commitRetries: retries of a handle's commit/abort after a ``TransientCommitError`` (so at
-        most ``commitRetries + 1`` attempts); other errors are never retried.
-    commitTimeoutSeconds: the time budget of one batch's commits, retries included.
-    retentionBatches: finished batches whose records the log keeps (older ones are pruned).
-    maxParallelCommits: handles committed at the same time.
-    retryInitialSeconds, retryMaxSeconds: exponential backoff with full jitter between retries.
-    """
-
-    commitRetries: int = 8
-    commitTimeoutSeconds: float = 120.0
-    retentionBatches: int = 100
-    maxParallelCommits: int = 16
-    retryInitialSeconds: float = 0.2
-    retryMaxSeconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name, minimum in (
-            ("commitRetries", 0),
-            ("commitTimeoutSeconds", 0),
-            ("retentionBatches", 0),
-            ("maxParallelCommits", 1),
-            ("retryInitialSeconds", 0),
-            ("retryMaxSeconds", 0),
-        ):
-            value = getattr(self, name)
-            if value < minimum:
-                raise ValueError(f"coordinator setting {name} must be >= {minimum}, got {value}")
-
-
-class CommitOutcome(StrEnum):
-    """What ``commitBatch``/``abortBatch`` did to the batch."""
-
-    COMMITTED = "committed"
-    """Decided now, and every handle committed."""
-    ROLLED_FORWARD = "rolledForward"
-    """Found decided by an earlier attempt; its logged handles committed now."""
-    ALREADY_COMMITTED = "alreadyCommitted"
-    """A replay of a committed batch: nothing committed, the replay's handles aborted."""
-    ABORTED = "aborted"
-    """Undecided batch aborted: nothing of it is visible."""
-
-
-@dataclass(frozen=True)
-class CommitReport:
-    """The outcome and timings of one ``commitBatch`` or ``abortBatch`` call."""
-
-    sinkId: str
-    batchId: int
-    outcome: CommitOutcome
-    handles: int
-    """Handles of the decision (committed), or handles aborted for ``ABORTED``."""
-    rows: int
-    duplicatesAborted: int
-    """Handles of the given results not in the decision (replays, duplicates), aborted."""
-    stragglersAborted: int
-    """Other prepared transactions of the batch found and aborted (failed attempts)."""
-    retries: int
-    """Retries after transient errors, over all handles."""
-    seconds: float
-    """Wall time of the whole call."""
-    commitSeconds: float
-    """Wall time of committing (or aborting) the handles alone."""
-
-
-@dataclass(frozen=True)
-class RecoveryReport:
-    """What ``recover`` finished: decided batches rolled forward, lingering transactions aborted."""
-
-    sinkId: str
-    batchesFinished: tuple[int, ...]
-    handlesCommitted: int
-    transactionsAborted: int
-    seconds: float
-
-    @property
-    def idle(self) -> bool:
-        """True when there was nothing to recover."""
-        return not self.batchesFinished and not self.transactionsAborted
-
-
-@dataclass(frozen=True)
-class _Job:
-    batchId: int
-    entry: LoggedHandle
-    action: Callable[[Handle], None]
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    job: _Job
-    attempts: int
-    error: Exception | None
-
-
-class _stopAtDeadline(stop_base):
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        return time.monotonic() >= self.deadline
+log = getLogger(__name__)
 
 
 class Coordinator:
@@ -163,46 +47,32 @@ class Coordinator:
 
     Parameters
     ----------
-    participant:
+    committer:
         The sink's driver-side operations (``commit``, ``abort``, ``recoverAndCommit``,
         ``recoverAndAbort``, ``describe``); all idempotent.
     log:
         The sink's decision log.
     sinkId:
         The sink's id; task results of another sink are refused.
-    commitRetries, commitTimeoutSeconds, retentionBatches, maxParallelCommits,
-    retryInitialSeconds, retryMaxSeconds:
-        See ``CoordinatorSettings`` (defaults 8, 120 s, 100, 16, 0.2 s, 10 s); or pass a whole
-        ``settings`` object instead.
+    settings:
+        Retry bounds, time budget and log retention (``CoordinatorSettings``' defaults when
+        omitted).
 
     No state is kept between calls beyond the settings: any process may make any call.
     """
 
     def __init__(
         self,
-        participant: TwoPhaseParticipant[Any],
+        committer: Committer,
         log: DecisionLog,
         sinkId: str,
-        *,
-        commitRetries: int = 8,
-        commitTimeoutSeconds: float = 120.0,
-        retentionBatches: int = 100,
-        maxParallelCommits: int = 16,
-        retryInitialSeconds: float = 0.2,
-        retryMaxSeconds: float = 10.0,
         settings: CoordinatorSettings | None = None,
     ) -> None:
-        self.participant = participant
+        self.committer = committer
         self.log = log
         self.sinkId = sinkId
-        self.settings = settings or CoordinatorSettings(
-            commitRetries=commitRetries,
-            commitTimeoutSeconds=commitTimeoutSeconds,
-            retentionBatches=retentionBatches,
-            maxParallelCommits=maxParallelCommits,
-            retryInitialSeconds=retryInitialSeconds,
-            retryMaxSeconds=retryMaxSeconds,
-        )
+        self.settings = settings or CoordinatorSettings()
+        self.executor = CommitExecutor(sinkId, self.settings, self._describe)
 
     # ------------------------------------------------------------------ public API
 
@@ -227,15 +97,18 @@ class Coordinator:
 
         Run before any task of a batch begins (``batchId``, when known, is the batch about to
         run; it only targets fault injection and logs). Cheap when there is nothing to do: one
-        log listing plus the participant's own ``recoverAndAbort`` sweep. Raises if a decided
+        log listing plus the committer's own ``recoverAndAbort`` sweep. Raises if a decided
         handle cannot be committed (the batch must not start: its tasks could collide with
         the unfinished transaction), ``TransactionLostError`` included.
         """
         started = time.monotonic()
         finished, committedHandles, keep = self._rollForwardOutstanding()
         crashPoint("driver.duringRecovery", batchId)
-        aborted = self._retrying(
-            lambda: self.participant.recoverAndAbort(RecoveryScope(self.sinkId, keep=keep)),
+        aborted = self.executor.retrying(
+            lambda: checkedAborted(
+                self.committer,
+                self.committer.recoverAndAbort(RecoveryScope(self.sinkId, keep=keep)),
+            ),
             what=f"recoverAndAbort of sink {self.sinkId}",
             deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
         )
@@ -274,7 +147,7 @@ class Coordinator:
 
         Raises ``CommitFailedError`` when handles stay uncommitted after retries (the decision
         stays: the next ``recover`` rolls forward), ``TransactionLostError`` when the
-        participant lost a decided transaction, ``LogOwnershipError`` when the log belongs to
+        committer lost a decided transaction, ``LogOwnershipError`` when the log belongs to
         another query, ``ValueError`` for results of another sink or batch.
         """
         started = time.monotonic()
@@ -433,13 +306,13 @@ class Coordinator:
         """Commit the decided handles of ``state``, mark it committed, clean up around it."""
         batchId = state.batchId
         action = (
-            self.participant.commit
+            self.committer.commit
             if outcome is CommitOutcome.COMMITTED
-            else self.participant.recoverAndCommit
+            else self.committer.recoverAndCommit
         )
         commitStart = time.monotonic()
-        outcomes = self._runAll(
-            [_Job(batchId, entry, action) for entry in state.handles],
+        outcomes = self.executor.runAll(
+            [CommitJob(batchId, entry, action) for entry in state.handles],
             deadline=commitStart + self.settings.commitTimeoutSeconds,
             crashBetween=batchId,
         )
@@ -489,9 +362,9 @@ class Coordinator:
             [s.batchId for s in outstanding],
         )
         started = time.monotonic()
-        outcomes = self._runAll(
+        outcomes = self.executor.runAll(
             [
-                _Job(state.batchId, entry, self.participant.recoverAndCommit)
+                CommitJob(state.batchId, entry, self.committer.recoverAndCommit)
                 for state in outstanding
                 for entry in state.handles
             ],
@@ -532,8 +405,8 @@ class Coordinator:
             if entry.key in seen:
                 continue
             seen.add(entry.key)
-            jobs.append(_Job(batchId, entry, self.participant.abort))
-        outcomes = self._runAll(
+            jobs.append(CommitJob(batchId, entry, self.committer.abort))
+        outcomes = self.executor.runAll(
             jobs,
             deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
             crashBetween=None,
@@ -574,8 +447,8 @@ class Coordinator:
         """Abort prepared transactions of batch N that ``keep`` does not name; best effort."""
         scope = RecoveryScope(self.sinkId, keep=keep, batchId=batchId)
         try:
-            aborted = self._retrying(
-                lambda: self.participant.recoverAndAbort(scope),
+            aborted = self.executor.retrying(
+                lambda: checkedAborted(self.committer, self.committer.recoverAndAbort(scope)),
                 what=f"recoverAndAbort of batch {batchId}",
                 deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
             )
@@ -609,105 +482,7 @@ class Coordinator:
                 exc,
             )
 
-    # ------------------------------------------------------------------ execution
-
-    def _runAll(
-        self, jobs: Sequence[_Job], *, deadline: float, crashBetween: int | None
-    ) -> list[_Outcome]:
-        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job.
-
-        ``crashBetween``: fire ``driver.betweenCommits`` for that batch after the first of
-        several jobs succeeded.
-        """
-        if not jobs:
-            return []
-        if (
-            crashBetween is not None
-            and len(jobs) > 1
-            and armed("driver.betweenCommits", crashBetween)
-        ):
-            # Fault injection only: commit one handle before starting the others, so the crash
-            # leaves the batch partly committed (in parallel, fast commits all finish first).
-            first = self._runOne(jobs[0], deadline)
-            if first.error is None:
-                crashPoint("driver.betweenCommits", crashBetween)
-            return [first, *self._runAll(jobs[1:], deadline=deadline, crashBetween=None)]
-        workers = min(self.settings.maxParallelCommits, len(jobs))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
-        outcomes: list[_Outcome] = []
-        try:
-            futures = [pool.submit(self._runOne, job, deadline) for job in jobs]
-            for future in as_completed(futures):
-                outcome = future.result()
-                outcomes.append(outcome)
-                if (
-                    crashBetween is not None
-                    and len(jobs) > 1
-                    and len(outcomes) == 1
-                    and outcome.error is None
-                ):
-                    crashPoint("driver.betweenCommits", crashBetween)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        return outcomes
-
-    def _runOne(self, job: _Job, deadline: float) -> _Outcome:
-        attempts = [0]
-        try:
-            self._retrying(
-                lambda: job.action(job.entry.handle),
-                what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
-                deadline=deadline,
-                attempts=attempts,
-            )
-        except Exception as exc:
-            return _Outcome(job, attempts[0], exc)
-        return _Outcome(job, attempts[0], None)
-
-    def _retrying(
-        self,
-        call: Callable[[], _T],
-        *,
-        what: str,
-        deadline: float,
-        attempts: list[int] | None = None,
-    ) -> _T:
-        """Call with retries on ``TransientCommitError`` only, bounded by attempts and time.
-
-        Raises the last error when retries are exhausted; ``attempts[0]`` counts the calls.
-        """
-        backoff = wait_random_exponential(
-            multiplier=self.settings.retryInitialSeconds, max=self.settings.retryMaxSeconds
-        )
-
-        def attempt() -> _T:
-            if attempts is not None:
-                attempts[0] += 1
-            return call()
-
-        def wait(state: RetryCallState) -> float:
-            return min(backoff(state), max(0.0, deadline - time.monotonic()))
-
-        def beforeSleep(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "twophase sink %s: %s: transient failure (attempt %d): %s; retrying",
-                self.sinkId,
-                what,
-                state.attempt_number,
-                error,
-            )
-
-        retrying = Retrying(
-            retry=retry_if_exception_type(TransientCommitError),
-            stop=stop_after_attempt(self.settings.commitRetries + 1) | _stopAtDeadline(deadline),
-            wait=wait,
-            before_sleep=beforeSleep,
-            reraise=True,
-        )
-        return retrying(attempt)
-
-    def _raiseFailures(self, batchId: int, outcomes: Sequence[_Outcome]) -> None:
+    def _raiseFailures(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
         failed = [o for o in outcomes if o.error is not None]
         if not failed:
             return
@@ -736,7 +511,9 @@ class Coordinator:
         raise error from failed[0].error
 
     def _describe(self, handle: Handle) -> str:
+        fallback = dumpsHandle(handle)
         try:
-            return self.participant.describe(handle)
+            text = checkedDescription(self.committer, self.committer.describe(handle), fallback)
         except Exception:  # a description must never hide the real error
-            return dumpsHandle(handle)
+            text = fallback
+        return redact(text)

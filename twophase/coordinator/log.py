@@ -31,12 +31,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -48,8 +47,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from twophase.coordinator.errors import DecisionConflictError, LogOwnershipError
 from twophase.protocol import Handle, TaskResult, dumpsHandle
+from twophase.redaction import getLogger
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
 FORMAT = 1
 """Version of the record layout, stored in every record."""
@@ -162,6 +162,40 @@ class _Listing:
     temporary: list[tuple[str, float | None]] = field(default_factory=list)
 
 
+LOG_DIRECTORY = "twophase"
+"""The folder of a checkpoint that holds one decision log per sink."""
+
+
+def logLocationFor(checkpointLocation: str, sinkId: str) -> str:
+    """Where the log of ``sinkId`` lives by default: ``<checkpointLocation>/twophase/<sinkId>``.
+
+    ``sinkId`` must be usable as one path segment.
+    """
+    if not sinkId or "/" in sinkId or sinkId in (".", ".."):
+        raise ValueError(f"sink id {sinkId!r} cannot name a directory")
+    return f"{checkpointLocation.rstrip('/')}/{LOG_DIRECTORY}/{sinkId}"
+
+
+def sinkLogLocations(
+    checkpointLocation: str, sinkId: str | None = None
+) -> Iterator[tuple[str, str]]:
+    """(sinkId, log URL) of every sink log under ``<checkpointLocation>/twophase/``."""
+    fs, root = fsspec.core.url_to_fs(checkpointLocation)
+    base = f"{root.rstrip('/')}/{LOG_DIRECTORY}"
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    prefix = "" if protocol in ("file", "local") else f"{protocol}://"
+    try:
+        entries = fs.ls(base, detail=True)
+    except FileNotFoundError:
+        return
+    for entry in sorted(entries, key=lambda e: str(e["name"])):
+        if entry["type"] != "directory":
+            continue
+        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+        if sinkId is None or name == sinkId:
+            yield name, f"{prefix}{entry['name']}"
+
+
 class DecisionLog:
     """A durable per-sink transaction log; every record is created atomically, never torn.
 
@@ -197,9 +231,7 @@ class DecisionLog:
 
         ``sinkId`` must be usable as one path segment.
         """
-        if not sinkId or "/" in sinkId or sinkId in (".", ".."):
-            raise ValueError(f"sink id {sinkId!r} cannot name a directory")
-        return cls(f"{checkpointLocation.rstrip('/')}/twophase/{sinkId}", storageOptions)
+        return cls(logLocationFor(checkpointLocation, sinkId), storageOptions)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self._url, "storageOptions": self._storageOptions}

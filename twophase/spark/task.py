@@ -2,26 +2,26 @@
 
 Shared by the Data Source stream writer and the ``foreachBatch`` adapter, so both run the
 exact same executor-side protocol. Input is consumed batch by batch as it arrives: memory per
-task is bounded by one Arrow record batch plus whatever the participant buffers.
+task is bounded by one Arrow record batch plus whatever the writer buffers.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 
 from twophase.faults import crashPoint
-from twophase.protocol import TaskResult, TransactionContext, TwoPhaseParticipant
-from twophase.worker_gc import freezeWorkerHeap
+from twophase.protocol import TaskResult, TransactionContext, TransactionWriter, checkedHandle
+from twophase.redaction import getLogger
+from twophase.spark.worker import freezeWorkerHeap
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
 
 def runTask(
-    participant: TwoPhaseParticipant[Any],
+    makeWriter: Callable[[], TransactionWriter[Any]],
     ctx: TransactionContext,
     batches: Iterable[pa.RecordBatch],
     *,
@@ -46,20 +46,21 @@ def runTask(
         )
         return _result(ctx, None, 0)
 
-    txn = participant.beginTransaction(ctx)
+    writer = makeWriter()
+    txn = writer.beginTransaction(ctx)
     crashPoint("task.afterBegin", ctx.batchId)
     rows = 0
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            participant.write(txn, batch)
+            writer.write(txn, batch)
             rows += batch.num_rows
             crashPoint("task.afterWrite", ctx.batchId)
-        handle = participant.preCommit(txn)
+        handle = checkedHandle(writer, writer.preCommit(txn))
     except BaseException:
         try:
-            participant.abortTransaction(txn)
+            writer.abortTransaction(txn)
         except Exception:  # the original error matters more; recovery sweeps the rest
             log.warning("could not roll back %s after a failure", ctx.transactionTag, exc_info=True)
         raise

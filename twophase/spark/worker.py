@@ -1,4 +1,4 @@
-"""Keep PySpark's per-call garbage collection cheap in the Python workers twophase runs in.
+"""Set up the Python workers twophase runs in: cheap garbage collection, logging that shows.
 
 PySpark's daemon forks the Python workers and, when a worker is reused, runs a full
 ``gc.collect()`` in it after every task or planner call. A worker that has imported pyspark,
@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import threading
 
-log = logging.getLogger(__name__)
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
 
 _lock = threading.Lock()
 _frozen = False
@@ -48,3 +51,19 @@ def freezeWorkerHeap() -> None:
         gc.freeze()
         _frozen = True
     log.debug("froze %d start-up objects out of the per-call collections", gc.get_freeze_count())
+
+
+def ensureLogging() -> None:
+    """Give ``twophase`` loggers a stderr handler inside Spark's Python workers.
+
+    Spark's driver-side Python workers configure no logging, so without this the one INFO line
+    per committed batch would vanish. An application that configured logging keeps its own.
+    ``TWOPHASE_LOG_LEVEL`` (default INFO) sets the level.
+    """
+    logger = logging.getLogger("twophase")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("TWOPHASE_LOG_LEVEL", "INFO").upper())

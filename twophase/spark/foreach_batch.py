@@ -18,22 +18,23 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from twophase.driver import beforeBatch, checkpointQueryId, openCoordinator
 from twophase.protocol import TaskResult, TransactionContext
+from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.sink import TwoPhaseCommitSink
-from twophase.task import runTask
+from twophase.spark.checkpoint import checkpointQueryId
+from twophase.spark.datasource import TwoPhaseDataSource
+from twophase.spark.driver import beforeBatch, openCoordinator
+from twophase.spark.task import runTask
 
 _RESULT_SCHEMA = "result string"
 
 
 def foreachBatch(
-    sink: TwoPhaseCommitSink[Any] | type[TwoPhaseCommitSink[Any]],
+    sink: TwoPhaseDataSource | type[TwoPhaseDataSource],
     options: Mapping[str, str] | None = None,
 ) -> Callable[[DataFrame, int], None]:
     """Return a ``foreachBatch`` function that writes each micro-batch exactly once to ``sink``.
@@ -43,6 +44,7 @@ def foreachBatch(
     Spark's own progress.
     """
     instance = sink(dict(options or {})) if isinstance(sink, type) else sink
+    rememberSecrets(instance.options, instance.safeOptions)
     settings = SinkSettings.fromOptions(instance.options, instance.name())
     return _ForeachBatchWriter(instance, settings)
 
@@ -50,7 +52,7 @@ def foreachBatch(
 class _ForeachBatchWriter:
     """The callable handed to ``foreachBatch``; holds the sink and its parsed settings."""
 
-    def __init__(self, sink: TwoPhaseCommitSink[Any], settings: SinkSettings) -> None:
+    def __init__(self, sink: TwoPhaseDataSource, settings: SinkSettings) -> None:
         self.sink = sink
         self.settings = settings
 
@@ -60,8 +62,9 @@ class _ForeachBatchWriter:
             checkpointQueryId(self.settings.checkpointLocation)
         )
         self.sink.validate(df.schema)
-        lastDecided = beforeBatch(self.sink, self.settings, queryId, batchId)
-        coordinator = openCoordinator(self.sink, self.settings)
+        committer = self.sink.createCommitter()
+        lastDecided = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
+        coordinator = openCoordinator(committer, self.settings)
         if lastDecided is not None and batchId <= lastDecided:
             return  # a replay of a batch the log holds: recovery above has finished it
         taskFn = _taskFunction(
@@ -77,13 +80,14 @@ class _ForeachBatchWriter:
 
 
 def _taskFunction(
-    sink: TwoPhaseCommitSink[Any], settings: SinkSettings, batchId: int, queryId: str, runId: str
+    sink: TwoPhaseDataSource, settings: SinkSettings, batchId: int, queryId: str, runId: str
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The executor side: one prepared transaction per partition, one result row out."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        rememberSecrets(sink.options, sink.safeOptions)
         task = TaskContext.get()
         ctx = TransactionContext(
             sinkId=settings.sinkId,
@@ -94,7 +98,7 @@ def _taskFunction(
             runId=runId,
             options=dict(sink.options),
         )
-        result = runTask(sink, ctx, batches, alreadyDecided=False)
+        result = runTask(sink.createWriter, ctx, batches, alreadyDecided=False)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(result.toJson())]})
 
     return run

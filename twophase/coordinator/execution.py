@@ -1,0 +1,162 @@
+"""Commits and retries: run commit or abort calls in parallel, retrying the transient ones.
+
+Only ``TransientCommitError`` is retried, with exponential backoff and full jitter, bounded by
+``CoordinatorSettings.commitRetries`` and the batch's deadline; any other error is returned to
+the coordinator at once, because retrying a permanent error hides it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+from tenacity.stop import stop_base
+
+from twophase.coordinator.log import LoggedHandle
+from twophase.coordinator.settings import CoordinatorSettings
+from twophase.faults import armed, crashPoint
+from twophase.protocol import Handle, TransientCommitError
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class CommitJob:
+    batchId: int
+    entry: LoggedHandle
+    action: Callable[[Handle], None]
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job: CommitJob
+    attempts: int
+    error: Exception | None
+
+
+class _stopAtDeadline(stop_base):
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return time.monotonic() >= self.deadline
+
+
+class CommitExecutor:
+    """Runs one sink's commit and abort calls with the coordinator's retry bounds."""
+
+    def __init__(
+        self, sinkId: str, settings: CoordinatorSettings, describe: Callable[[Handle], str]
+    ) -> None:
+        self.sinkId = sinkId
+        self.settings = settings
+        self._describe = describe
+
+    def runAll(
+        self, jobs: Sequence[CommitJob], *, deadline: float, crashBetween: int | None
+    ) -> list[JobOutcome]:
+        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job.
+
+        ``crashBetween``: fire ``driver.betweenCommits`` for that batch after the first of
+        several jobs succeeded.
+        """
+        if not jobs:
+            return []
+        if (
+            crashBetween is not None
+            and len(jobs) > 1
+            and armed("driver.betweenCommits", crashBetween)
+        ):
+            # Fault injection only: commit one handle before starting the others, so the crash
+            # leaves the batch partly committed (in parallel, fast commits all finish first).
+            first = self.runOne(jobs[0], deadline)
+            if first.error is None:
+                crashPoint("driver.betweenCommits", crashBetween)
+            return [first, *self.runAll(jobs[1:], deadline=deadline, crashBetween=None)]
+        workers = min(self.settings.maxParallelCommits, len(jobs))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
+        outcomes: list[JobOutcome] = []
+        try:
+            futures = [pool.submit(self.runOne, job, deadline) for job in jobs]
+            for future in as_completed(futures):
+                outcome = future.result()
+                outcomes.append(outcome)
+                if (
+                    crashBetween is not None
+                    and len(jobs) > 1
+                    and len(outcomes) == 1
+                    and outcome.error is None
+                ):
+                    crashPoint("driver.betweenCommits", crashBetween)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return outcomes
+
+    def runOne(self, job: CommitJob, deadline: float) -> JobOutcome:
+        attempts = [0]
+        try:
+            self.retrying(
+                lambda: job.action(job.entry.handle),
+                what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
+                deadline=deadline,
+                attempts=attempts,
+            )
+        except Exception as exc:
+            return JobOutcome(job, attempts[0], exc)
+        return JobOutcome(job, attempts[0], None)
+
+    def retrying(
+        self,
+        call: Callable[[], _T],
+        *,
+        what: str,
+        deadline: float,
+        attempts: list[int] | None = None,
+    ) -> _T:
+        """Call with retries on ``TransientCommitError`` only, bounded by attempts and time.
+
+        Raises the last error when retries are exhausted; ``attempts[0]`` counts the calls.
+        """
+        backoff = wait_random_exponential(
+            multiplier=self.settings.retryInitialSeconds, max=self.settings.retryMaxSeconds
+        )
+
+        def attempt() -> _T:
+            if attempts is not None:
+                attempts[0] += 1
+            return call()
+
+        def wait(state: RetryCallState) -> float:
+            return min(backoff(state), max(0.0, deadline - time.monotonic()))
+
+        def beforeSleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "twophase sink %s: %s: transient failure (attempt %d): %s; retrying",
+                self.sinkId,
+                what,
+                state.attempt_number,
+                error,
+            )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientCommitError),
+            stop=stop_after_attempt(self.settings.commitRetries + 1) | _stopAtDeadline(deadline),
+            wait=wait,
+            before_sleep=beforeSleep,
+            reraise=True,
+        )
+        return retrying(attempt)

@@ -1,0 +1,57 @@
+"""What a coordinator call did: the outcome of a batch, and what recovery finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class CommitOutcome(StrEnum):
+    """What ``commitBatch``/``abortBatch`` did to the batch."""
+
+    COMMITTED = "committed"
+    """Decided now, and every handle committed."""
+    ROLLED_FORWARD = "rolledForward"
+    """Found decided by an earlier attempt; its logged handles committed now."""
+    ALREADY_COMMITTED = "alreadyCommitted"
+    """A replay of a committed batch: nothing committed, the replay's handles aborted."""
+    ABORTED = "aborted"
+    """Undecided batch aborted: nothing of it is visible."""
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """The outcome and timings of one ``commitBatch`` or ``abortBatch`` call."""
+
+    sinkId: str
+    batchId: int
+    outcome: CommitOutcome
+    handles: int
+    """Handles of the decision (committed), or handles aborted for ``ABORTED``."""
+    rows: int
+    duplicatesAborted: int
+    """Handles of the given results not in the decision (replays, duplicates), aborted."""
+    stragglersAborted: int
+    """Other prepared transactions of the batch found and aborted (failed attempts)."""
+    retries: int
+    """Retries after transient errors, over all handles."""
+    seconds: float
+    """Wall time of the whole call."""
+    commitSeconds: float
+    """Wall time of committing (or aborting) the handles alone."""
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What ``recover`` finished: decided batches rolled forward, lingering transactions aborted."""
+
+    sinkId: str
+    batchesFinished: tuple[int, ...]
+    handlesCommitted: int
+    transactionsAborted: int
+    seconds: float
+
+    @property
+    def idle(self) -> bool:
+        """True when there was nothing to recover."""
+        return not self.batchesFinished and not self.transactionsAborted

@@ -1,0 +1,42 @@
+"""How hard the coordinator drives a decision forward: retries, time budget, log retention.
+
+The one home of these defaults: a sink's options (``twophase.settings.SinkSettings``) and
+``twophase recover`` both build their ``CoordinatorSettings`` from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """How hard the coordinator drives a decision forward, and how much log it keeps.
+
+    commitRetries: retries of a handle's commit/abort after a ``TransientCommitError`` (so at
+        most ``commitRetries + 1`` attempts); other errors are never retried.
+    commitTimeoutSeconds: the time budget of one batch's commits, retries included.
+    retentionBatches: finished batches whose records the log keeps (older ones are pruned).
+    maxParallelCommits: handles committed at the same time.
+    retryInitialSeconds, retryMaxSeconds: exponential backoff with full jitter between retries.
+    """
+
+    commitRetries: int = 8
+    commitTimeoutSeconds: float = 120.0
+    retentionBatches: int = 100
+    maxParallelCommits: int = 16
+    retryInitialSeconds: float = 0.2
+    retryMaxSeconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("commitRetries", 0),
+            ("commitTimeoutSeconds", 0),
+            ("retentionBatches", 0),
+            ("maxParallelCommits", 1),
+            ("retryInitialSeconds", 0),
+            ("retryMaxSeconds", 0),
+        ):
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValueError(f"coordinator setting {name} must be >= {minimum}, got {value}")

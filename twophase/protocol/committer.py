@@ -1,0 +1,44 @@
+"""The driver half of the protocol: finish or discard prepared transactions, from any process.
+
+A ``Committer`` sees only handles (JSON values in the decision log), never an open transaction,
+so the Spark driver, a restarted query or ``twophase recover`` on another machine can all use it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from twophase.protocol.handles import Handle, RecoveryScope, dumpsHandle
+
+
+class Committer(ABC):
+    """Every method is idempotent: a restart may call it again for the same handle.
+
+    ``commit`` makes a prepared transaction visible, ``abort`` discards one, ``recoverAndCommit``
+    commits a handle of a batch decided before a restart, ``recoverAndAbort`` sweeps this sink's
+    prepared transactions that no decision keeps. Raise ``TransientCommitError`` when a retry
+    may succeed and ``TransactionLostError`` when a decided transaction is gone.
+    """
+
+    @abstractmethod
+    def commit(self, handle: Handle) -> None:
+        """Idempotent: make a prepared transaction visible; no-op when already done."""
+
+    @abstractmethod
+    def abort(self, handle: Handle) -> None:
+        """Idempotent: discard a prepared transaction; no-op when already gone."""
+
+    def recoverAndCommit(self, handle: Handle) -> None:
+        """Idempotent: commit a handle of a decided batch after a restart."""
+        self.commit(handle)
+
+    @abstractmethod
+    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle] | None:
+        """Idempotent: abort this sink's prepared transactions that no decision keeps.
+
+        Returns what it aborted, for logs and ``twophase status`` (``None`` means nothing).
+        """
+
+    def describe(self, handle: Handle) -> str:
+        """A short human description of a handle for logs and errors (never secrets)."""
+        return dumpsHandle(handle)

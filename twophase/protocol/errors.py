@@ -1,0 +1,27 @@
+"""The two errors a committer raises on purpose: try again later, or the transaction is gone."""
+
+from __future__ import annotations
+
+
+class TransientCommitError(Exception):
+    """Raised by ``commit``/``abort`` when a retry may succeed (server down, timeout).
+
+    The coordinator retries only these (with backoff); any other exception fails the batch
+    at once, because retrying a permanent error hides it.
+    """
+
+
+class TransactionLostError(Exception):
+    """A decided transaction can no longer be committed (the participant aborted it).
+
+    Raised loudly with the batch, the participant and the transaction: the promise of
+    exactly-once is broken for it and an operator must know.
+    """
+
+
+class SinkContractError(TypeError):
+    """A sink's method returned something the framework cannot use.
+
+    Names the sink class, the method, what it returned and what it must return, so the
+    author of the sink sees the fix instead of a ``TypeError`` deep in the coordinator.
+    """

@@ -1,0 +1,62 @@
+"""The driver's steps around a micro-batch: open the coordinator, claim the log, recover.
+
+The data source's stream writer and the ``foreachBatch`` adapter both call ``beforeBatch``
+once per micro-batch, before any task runs, and ``openCoordinator`` to commit or abort it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twophase.coordinator import Coordinator, DecisionLog
+from twophase.coordinator.description import SinkDescription, writeSinkDescription
+from twophase.protocol import Committer
+from twophase.redaction import getLogger, publicOptions
+from twophase.settings import SinkSettings
+from twophase.spark.worker import ensureLogging
+
+log = getLogger(__name__)
+
+
+def openCoordinator(committer: Committer, settings: SinkSettings) -> Coordinator:
+    """A coordinator over the sink's decision log, with the sink's retry bounds."""
+    return Coordinator(
+        committer, DecisionLog(settings.logLocation), settings.sinkId, settings.coordinator
+    )
+
+
+def describeSink(sink: Any, settings: SinkSettings) -> None:
+    """Keep ``sink.json`` beside the log: the data source class and its safe options only.
+
+    ``twophase recover`` rebuilds the sink's committer from it. Only the options on the sink's
+    allow-list (``safeOptions``, plus the shared ones) are written, their values redacted.
+    """
+    cls = type(sink)
+    writeSinkDescription(
+        settings.logLocation,
+        SinkDescription(
+            sinkId=settings.sinkId,
+            className=f"{cls.__module__}:{cls.__qualname__}",
+            options=publicOptions(sink.options, getattr(sink, "safeOptions", ())),
+        ),
+    )
+
+
+def beforeBatch(
+    sink: Any,
+    committer: Committer,
+    settings: SinkSettings,
+    queryId: str | None,
+    batchId: int | None = None,
+) -> int | None:
+    """Claim the log for this query, finish or abort what earlier runs left, return the last
+    decided batch id (tasks of a batch at or below it write nothing)."""
+    ensureLogging()
+    coordinator = openCoordinator(committer, settings)
+    if queryId:
+        coordinator.claim(queryId, reset=settings.resetLog)
+    describeSink(sink, settings)
+    report = coordinator.recover(batchId)
+    if not report.idle:
+        log.info("twophase sink %s: recovery %s", settings.sinkId, report)
+    return coordinator.log.lastDecided()

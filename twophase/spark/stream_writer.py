@@ -1,0 +1,127 @@
+"""How PySpark's Python stream writer runs a twophase sink: tasks prepare, the driver decides.
+
+- the driver calls ``streamWriter()`` once per micro-batch, in a Python worker, before any task
+  runs: there the data source claims the decision log and runs recovery;
+- tasks call ``write()`` with Arrow record batches; the batch id comes from task properties;
+- the driver calls ``commit``/``abort`` in a *fresh* worker that builds the writer again through
+  ``streamWriter()``; that second call must not run recovery (the batch's transactions are
+  prepared by then and not yet decided), which ``calledByCommitRunner`` tells.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+
+from twophase.coordinator import CommitOutcome
+from twophase.protocol import TaskResult, TransactionContext
+from twophase.redaction import rememberSecrets
+from twophase.settings import SinkSettings
+from twophase.spark.driver import openCoordinator
+from twophase.spark.task import runTask
+from twophase.spark.worker import ensureLogging, freezeWorkerHeap
+
+if TYPE_CHECKING:
+    from twophase.spark.datasource import TwoPhaseDataSource
+
+LATE_TASK_GRACE_SECONDS = 5.0
+"""How long a Spark abort waits before sweeping the failed batch again (see ``abort``)."""
+
+_COMMIT_RUNNER_FILE = "python_streaming_sink_runner.py"
+
+
+@dataclass
+class TwoPhaseCommitMessage(WriterCommitMessage):
+    """A task's ``TaskResult`` as JSON, carried to the driver by Spark."""
+
+    result: dict[str, Any]
+
+
+class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
+    """PySpark's stream writer for any ``TwoPhaseDataSource``.
+
+    Pickled to every task, so it holds only the data source (its options), the parsed
+    settings, the last batch the log had decided when the batch was planned, and a run id.
+    """
+
+    def __init__(
+        self,
+        sink: TwoPhaseDataSource,
+        settings: SinkSettings,
+        lastDecided: int | None,
+        runId: str,
+    ) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.lastDecided = lastDecided
+        self.runId = runId
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseCommitMessage:
+        """Executor: write this task's input in one prepared transaction; return its handle."""
+        from pyspark import TaskContext
+
+        rememberSecrets(self.sink.options, self.sink.safeOptions)
+        task = TaskContext.get()
+        if task is None:
+            raise RuntimeError("TwoPhaseStreamWriter.write must run inside a Spark task")
+        batchId = int(task.getLocalProperty("streaming.sql.batchId") or -1)
+        if batchId < 0:
+            raise RuntimeError(
+                "Spark did not pass streaming.sql.batchId to the task; twophase sinks run only "
+                "in micro-batch streaming queries (not continuous or real-time mode)"
+            )
+        ctx = TransactionContext(
+            sinkId=self.settings.sinkId,
+            queryId=task.getLocalProperty("sql.streaming.queryId") or "",
+            batchId=batchId,
+            partitionId=task.partitionId(),
+            attemptNumber=task.attemptNumber(),
+            runId=self.runId,
+            options=dict(self.sink.options),
+        )
+        decided = self.lastDecided is not None and batchId <= self.lastDecided
+        result = runTask(self.sink.createWriter, ctx, iterator, alreadyDecided=decided)
+        return TwoPhaseCommitMessage(result.toJson())
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Driver: decide batch ``batchId`` durably, then commit every handle of it."""
+        freezeWorkerHeap()
+        ensureLogging()
+        coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
+        coordinator.commitBatch(batchId, _results(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Driver: abort batch ``batchId``, or roll it forward if the log shows it decided."""
+        freezeWorkerHeap()
+        ensureLogging()
+        coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
+        report = coordinator.abortBatch(batchId, _results(messages))
+        # Spark fails the job and calls abort while it is still killing the batch's other
+        # tasks; a task whose input was all delivered can reach PREPARE before its Python
+        # worker goes (PySpark allows spark.python.task.killTimeout, 2 s). Sweep once more
+        # after that, so a failed batch leaves nothing prepared that would hold table locks
+        # (and Kafka's last stable offset) until the next start. Only a task that did not
+        # report can still be running, and only an aborted batch is swept.
+        if report.outcome is CommitOutcome.ABORTED and any(m is None for m in messages):
+            time.sleep(LATE_TASK_GRACE_SECONDS)
+            coordinator.sweepAbortedBatch(batchId)
+
+
+def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
+    return [TaskResult.fromJson(m.result) for m in messages if isinstance(m, TwoPhaseCommitMessage)]
+
+
+def calledByCommitRunner() -> bool:
+    """True when PySpark's commit/abort worker is building the writer (not batch planning)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_COMMIT_RUNNER_FILE):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
