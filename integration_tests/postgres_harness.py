@@ -28,7 +28,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from integration_tests.spark_harness import (
+from integration_tests.spark_processes import (
     QUERY_FAILED,
     awaitDrained,
     killSession,

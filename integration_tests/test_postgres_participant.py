@@ -1,9 +1,10 @@
-"""The postgres participant against the real PostgreSQL of `make services`, without Spark.
+"""The postgres sink's writer and committer against the real PostgreSQL of `make services`.
 
-Each test drives ``beginTransaction`` -> ``write`` -> ``preCommit`` -> ``commit``/``abort``/
-``recoverAndAbort`` directly, like the files participant's tests, and reads the table back over
-an ordinary connection (a reader that only sees committed rows). Every test uses its own table
-and sink id, so it never touches another test's (or another engineer's) prepared transactions.
+No Spark: each test drives the writer's ``beginTransaction`` -> ``write`` -> ``preCommit`` and
+the committer's ``commit``/``abort``/``recoverAndAbort`` directly, like the files sink's tests,
+and reads the table back over an ordinary connection (a reader that only sees committed rows).
+Every test uses its own table and sink id, so it never touches another test's (or another
+engineer's) prepared transactions.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -35,14 +36,20 @@ from twophase.protocol import (
     TransactionLostError,
     TransientCommitError,
 )
+from twophase.redaction import publicOptions
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks._postgres_xid import sinkPrefix
 from twophase.sinks.postgres import (
-    PostgresParticipant,
+    SAFE_OPTIONS,
+    PostgresCommitter,
+    PostgresSettings,
     PostgresSinkError,
     PostgresUnavailableError,
+    PostgresWriter,
     RowRejectedError,
+    publicOptionValue,
+    validateTarget,
 )
+from twophase.sinks.postgres.xid import sinkPrefix
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -69,8 +76,20 @@ def sinkIdOf(table: str) -> str:
     return table.replace("_", "-")
 
 
-def participant(pg_url: str, table: str, **options: str) -> PostgresParticipant:
-    return PostgresParticipant.fromOptions({"url": pg_url, "table": table, **options})
+class Sink(NamedTuple):
+    """The sink's two halves, built from the same options, as the Spark binding builds them."""
+
+    writer: PostgresWriter
+    committer: PostgresCommitter
+
+
+def settingsOf(pg_url: str, table: str, **options: str) -> PostgresSettings:
+    return PostgresSettings.fromOptions({"url": pg_url, "table": table, **options})
+
+
+def sink(pg_url: str, table: str, **options: str) -> Sink:
+    settings = settingsOf(pg_url, table, **options)
+    return Sink(PostgresWriter(settings), PostgresCommitter(settings))
 
 
 def context(table: str, batch: int = 0, part: int = 0, attempt: int = 0) -> TransactionContext:
@@ -99,15 +118,15 @@ def idsBatch(ids: list[int], payload: str = "row-") -> pa.RecordBatch:
 
 
 def writeAndPrepare(
-    p: PostgresParticipant, ctx: TransactionContext, *batches: pa.RecordBatch
+    w: PostgresWriter, ctx: TransactionContext, *batches: pa.RecordBatch
 ) -> dict[str, Any]:
-    txn = p.beginTransaction(ctx)
+    txn = w.beginTransaction(ctx)
     try:
         for batch in batches:
-            p.write(txn, batch)
-        return p.preCommit(txn)
+            w.write(txn, batch)
+        return w.preCommit(txn)
     except BaseException:
-        p.abortTransaction(txn)
+        w.abortTransaction(txn)
         raise
 
 
@@ -179,17 +198,17 @@ def test_every_primitive_type_and_null_round_trips_and_is_invisible_until_commit
     pg_url: str, table: str, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     keys = {"keyColumns": "id"} if mode == "upsert" else {}
-    p = participant(pg_url, table, mode=mode, createTable="true", **keys)
-    p.validateTarget(TYPED.schema)  # creates the table from the Arrow (= Spark) schema
-    handle = writeAndPrepare(p, context(table), TYPED.slice(0, 2), TYPED.slice(2))
+    w, c = sink(pg_url, table, mode=mode, createTable="true", **keys)
+    validateTarget(w.settings, TYPED.schema)  # creates the table from the Arrow (= Spark) schema
+    handle = writeAndPrepare(w, context(table), TYPED.slice(0, 2), TYPED.slice(2))
 
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
     assert prepared(pg_url, table) == [handle["gid"]]
     assert json.loads(json.dumps(handle)) == handle and "password" not in json.dumps(handle)
 
-    p.commit(handle)
+    c.commit(handle)
     with caplog.at_level(logging.INFO, logger="twophase.sinks.postgres"):
-        p.commit(handle)  # idempotent: no longer prepared, the server says committed
+        c.commit(handle)  # idempotent: no longer prepared, the server says committed
     assert "already committed" in caplog.text
     assert prepared(pg_url, table) == []
 
@@ -203,11 +222,11 @@ def test_every_primitive_type_and_null_round_trips_and_is_invisible_until_commit
 
 def test_empty_task_opens_no_connection_and_commits_nothing(pg_url: str, table: str) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    handle = writeAndPrepare(p, context(table))
+    w, c = sink(pg_url, table)
+    handle = writeAndPrepare(w, context(table))
     assert handle["gid"] is None and handle["rows"] == 0
-    p.commit(handle)
-    p.abort(handle)
+    c.commit(handle)
+    c.abort(handle)
 
 
 # -- driver side: commit, abort, recovery -----------------------------------------------------
@@ -217,19 +236,19 @@ def test_commit_of_a_transaction_rolled_back_behind_our_back_is_a_loud_loss(
     pg_url: str, table: str
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    handle = writeAndPrepare(p, context(table), idsBatch([1, 2]))
+    w, c = sink(pg_url, table)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2]))
     execute(pg_url, sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(handle["gid"])).as_string())
     with pytest.raises(TransactionLostError, match="rolled back"):
-        p.commit(handle)
+        c.commit(handle)
 
 
 def test_abort_is_idempotent_and_leaves_nothing(pg_url: str, table: str) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    handle = writeAndPrepare(p, context(table), idsBatch([1, 2]))
-    p.abort(handle)
-    p.abort(handle)
+    w, c = sink(pg_url, table)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2]))
+    c.abort(handle)
+    c.abort(handle)
     assert prepared(pg_url, table) == []
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
 
@@ -238,41 +257,63 @@ def test_recover_and_abort_keeps_decided_handles_and_spares_other_sinks(
     pg_url: str, table: str
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    decided = writeAndPrepare(p, context(table, batch=1, part=0), idsBatch([1]))
-    straggler = writeAndPrepare(p, context(table, batch=1, part=0, attempt=1), idsBatch([2]))
-    other = writeAndPrepare(p, context(table, batch=2, part=0), idsBatch([3]))
+    w, c = sink(pg_url, table)
+    decided = writeAndPrepare(w, context(table, batch=1, part=0), idsBatch([1]))
+    straggler = writeAndPrepare(w, context(table, batch=1, part=0, attempt=1), idsBatch([2]))
+    other = writeAndPrepare(w, context(table, batch=2, part=0), idsBatch([3]))
     foreign = TransactionContext(sinkIdOf(table) + "x", "q", 1, 0, 0, "run1")
-    foreignHandle = writeAndPrepare(p, foreign, idsBatch([4]))
+    foreignHandle = writeAndPrepare(w, foreign, idsBatch([4]))
     try:
         scope = RecoveryScope(sinkIdOf(table), keep=(decided,), batchId=1)
-        assert [h["gid"] for h in p.recoverAndAbort(scope)] == [straggler["gid"]]
+        assert [h["gid"] for h in c.recoverAndAbort(scope)] == [straggler["gid"]]
         assert prepared(pg_url, table) == sorted([decided["gid"], other["gid"]])
-        aborted = p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,)))
+        aborted = c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,)))
         assert [(h["gid"], h["batchId"]) for h in aborted] == [(other["gid"], 2)]
-        assert p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,))) == []
-        p.recoverAndCommit(decided)
+        assert c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,))) == []
+        c.recoverAndCommit(decided)
         assert execute(pg_url, f"SELECT id FROM {table}") == [(1,)]
         assert foreignHandle["gid"] in {
             r[0] for r in execute(pg_url, "SELECT gid FROM pg_prepared_xacts")
         }
     finally:
-        p.abort(foreignHandle)
+        c.abort(foreignHandle)
+
+
+def test_a_committer_rebuilt_from_sink_json_finishes_with_the_password_from_the_environment(
+    pg_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``twophase recover`` in another process: sink.json holds the url without its password,
+    libpq takes it from PGPASSWORD, and the handle's transaction is kept, then committed."""
+    createIdTable(pg_url, table)
+    w, _ = sink(pg_url, table)
+    handle = writeAndPrepare(w, context(table, batch=4), idsBatch([1, 2]))
+    shown = {"url": publicOptionValue("url", pg_url) or "", "table": table}
+    persisted = publicOptions(shown, SAFE_OPTIONS)
+    password = str(psycopg.conninfo.conninfo_to_dict(pg_url)["password"])
+    text = json.dumps(persisted)
+    assert f":{password}@" not in text and "password" not in text and "***" not in text
+    monkeypatch.setenv("PGPASSWORD", password)
+    recovered = PostgresCommitter.fromOptions(persisted)
+    assert recovered.settings.secrets == ()
+    assert recovered.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(handle,))) == []
+    recovered.recoverAndCommit(handle)
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(2,)]
+    assert prepared(pg_url, table) == []
 
 
 def test_task_that_dies_mid_copy_leaves_nothing_prepared_or_visible(
     pg_url: str, table: str
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    txn = p.beginTransaction(context(table))
-    p.write(txn, idsBatch(list(range(1000))))
+    w, c = sink(pg_url, table)
+    txn = w.beginTransaction(context(table))
+    w.write(txn, idsBatch(list(range(1000))))
     assert txn.conn is not None
     txn.conn.pgconn.finish()  # the socket closes as when the process is SIGKILLed mid-COPY
     assert prepared(pg_url, table) == []
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
     # the retry of the task writes the same ids without waiting for anything
-    p.commit(writeAndPrepare(p, context(table, attempt=1), idsBatch(list(range(1000)))))
+    c.commit(writeAndPrepare(w, context(table, attempt=1), idsBatch(list(range(1000)))))
     assert execute(pg_url, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(1000, 1000)]
 
 
@@ -283,15 +324,15 @@ def test_retry_blocked_by_an_attempt_killed_after_prepare_fails_clearly_until_re
     for a transaction only the driver can finish, so it fails with the gids, and recovery
     (the next start of the query) rolls the zombie back."""
     createIdTable(pg_url, table)
-    p = participant(pg_url, table, lockTimeoutSeconds="1")
-    zombie = writeAndPrepare(p, context(table, batch=3), idsBatch([1, 2, 3]))
+    w, c = sink(pg_url, table, lockTimeoutSeconds="1")
+    zombie = writeAndPrepare(w, context(table, batch=3), idsBatch([1, 2, 3]))
     with pytest.raises(PostgresSinkError) as info:
-        writeAndPrepare(p, context(table, batch=3, attempt=1), idsBatch([1, 2, 3]))
+        writeAndPrepare(w, context(table, batch=3, attempt=1), idsBatch([1, 2, 3]))
     message = str(info.value)
     assert "lockTimeoutSeconds=1" in message and zombie["gid"] in message
     assert prepared(pg_url, table) == [zombie["gid"]]
-    assert [h["gid"] for h in p.recoverAndAbort(RecoveryScope(sinkIdOf(table)))] == [zombie["gid"]]
-    p.commit(writeAndPrepare(p, context(table, batch=3, attempt=2), idsBatch([1, 2, 3])))
+    assert [h["gid"] for h in c.recoverAndAbort(RecoveryScope(sinkIdOf(table)))] == [zombie["gid"]]
+    c.commit(writeAndPrepare(w, context(table, batch=3, attempt=2), idsBatch([1, 2, 3])))
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(3,)]
 
 
@@ -302,19 +343,19 @@ def test_upsert_updates_existing_keys_last_row_wins_and_replays_are_harmless(
     pg_url: str, table: str
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table, mode="upsert", keyColumns="id", upsertBatchRows="3")
-    p.validateTarget(idsBatch([1]).schema)
-    p.commit(writeAndPrepare(p, context(table, batch=0), idsBatch([1, 2, 3, 4], "v0-")))
+    w, c = sink(pg_url, table, mode="upsert", keyColumns="id", upsertBatchRows="3")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    c.commit(writeAndPrepare(w, context(table, batch=0), idsBatch([1, 2, 3, 4], "v0-")))
     batch1 = pa.record_batch(
         {"id": pa.array([2, 5, 2, 3], pa.int64()), "payload": ["v1-a", "v1-b", "v1-c", "v1-d"]}
     )
     # batch 1 runs, is not decided (driver crash), is aborted, and is replayed
-    p.abort(writeAndPrepare(p, context(table, batch=1), batch1))
+    c.abort(writeAndPrepare(w, context(table, batch=1), batch1))
     assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
         (1, "v0-1"), (2, "v0-2"), (3, "v0-3"), (4, "v0-4")]  # fmt: skip
-    handle = writeAndPrepare(p, context(table, batch=1, attempt=1), batch1)
-    p.commit(handle)
-    p.commit(handle)
+    handle = writeAndPrepare(w, context(table, batch=1, attempt=1), batch1)
+    c.commit(handle)
+    c.commit(handle)
     assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
         (1, "v0-1"), (2, "v1-c"), (3, "v1-d"), (4, "v0-4"), (5, "v1-b")]  # fmt: skip
 
@@ -324,7 +365,7 @@ def test_upsert_updates_existing_keys_last_row_wins_and_replays_are_harmless(
 
 def test_missing_table_without_create_table_says_how_to_fix(pg_url: str, table: str) -> None:
     with pytest.raises(TwoPhaseConfigError) as info:
-        participant(pg_url, table).validateTarget(idsBatch([1]).schema)
+        validateTarget(settingsOf(pg_url, table), idsBatch([1]).schema)
     message = str(info.value)
     assert table in message and "does not exist" in message and "createTable=true" in message
 
@@ -336,7 +377,7 @@ def test_missing_and_mistyped_columns_are_named_with_the_fix(pg_url: str, table:
     )
     schema = pa.schema([("id", pa.int64()), ("payload", pa.string())])
     with pytest.raises(TwoPhaseConfigError) as info:
-        participant(pg_url, table).validateTarget(schema)
+        validateTarget(settingsOf(pg_url, table), schema)
     message = str(info.value)
     assert "column 'id' is a Spark bigint but the table column is integer" in message
     assert "'payload' is not in the table" in message and "'Payload'" in message
@@ -346,8 +387,8 @@ def test_missing_and_mistyped_columns_are_named_with_the_fix(pg_url: str, table:
 def test_upsert_without_a_matching_unique_index_is_refused(pg_url: str, table: str) -> None:
     execute(pg_url, f"CREATE TABLE {table} (id bigint, payload text)")
     with pytest.raises(TwoPhaseConfigError, match="CREATE UNIQUE INDEX"):
-        participant(pg_url, table, mode="upsert", keyColumns="id").validateTarget(
-            idsBatch([1]).schema
+        validateTarget(
+            settingsOf(pg_url, table, mode="upsert", keyColumns="id"), idsBatch([1]).schema
         )
 
 
@@ -355,12 +396,12 @@ def test_a_rejected_row_names_batch_column_and_fix_and_nothing_is_visible(
     pg_url: str, table: str
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
+    w, c = sink(pg_url, table)
     bad = pa.record_batch(
         {"id": pa.array([1, 2, 3], pa.int64()), "payload": pa.array(["a", None, "c"])}
     )
     with pytest.raises(RowRejectedError) as info:
-        writeAndPrepare(p, context(table, batch=5, part=2), idsBatch([10, 11]), bad)
+        writeAndPrepare(w, context(table, batch=5, part=2), idsBatch([10, 11]), bad)
     message = str(info.value)
     assert "batch 5" in message and "partition 2" in message and "column payload" in message
     assert "not-null" in message and "restart the query" in message
@@ -368,9 +409,9 @@ def test_a_rejected_row_names_batch_column_and_fix_and_nothing_is_visible(
         (0,)
     ]
 
-    p.commit(writeAndPrepare(p, context(table, batch=6), idsBatch([1])))
+    c.commit(writeAndPrepare(w, context(table, batch=6), idsBatch([1])))
     with pytest.raises(RowRejectedError) as dup:
-        writeAndPrepare(p, context(table, batch=7), idsBatch([1]))
+        writeAndPrepare(w, context(table, batch=7), idsBatch([1]))
     assert "constraint" in str(dup.value) and "already exists" in str(dup.value)
 
 
@@ -380,24 +421,30 @@ def test_password_never_reaches_handles_logs_or_errors(
     password = str(psycopg.conninfo.conninfo_to_dict(pg_url)["password"])
     wrongPassword = f"Wr0ng-{uuid.uuid4().hex}"
     createIdTable(pg_url, table)
-    p = participant(pg_url, table, connectRetrySeconds="0")
+    w, c = sink(pg_url, table, connectRetrySeconds="0")
     with caplog.at_level(logging.DEBUG, logger="twophase"):
-        handle = writeAndPrepare(p, context(table), idsBatch([1]))
-        p.commit(handle)
-        p.commit(handle)
-        wrong = PostgresParticipant.fromOptions(
-            {"url": pg_url, "table": table, "password": wrongPassword}
-        )
+        handle = writeAndPrepare(w, context(table), idsBatch([1]))
+        c.commit(handle)
+        c.commit(handle)
+        wrong = settingsOf(pg_url, table, password=wrongPassword)
         with pytest.raises(PostgresSinkError) as info:
-            wrong.validateTarget(idsBatch([1]).schema)
+            validateTarget(wrong, idsBatch([1]).schema)
         with pytest.raises(PostgresSinkError) as inUrl:
-            PostgresParticipant.fromOptions(
-                {"url": pg_url.replace(f":{password}@", f":{wrongPassword}@"), "table": table}
-            ).validateTarget(idsBatch([1]).schema)
+            validateTarget(
+                settingsOf(pg_url.replace(f":{password}@", f":{wrongPassword}@"), table),
+                idsBatch([1]).schema,
+            )
     assert "password authentication failed" in str(info.value)
     assert "password" not in json.dumps(handle)
-    texts = (json.dumps(handle), caplog.text, str(info.value), str(inUrl.value), repr(wrong))
-    for text in (*texts, p.describe(handle)):
+    texts = (
+        json.dumps(handle),
+        caplog.text,
+        str(info.value),
+        str(inUrl.value),
+        repr(PostgresWriter(wrong)),
+        repr(PostgresCommitter(wrong)),
+    )
+    for text in (*texts, c.describe(handle)):
         assert wrongPassword not in text and f":{password}@" not in text
 
 
@@ -408,23 +455,23 @@ def test_prepared_transactions_survive_a_server_crash_and_commit_waits_for_the_s
     pg_url: str, table: str, postgres_server: ServiceControl
 ) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table, connectRetrySeconds="1")
-    handle = writeAndPrepare(p, context(table), idsBatch([1, 2, 3]))
+    w, c = sink(pg_url, table, connectRetrySeconds="1")
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2, 3]))
     postgres_server.kill()
     try:
         with pytest.raises(TransientCommitError):
-            p.commit(handle)  # the coordinator retries these
+            c.commit(handle)  # the coordinator retries these
         with pytest.raises(PostgresUnavailableError, match="unreachable"):
-            writeAndPrepare(p, context(table, batch=1), idsBatch([4]))
+            writeAndPrepare(w, context(table, batch=1), idsBatch([4]))
         with pytest.raises(TransientCommitError):
-            p.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(handle,)))
+            c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(handle,)))
     finally:
         postgres_server.start()
     assert prepared(pg_url, table) == [handle["gid"]]
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
     for _ in range(3):  # pooled connections died with the server: retried like the coordinator
         try:
-            p.commit(handle)
+            c.commit(handle)
             break
         except TransientCommitError:
             continue
@@ -436,22 +483,22 @@ def test_prepared_transactions_survive_a_server_crash_and_commit_waits_for_the_s
 
 def test_memory_per_task_stays_at_one_batch_however_many_batches(pg_url: str, table: str) -> None:
     createIdTable(pg_url, table)
-    p = participant(pg_url, table)
-    txn = p.beginTransaction(context(table))
+    w, c = sink(pg_url, table)
+    txn = w.beginTransaction(context(table))
     pool = pa.default_memory_pool()
     tracemalloc.start()
     try:
         peaks = []
         for start in range(0, 400_000, 20_000):
-            p.write(txn, idsBatch(list(range(start, start + 20_000)), "x" * 50))
+            w.write(txn, idsBatch(list(range(start, start + 20_000)), "x" * 50))
             peaks.append(tracemalloc.get_traced_memory()[1])
-        handle = p.preCommit(txn)
+        handle = w.preCommit(txn)
     finally:
         tracemalloc.stop()
     assert pool.bytes_allocated() < 50_000_000
     assert max(peaks) < 60_000_000  # one batch of Python objects + its CSV, not 400k rows
     assert peaks[-1] < 2 * peaks[1] + 5_000_000  # flat: no growth with the number of batches
-    p.abort(handle)
+    c.abort(handle)
 
 
 # -- a server without prepared transactions ------------------------------------------------------
@@ -494,11 +541,11 @@ def server_without_2pc() -> Iterator[str]:
 def test_max_prepared_transactions_zero_is_refused_with_how_to_set_it(
     server_without_2pc: str,
 ) -> None:
-    p = PostgresParticipant.fromOptions(
+    settings = PostgresSettings.fromOptions(
         {"url": server_without_2pc, "table": "t", "createTable": "true"}
     )
     with pytest.raises(TwoPhaseConfigError) as info:
-        p.validateTarget(idsBatch([1]).schema)
+        validateTarget(settings, idsBatch([1]).schema)
     message = str(info.value)
     assert "max_prepared_transactions = 0" in message
     assert "ALTER SYSTEM SET max_prepared_transactions" in message

@@ -188,7 +188,9 @@ max_prepared_transactions = $TWOPHASE_PG_MAX_PREPARED_TRANSACTIONS
 max_connections = $TWOPHASE_PG_MAX_CONNECTIONS
 EOF
     start_server
-    psql_admin -c "CREATE ROLE $PG_USER LOGIN PASSWORD '$PG_PASSWORD'"
+    # CREATEROLE: the secret tests create a role of their own with a recognisable password
+    # (docker-compose's twophase user is the superuser and can too).
+    psql_admin -c "CREATE ROLE $PG_USER LOGIN CREATEROLE PASSWORD '$PG_PASSWORD'"
     psql_admin -c "CREATE DATABASE $PG_DATABASE OWNER $PG_USER"
     touch "$STATE/.initialized"
 }

@@ -1,4 +1,5 @@
-"""The postgres sink's pure logic, no server: gids, options, Arrow -> PostgreSQL text, types.
+"""The postgres sink's pure logic, no server: gids, options, what sink.json keeps, Arrow ->
+PostgreSQL text, types.
 
 What needs a real PostgreSQL (COPY, PREPARE, COMMIT PREPARED, recovery, validation against the
 catalog) is in integration_tests/test_postgres_participant.py.
@@ -6,36 +7,36 @@ catalog) is in integration_tests/test_postgres_participant.py.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import pickle
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+import twophase
+from twophase.clients.postgres import ConnectionTarget, publicConninfo
 from twophase.protocol import TransactionContext
+from twophase.redaction import publicOptions, redact
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks._postgres_types import (
-    ColumnInfo,
-    arrayLiteral,
-    byteaHex,
-    columnProblem,
-    csvChunk,
-    unsupportedProblem,
+from twophase.sinks.postgres import (
+    SAFE_OPTIONS,
+    PostgresCommitter,
+    PostgresSettings,
+    PostgresWriter,
+    lastPerKey,
+    parseTableName,
+    publicOptionValue,
 )
-from twophase.sinks._postgres_xid import (
+from twophase.sinks.postgres.encoding import arrayLiteral, byteaHex, csvChunk
+from twophase.sinks.postgres.types import ColumnInfo, columnProblem, unsupportedProblem
+from twophase.sinks.postgres.xid import (
     MAX_GID_BYTES,
     GlobalXid,
     batchPrefix,
     runTag,
     sinkPrefix,
-)
-from twophase.sinks.postgres import (
-    ConnectionTarget,
-    PostgresParticipant,
-    PostgresSettings,
-    _scrub,
-    lastPerKey,
-    parseTableName,
 )
 
 URL = "postgresql://alice:s3cret-pw@db.example:5433/sales?sslmode=require"
@@ -113,11 +114,14 @@ def test_url_is_split_into_a_target_without_password() -> None:
         assert "s3cret" not in text
 
 
-def test_participant_pickles_and_reprs_without_the_password_in_text() -> None:
-    participant = PostgresParticipant.fromOptions({"url": URL, "table": "t"})
-    assert "s3cret" not in repr(participant)
-    clone = pickle.loads(pickle.dumps(participant))
-    assert clone.settings.target == participant.settings.target
+@pytest.mark.parametrize("cls", [PostgresWriter, PostgresCommitter])
+def test_writer_and_committer_pickle_and_repr_without_the_password_in_text(
+    cls: type[PostgresWriter] | type[PostgresCommitter],
+) -> None:
+    half = cls.fromOptions({"url": URL, "table": "t"})
+    assert "s3cret" not in repr(half)
+    clone = pickle.loads(pickle.dumps(half))
+    assert clone.settings.target == half.settings.target
 
 
 def test_options_override_the_url_and_pass_libpq_keywords() -> None:
@@ -176,9 +180,144 @@ def test_a_malformed_url_error_does_not_echo_the_password() -> None:
     assert "s3cret" not in str(info.value)
 
 
-def test_scrub_cuts_passwords_out_of_urls_and_conninfo() -> None:
-    assert "s3cret" not in _scrub("bad postgresql://u:s3cret@h/db")
-    assert "s3cret" not in _scrub("host=h password=s3cret user=u")
+def test_redact_cuts_passwords_out_of_urls_and_conninfo() -> None:
+    assert "s3cret" not in redact("bad postgresql://u:s3cret@h/db")
+    assert "s3cret" not in redact("host=h password=s3cret user=u")
+
+
+# -- what sink.json keeps ----------------------------------------------------------------------
+
+PASSWORD_URLS = [
+    "postgresql://:s3cret-pw@db.example/sales",
+    "postgresql://alice@db.example/sales?password=s3cret-pw",
+    "postgresql://alice:s3cret@hidden@db.example/sales",
+    "host=db.example password=s3cret-pw dbname=sales user=alice",
+]
+SECRET_PIECES = ("s3cret", "hidden", "k3y-pass", "0pt-pw")
+
+
+def sinkJson(options: dict[str, str]) -> dict[str, str]:
+    """The options as the binding writes them to sink.json: the sink's public form, redacted."""
+    from twophase.spark.postgres import PostgresSink
+
+    shown = {
+        key: public
+        for key, value in options.items()
+        if (public := PostgresSink.publicOptionValue(key, value)) is not None
+    }
+    return publicOptions(shown, PostgresSink.safeOptions)
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+def test_redacted_options_never_hold_a_url_password_in_any_form(url: str) -> None:
+    from twophase.spark.postgres import PostgresSink
+
+    options = {
+        "url": url,
+        "table": "t",
+        "password": "0pt-pw",
+        "pg.sslpassword": "k3y-pass",
+        "sslkey": "/keys/client.key",
+    }
+    public = publicOptions(options, PostgresSink.safeOptions)
+    assert set(public) == {"url", "table"}
+    for piece in SECRET_PIECES:
+        assert piece not in public["url"], public["url"]
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+def test_sink_json_keeps_the_url_without_its_password_and_pointing_at_the_same_database(
+    url: str,
+) -> None:
+    public = sinkJson({"url": url, "table": "t", "password": "0pt-pw"})
+    assert set(public) == {"url", "table"}
+    for piece in (*SECRET_PIECES, "password", "***"):
+        assert piece not in public["url"], public["url"]
+    settings = PostgresSettings.fromOptions(public)
+    assert settings.secrets == ()  # the password comes from PGPASSWORD or ~/.pgpass
+    assert settings.target.get("host") == "db.example"
+    assert settings.target.get("dbname") == "sales"
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+def test_a_url_redacted_in_sink_json_reads_back_without_a_password(url: str) -> None:
+    """Without the sink's public form, sink.json holds the url redacted: its ``***`` must not
+    be sent as a password, so that libpq falls back to PGPASSWORD or ~/.pgpass."""
+    from twophase.spark.postgres import PostgresSink
+
+    public = publicOptions({"url": url, "table": "t"}, PostgresSink.safeOptions)
+    settings = PostgresSettings.fromOptions(public)
+    assert settings.secrets == ()
+    assert settings.target.get("host") == "db.example"
+
+
+def test_public_url_drops_secrets_and_keeps_everything_else() -> None:
+    public = publicConninfo(f"jdbc:{URL}&sslpassword=k3y-pass&keepalives_idle=30")
+    assert public is not None and "s3cret" not in public and "k3y-pass" not in public
+    assert PostgresSettings.fromOptions({"url": public, "table": "t"}).target == (
+        PostgresSettings.fromOptions({"url": URL, "table": "t", "pg.keepalives_idle": "30"}).target
+    )
+    assert publicConninfo("host='h dbname=db") is None  # unreadable: left out
+    assert publicOptionValue("table", "Sales.Orders") == "Sales.Orders"
+
+
+def test_a_committer_rebuilt_from_sink_json_reaches_the_same_table_the_same_way() -> None:
+    options = {
+        "url": URL,
+        "table": '"Sales"."Order Lines"',
+        "mode": "upsert",
+        "keyColumns": "id,day",
+        "createTable": "true",
+        "user": "bob",
+        "password": "0pt-pw",
+        "sslmode": "verify-full",
+        "sslrootcert": "/certs/root.crt",
+        "sslcert": "/certs/client.crt",
+        "sslcrl": "/certs/crl.pem",
+        "sslpassword": "k3y-pass",
+        "applicationName": "orders",
+        "targetSessionAttrs": "read-write",
+        "connectTimeout": "3",
+        "connectRetrySeconds": "5",
+        "lockTimeoutSeconds": "7",
+        "upsertBatchRows": "100",
+        "pg.keepalives_idle": "30",
+        "pg.options": "-c statement_timeout=0",
+        "pg.passfile": "/secrets/pgpass",
+        "checkpointLocation": "/tmp/ckpt",
+    }
+    public = sinkJson({key.lower(): value for key, value in options.items()})  # as Spark passes
+    for value in public.values():
+        for piece in SECRET_PIECES:
+            assert piece not in value
+    original = PostgresSettings.fromOptions(options)
+    rebuilt = PostgresCommitter.fromOptions(public).settings
+    assert rebuilt == original  # secrets are not compared
+    assert rebuilt.secrets == () and original.secrets != ()
+    assert rebuilt.target.describe() == "bob@db.example:5433/sales"
+
+
+def test_safe_options_name_no_secret() -> None:
+    for name in SAFE_OPTIONS:
+        assert name == name.lower()
+        for word in ("password", "secret", "sslkey", "token"):
+            assert word not in name, name
+
+
+def test_the_postgres_sink_and_client_import_no_pyspark() -> None:
+    root = Path(twophase.__file__).parent
+    files = [*(root / "sinks" / "postgres").glob("*.py"), root / "clients" / "postgres.py"]
+    assert len(files) > 5
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.split(".")[0] == "pyspark" for n in names), (path, names)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,15 @@ class TwoPhaseDataSource(DataSource):
     def validate(self, schema: StructType) -> None:  # noqa: B027 - optional hook
         """Driver, once per micro-batch before tasks: raise a clear error on bad options/schema."""
 
+    @classmethod
+    def publicOptionValue(cls, key: str, value: str) -> str | None:
+        """The form of safe option ``key`` that the checkpoint keeps; ``None`` leaves it out.
+
+        For options whose value can embed a credential (a connection URL): return the value
+        without it. Whatever this returns still passes through ``twophase.redaction.redact``.
+        """
+        return value
+
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         """Driver: build the writer; when planning a batch, claim the log and recover first."""
         from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner

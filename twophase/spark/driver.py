@@ -11,7 +11,7 @@ from typing import Any
 from twophase.coordinator import Coordinator, DecisionLog
 from twophase.coordinator.description import SinkDescription, writeSinkDescription
 from twophase.protocol import Committer
-from twophase.redaction import getLogger, publicOptions
+from twophase.redaction import getLogger, isSafeOption, publicOptions
 from twophase.settings import SinkSettings
 from twophase.spark.worker import ensureLogging
 
@@ -29,15 +29,25 @@ def describeSink(sink: Any, settings: SinkSettings) -> None:
     """Keep ``sink.json`` beside the log: the data source class and its safe options only.
 
     ``twophase recover`` rebuilds the sink's committer from it. Only the options on the sink's
-    allow-list (``safeOptions``, plus the shared ones) are written, their values redacted.
+    allow-list (``safeOptions``, plus the shared ones) are written, in the form the sink's
+    ``publicOptionValue`` gives (a URL without its password), then redacted.
     """
     cls = type(sink)
+    safe = getattr(sink, "safeOptions", ())
+    shown = getattr(cls, "publicOptionValue", None)
+    kept: dict[str, str] = {}
+    for key, value in sink.options.items():
+        if not isSafeOption(key, safe):
+            continue
+        public = shown(key, str(value)) if shown is not None else str(value)
+        if public is not None:
+            kept[key] = public
     writeSinkDescription(
         settings.logLocation,
         SinkDescription(
             sinkId=settings.sinkId,
             className=f"{cls.__module__}:{cls.__qualname__}",
-            options=publicOptions(sink.options, getattr(sink, "safeOptions", ())),
+            options=publicOptions(kept, safe),
         ),
     )
 

@@ -1,37 +1,23 @@
-"""Arrow columns as PostgreSQL sees them: COPY text, array literals, column types, DDL types.
+"""Arrow types against PostgreSQL column types: what fits exactly, what ``createTable`` makes.
 
-Vectorised end to end (pyarrow compute, numpy): no Python code runs per row. Used by the
-postgres participant for
-
-- ``csvChunk``: a record batch as PostgreSQL ``COPY ... (FORMAT csv)`` input. pyarrow's CSV
-  writer quotes every string (so ``""`` is an empty string and an unquoted empty field is
-  NULL, as PostgreSQL's CSV mode reads them) and writes numbers, booleans, dates and
-  timestamps in forms PostgreSQL's input functions accept (``nan``, ``inf``, ISO dates;
-  instants as UTC wall-clock time, read by a session whose time zone is UTC). Binary
-  columns become bytea hex text (``\\x0a1b``).
-- ``arrayLiteral``: a column as one PostgreSQL array literal (``{"a","b",NULL}``), the
-  parameter of ``unnest($1::<type>[], ...)`` in upsert mode.
 - ``columnProblem``: whether a stream column can be written to a table column without loss.
+- ``unsupportedProblem``: whether the sink can write a column of this type at all.
 - ``sqlalchemyType``: the column type ``createTable`` uses.
+- ``sparkTypeName``: the Spark SQL name of an Arrow type, for messages.
 """
 
 from __future__ import annotations
 
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 from sqlalchemy import types as satypes
 from sqlalchemy.dialects import postgresql as pgtypes
 
-_CSV_OPTIONS = pacsv.WriteOptions(include_header=False, quoting_style="needed")
 
-
-def _isBinary(t: pa.DataType) -> bool:
+def isBinary(t: pa.DataType) -> bool:
+    """Any Arrow binary type (plain, large, fixed-size, view)."""
     return (
         pa.types.is_binary(t)
         or pa.types.is_large_binary(t)
@@ -40,104 +26,14 @@ def _isBinary(t: pa.DataType) -> bool:
     )
 
 
-def _isString(t: pa.DataType) -> bool:
+def isString(t: pa.DataType) -> bool:
+    """Any Arrow string type (plain, large, view)."""
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def valueType(t: pa.DataType) -> pa.DataType:
     """The type of the values: dictionary-encoded columns are seen as their value type."""
     return t.value_type if pa.types.is_dictionary(t) else t
-
-
-def byteaHex(column: pa.Array) -> pa.Array:
-    """Binary values as bytea hex text (``\\x`` + two hex digits a byte); nulls stay null."""
-    arr = column.cast(pa.large_binary())
-    n = len(arr)
-    buffers = arr.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = buffers[2]
-    raw = data.to_pybytes()[start:end] if data is not None and end > start else b""
-    hexed = np.frombuffer(binascii.hexlify(raw), dtype=np.uint8)
-    newOffsets = 2 * (offsets - start) + 2 * np.arange(n + 1, dtype=np.int64)
-    out = np.empty(int(newOffsets[-1]), dtype=np.uint8)
-    prefix = newOffsets[:-1]
-    isHex = np.ones(len(out), dtype=bool)
-    isHex[prefix] = False
-    isHex[prefix + 1] = False
-    out[prefix] = ord("\\")
-    out[prefix + 1] = ord("x")
-    out[isHex] = hexed
-    text = pa.LargeStringArray.from_buffers(n, pa.py_buffer(newOffsets), pa.py_buffer(out))
-    if arr.null_count:
-        text = pc.if_else(arr.is_valid(), text, pa.scalar(None, pa.large_string()))
-    return text
-
-
-def _copyReady(column: pa.Array) -> pa.Array:
-    """The column in a form pyarrow's CSV writer encodes as PostgreSQL expects."""
-    t = column.type
-    if pa.types.is_dictionary(t):
-        column = column.cast(t.value_type)
-        t = column.type
-    if _isBinary(t):
-        return byteaHex(column)
-    if pa.types.is_string_view(t):
-        return column.cast(pa.large_string())
-    return utcWallClock(column)
-
-
-def utcWallClock(column: pa.Array) -> pa.Array:
-    """Instants (tz-aware timestamps) as their UTC wall-clock time, other columns unchanged.
-
-    Arrow stores instants in UTC, so dropping the zone keeps the values; the text is then
-    read in the session time zone, which the participant sets to UTC. pyarrow formats
-    zone-less timestamps about twenty times faster than zoned ones.
-    """
-    t = column.type
-    if pa.types.is_timestamp(t) and t.tz:
-        return column.cast(pa.timestamp(t.unit))
-    return column
-
-
-def csvChunk(batch: pa.RecordBatch) -> pa.Buffer:
-    """``batch`` as the body of ``COPY <table> (<its columns>) FROM STDIN (FORMAT csv)``."""
-    columns = [_copyReady(c) for c in batch.columns]
-    ready = pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
-    out = pa.BufferOutputStream()
-    pacsv.write_csv(ready, out, _CSV_OPTIONS)
-    return out.getvalue()
-
-
-def _asText(column: pa.Array) -> pa.Array:
-    t = valueType(column.type)
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(t)
-    if _isBinary(t):
-        return byteaHex(column)
-    if _isString(t):
-        return column.cast(pa.large_string())
-    return utcWallClock(column).cast(pa.large_string())
-
-
-def arrayLiteral(column: pa.Array) -> str:
-    """The column as a PostgreSQL array literal: every value quoted and escaped, NULL unquoted.
-
-    ``CAST(<literal> AS <type>[])`` parses each element with the type's input function, so
-    the same text forms as in ``csvChunk`` apply.
-    """
-    text = _asText(column)
-    escaped = pc.replace_substring(text, "\\", "\\\\")
-    escaped = pc.replace_substring(escaped, '"', '\\"')
-    quote, empty = pa.scalar('"', pa.large_string()), pa.scalar("", pa.large_string())
-    quoted = pc.binary_join_element_wise(quote, escaped, quote, empty)
-    elements = pc.fill_null(quoted, pa.scalar("NULL", pa.large_string()))
-    one = pa.LargeListArray.from_arrays(pa.array([0, len(elements)], pa.int64()), elements)
-    joined = pc.binary_join(one, pa.scalar(",", pa.large_string()))[0].as_py()
-    return "{" + (joined or "") + "}"
-
-
-# -- compatibility with existing columns ----------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -198,9 +94,9 @@ def sparkTypeName(t: pa.DataType) -> str:
         return "double"
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    if _isString(t):
+    if isString(t):
         return "string"
-    if _isBinary(t):
+    if isBinary(t):
         return "binary"
     if pa.types.is_boolean(t):
         return "boolean"
@@ -216,8 +112,8 @@ def _unsupported(t: pa.DataType) -> bool:
         pa.types.is_integer(t)
         or pa.types.is_floating(t)
         or pa.types.is_decimal(t)
-        or _isString(t)
-        or _isBinary(t)
+        or isString(t)
+        or isBinary(t)
         or pa.types.is_boolean(t)
         or pa.types.is_date(t)
         or pa.types.is_timestamp(t)
@@ -270,9 +166,9 @@ def columnProblem(name: str, t: pa.DataType, column: ColumnInfo) -> str | None:
         if ok and column.numericPrecision is not None:
             scale = column.numericScale or 0
             ok = scale >= t.scale and column.numericPrecision - scale >= t.precision - t.scale
-    elif _isString(t):
+    elif isString(t):
         ok = target in _TEXT_TARGETS
-    elif _isBinary(t):
+    elif isBinary(t):
         ok = target == "bytea"
     elif pa.types.is_boolean(t):
         ok = target == "boolean"
@@ -321,9 +217,9 @@ def sqlalchemyType(t: pa.DataType) -> satypes.TypeEngine[Any]:
         result = pgtypes.DOUBLE_PRECISION()
     elif pa.types.is_decimal(t):
         result = satypes.Numeric(precision=t.precision, scale=t.scale)
-    elif _isString(t):
+    elif isString(t):
         result = satypes.Text()
-    elif _isBinary(t):
+    elif isBinary(t):
         result = pgtypes.BYTEA()
     elif pa.types.is_boolean(t):
         result = satypes.Boolean()

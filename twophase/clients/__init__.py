@@ -1,0 +1,1 @@
+"""How to reach each external system: shared by sinks, sources and verify."""

@@ -1,0 +1,362 @@
+"""How to reach PostgreSQL: a password-free target, connecting, reusing connections, errors.
+
+Shared by the postgres sink (its tasks and the driver's commits) and ``twophase verify``. A
+``ConnectionTarget`` holds libpq connection parameters without any secret, so it can travel in
+a handle, a log line or ``sink.json``; the secrets (``password``, ``sslpassword``) travel apart
+and come from the options of the process, else from libpq's usual places (``PGPASSWORD``,
+``~/.pgpass``). Every error text built here from a server or driver error is redacted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+
+from twophase.protocol import TransientCommitError
+from twophase.redaction import REDACTED, getLogger, redact
+from twophase.settings import TwoPhaseConfigError, intOption, optionOf
+
+log = getLogger(__name__)
+
+Secrets = tuple[tuple[str, str], ...]
+"""libpq parameters that are secrets, as sorted ``(keyword, value)`` pairs."""
+
+SECRET_PARAMS = frozenset({"password", "sslpassword"})
+"""libpq parameters that never leave the process: not in handles, logs or errors."""
+
+OPTION_PARAMS = {
+    "user": "user",
+    "password": "password",
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "sslcrl": "sslcrl",
+    "sslpassword": "sslpassword",
+    "applicationName": "application_name",
+    "targetSessionAttrs": "target_session_attrs",
+}
+"""Options passed to libpq under another (or the same) name; ``pg.<keyword>`` passes any."""
+
+PUBLIC_LIBPQ_KEYWORDS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "passfile",
+        "require_auth",
+        "channel_binding",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "gssencmode",
+        "gssdelegation",
+        "sslmode",
+        "sslnegotiation",
+        "requiressl",
+        "sslcompression",
+        "sslcert",
+        "sslcertmode",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "requirepeer",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "krbsrvname",
+        "gsslib",
+        "service",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "oauth_issuer",
+        "oauth_client_id",
+        "oauth_scope",
+    }
+)
+"""libpq keywords whose values are never secrets (``sslkey`` is left out: it names key material)."""
+
+_PERMANENT_CONNECT = (
+    "password authentication failed",
+    "no password supplied",
+    "does not exist",
+    "permission denied",
+    "no pg_hba.conf entry",
+    "certificate",
+    "invalid ",
+)
+
+
+class PostgresSinkError(Exception):
+    """A PostgreSQL problem that retrying the same work will not fix.
+
+    Named for the sink, its first user; connecting (``connect``) raises it for verify too.
+    """
+
+
+class PostgresUnavailableError(PostgresSinkError, ConnectionError):
+    """The server could not be reached (or the connection broke) while working."""
+
+
+def errorText(exc: BaseException) -> str:
+    """A driver or server error as one redacted line, for messages and logs."""
+    return " ".join(redact(str(exc)).split())
+
+
+@dataclass(frozen=True)
+class ConnectionTarget:
+    """Where to reach the database: libpq connection parameters without any secret.
+
+    Travels in every handle, so a commit from any process reaches the same server and
+    database as the task that prepared the transaction. The password comes from the sink's
+    options when the process has them, else from libpq's usual places (``PGPASSWORD``,
+    ``~/.pgpass``).
+    """
+
+    params: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        for key, _ in self.params:
+            if key in SECRET_PARAMS:
+                raise ValueError(f"a connection target must not hold {key}")
+
+    def get(self, key: str, default: str = "") -> str:
+        for k, v in self.params:
+            if k == key:
+                return v
+        return default
+
+    def describe(self) -> str:
+        """``user@host:port/dbname``: for logs and errors (never a password)."""
+        host = self.get("host") or self.get("hostaddr") or "localhost"
+        port = self.get("port") or "5432"
+        user = self.get("user") or "<default user>"
+        return f"{user}@{host}:{port}/{self.get('dbname') or '<default database>'}"
+
+    def toJson(self) -> dict[str, str]:
+        return dict(self.params)
+
+    @classmethod
+    def fromJson(cls, data: Any) -> ConnectionTarget:
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise ValueError(f"postgres handle has a bad connection: {data!r}")
+        return cls(tuple(sorted((k, v) for k, v in data.items() if k not in SECRET_PARAMS)))
+
+    def samePlace(self, other: ConnectionTarget) -> bool:
+        """Same host, port, database and user: the same credentials apply."""
+        return all(
+            self.get(k) == other.get(k) for k in ("host", "hostaddr", "port", "dbname", "user")
+        )
+
+
+def _urlParams(url: str) -> dict[str, str]:
+    """The libpq parameters of a URL or ``key=value`` string (a ``jdbc:`` prefix is dropped)."""
+    if url.lower().startswith("jdbc:"):
+        url = url[5:]
+    return {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+
+
+def connectionOf(options: Mapping[str, str]) -> tuple[ConnectionTarget, Secrets]:
+    """Where the options point (``url`` overridden by ``user``, ``sslmode``..., ``pg.*`` and
+    ``connectTimeout``), and the secrets kept apart; errors name the option and the fix."""
+    url = (optionOf(options, "url") or "").strip()
+    if not url:
+        raise TwoPhaseConfigError(
+            'the postgres sink needs .option("url", "postgresql://user@host:5432/dbname") '
+            "(the password may come from the password option, PGPASSWORD or ~/.pgpass)"
+        )
+    try:
+        params = _urlParams(url)
+    except psycopg.ProgrammingError as exc:
+        raise TwoPhaseConfigError(
+            "option url is not a PostgreSQL URL (postgresql://user@host:port/dbname) or a "
+            f"libpq key=value string: {redact(str(exc))}"
+        ) from None
+    for name, keyword in OPTION_PARAMS.items():
+        value = optionOf(options, name)
+        if value is not None:
+            params[keyword] = value
+    for key, value in options.items():
+        if key.lower().startswith("pg.") and len(key) > 3:
+            params[key[3:].lower()] = str(value)
+    params.setdefault("application_name", "twophase")
+    params["connect_timeout"] = str(intOption(options, "connectTimeout", 10, minimum=1))
+    if not params.get("dbname"):
+        raise TwoPhaseConfigError(
+            "option url names no database; add it: postgresql://user@host:5432/<dbname>"
+        )
+    found = ((k, params.pop(k)) for k in SECRET_PARAMS if k in params)
+    # A redacted value (a url read back from sink.json) means "not given": libpq then takes
+    # the password from PGPASSWORD or ~/.pgpass, as recovery expects.
+    secrets = tuple(sorted((k, v) for k, v in found if v != REDACTED))
+    return ConnectionTarget(tuple(sorted(params.items()))), secrets
+
+
+def publicConninfo(url: str) -> str | None:
+    """``url`` as a libpq ``key=value`` string without any secret, or ``None`` if unreadable.
+
+    Reads the URL after redaction, so a password libpq would misread (an unencoded ``@`` in
+    ``postgresql://u:p@ss@host/db``) cannot reach the host part; then drops every secret
+    parameter, whatever its value. The result connects to the same place, the password coming
+    from ``PGPASSWORD``, ``~/.pgpass`` or a ``password`` option given again.
+    """
+    try:
+        params = _urlParams(redact(url.strip()))
+    except psycopg.ProgrammingError:
+        return None
+    return make_conninfo(**{k: v for k, v in sorted(params.items()) if k not in SECRET_PARAMS})
+
+
+def isPermanentConnectError(exc: psycopg.OperationalError) -> bool:
+    """Authentication, a missing database or role, TLS trouble: retrying will not help."""
+    text = str(exc).lower()
+    return any(marker in text for marker in _PERMANENT_CONNECT)
+
+
+def connect(
+    target: ConnectionTarget,
+    secrets: Secrets,
+    *,
+    autocommit: bool,
+    retrySeconds: float,
+    what: str,
+) -> psycopg.Connection[Any]:
+    """Connect, retrying unreachable-server errors with backoff for up to ``retrySeconds``.
+
+    Authentication and missing-database errors raise ``PostgresSinkError`` at once; a server
+    that stays unreachable raises ``PostgresUnavailableError``. Messages hold no secrets.
+    """
+    deadline = time.monotonic() + retrySeconds
+    delay = 0.5
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            params: dict[str, Any] = {**dict(target.params), **dict(secrets)}
+            return psycopg.connect(autocommit=autocommit, **params)
+        except psycopg.OperationalError as exc:
+            reason = errorText(exc)
+            if isPermanentConnectError(exc):
+                raise PostgresSinkError(
+                    f"postgres: {what}: cannot connect to {target.describe()}: {reason}"
+                ) from None
+            if time.monotonic() + delay > deadline:
+                raise PostgresUnavailableError(
+                    f"postgres: {what}: PostgreSQL at {target.describe()} is unreachable after "
+                    f"{attempt} attempt(s) in {retrySeconds:.0f} s: {reason}"
+                ) from None
+            log.warning(
+                "postgres: %s: cannot reach %s (attempt %d): %s; retrying in %.1f s",
+                what,
+                target.describe(),
+                attempt,
+                reason,
+                delay,
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class DriverConnections:
+    """Autocommit connections of one process, reused across commits (thread-safe).
+
+    The coordinator commits handles from a thread pool, and recovery commits many: a fresh
+    connection (TCP plus SCRAM) per handle would dominate the commit time. Broken connections
+    are dropped, so a server restart costs one failed (retried) call.
+    """
+
+    maxIdle: ClassVar[int] = 16
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[object, ...], list[psycopg.Connection[Any]]] = {}
+
+    @contextmanager
+    def borrow(
+        self,
+        target: ConnectionTarget,
+        secrets: Secrets,
+        what: str,
+        retrySeconds: float = 0.0,
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """An idle autocommit connection to ``target`` (or a new one), returned when done."""
+        key = (target.params, secrets)
+        with self._lock:
+            idle = self._idle.get(key) or []
+            conn = idle.pop() if idle else None
+        if conn is None or conn.closed or conn.broken:
+            conn = connect(target, secrets, autocommit=True, retrySeconds=retrySeconds, what=what)
+        try:
+            yield conn
+        finally:
+            healthy = (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == TransactionStatus.IDLE
+            )
+            kept = False
+            with self._lock:
+                idle = self._idle.setdefault(key, [])
+                if healthy and len(idle) < self.maxIdle:
+                    idle.append(conn)
+                    kept = True
+            if not kept:
+                conn.close()
+
+
+DRIVER_CONNECTIONS = DriverConnections()
+"""The process's pool of driver-side connections."""
+
+
+@contextmanager
+def driverErrors(what: str, target: ConnectionTarget) -> Iterator[None]:
+    """Connection trouble inside the block becomes ``TransientCommitError`` (retried)."""
+    try:
+        yield
+    except PostgresUnavailableError as exc:
+        raise TransientCommitError(str(exc)) from None
+    except psycopg.OperationalError as exc:
+        if isinstance(exc, pgerrors.LockNotAvailable | pgerrors.QueryCanceled):
+            raise TransientCommitError(f"postgres: {what}: {redact(str(exc))}") from None
+        raise TransientCommitError(
+            f"postgres: {what}: connection to {target.describe()} failed: {errorText(exc)}"
+        ) from None
+
+
+__all__ = [
+    "DRIVER_CONNECTIONS",
+    "OPTION_PARAMS",
+    "PUBLIC_LIBPQ_KEYWORDS",
+    "SECRET_PARAMS",
+    "ConnectionTarget",
+    "DriverConnections",
+    "PostgresSinkError",
+    "PostgresUnavailableError",
+    "Secrets",
+    "connect",
+    "connectionOf",
+    "driverErrors",
+    "errorText",
+    "isPermanentConnectError",
+    "publicConninfo",
+]
