@@ -1,9 +1,10 @@
-"""The files participant against the crash table: real local disk and fsspec's memory filesystem.
+"""The files sink against the crash table: real local disk and fsspec's memory filesystem.
 
-No Spark here: the participant is plain Python. Each test is one window of PROTOCOL.md
-section 5 (or one option), driving ``beginTransaction`` -> ``write`` -> ``preCommit`` ->
-``commit``/``abort``/``recoverAndAbort`` directly and reading the output back the way users do
-(``pyarrow.dataset``, ``pandas``), which skip ``_``-prefixed paths.
+No Spark here: the writer and the committer are plain Python. Each test is one window of
+PROTOCOL.md section 5 (or one option), driving the writer's ``beginTransaction`` -> ``write`` ->
+``preCommit`` and the committer's ``commit``/``abort``/``recoverAndAbort`` directly and reading
+the output back the way users do (``pyarrow.dataset``, ``pandas``), which skip ``_``-prefixed
+paths.
 """
 
 from __future__ import annotations
@@ -37,14 +38,18 @@ from twophase.protocol import (
     dumpsHandle,
     loadsHandle,
 )
-from twophase.sinks._partitioning import escapePathName, partitionValueText
+from twophase.redaction import publicOptions
 from twophase.sinks.files import (
     STAGING_ROOT,
-    FilesParticipant,
+    FilesCommitter,
     FilesSettings,
+    FilesWriter,
     finalFileName,
     stagingBatchDir,
 )
+from twophase.sinks.files.partitioning import escapePathName, partitionValueText
+from twophase.sinks.files.storage import Storage
+from twophase.spark.files import FilesSink
 
 SINK = "sink-1"
 _POOLS: list[pa.MemoryPool] = []
@@ -96,10 +101,19 @@ def local(tmp_path: Path) -> Target:
     return Target(url=root, fs=fsspec.filesystem("file"), root=root)
 
 
-def participant(target: Target, **options: Any) -> FilesParticipant:
-    return FilesParticipant.fromOptions(
+@dataclass
+class Sink:
+    """The files sink's two halves over one output: the tasks' writer, the driver's committer."""
+
+    writer: FilesWriter
+    committer: FilesCommitter
+
+
+def sinkOf(target: Target, **options: Any) -> Sink:
+    settings = FilesSettings.fromOptions(
         {"path": target.url, **{k: str(v) for k, v in options.items()}}
     )
+    return Sink(FilesWriter(settings), FilesCommitter(settings))
 
 
 def context(
@@ -128,7 +142,7 @@ def rows(start: int, count: int) -> pa.RecordBatch:
 
 
 def prepare(
-    sink: FilesParticipant, batches: list[pa.RecordBatch], ctx: TransactionContext | None = None
+    sink: FilesWriter, batches: list[pa.RecordBatch], ctx: TransactionContext | None = None
 ) -> Handle:
     txn = sink.beginTransaction(ctx or context())
     for batch in batches:
@@ -144,8 +158,8 @@ def idsOf(table: pa.Table) -> list[int]:
 
 
 def test_prepared_batch_is_invisible_to_readers(target: Target) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 100), rows(100, 50)])
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 100), rows(100, 50)])
 
     assert target.visibleFiles() == []
     assert len(target.stagingFiles()) == 1
@@ -154,10 +168,10 @@ def test_prepared_batch_is_invisible_to_readers(target: Target) -> None:
 
 
 def test_commit_makes_every_row_visible(target: Target) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 100), rows(100, 50)], context(batchId=3, partitionId=7))
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 100), rows(100, 50)], context(batchId=3, partitionId=7))
 
-    sink.commit(handle)
+    sink.committer.commit(handle)
 
     assert idsOf(target.dataset().to_table()) == list(range(150))
     assert target.stagingFiles() == []
@@ -165,9 +179,9 @@ def test_commit_makes_every_row_visible(target: Target) -> None:
 
 
 def test_commit_is_visible_to_pandas(local: Target) -> None:
-    sink = participant(local, partitionBy="bucket")
-    sink.commit(prepare(sink, [rows(0, 30)]))
-    leftover = prepare(sink, [rows(1000, 5)], context(batchId=1))  # prepared, never decided
+    sink = sinkOf(local, partitionBy="bucket")
+    sink.committer.commit(prepare(sink.writer, [rows(0, 30)]))
+    leftover = prepare(sink.writer, [rows(1000, 5)], context(batchId=1))  # prepared, never decided
 
     frame = pd.read_parquet(local.root)
 
@@ -177,8 +191,8 @@ def test_commit_is_visible_to_pandas(local: Target) -> None:
 
 
 def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
-    sink = participant(local)
-    handle = prepare(sink, [rows(0, 10)], context(batchId=12, partitionId=3, attempt=1))
+    sink = sinkOf(local)
+    handle = prepare(sink.writer, [rows(0, 10)], context(batchId=12, partitionId=3, attempt=1))
 
     assert loadsHandle(dumpsHandle(handle)) == handle
     assert set(handle) == {"kind", "path", "batchId", "partitionId", "attempt", "staging", "files"}
@@ -200,38 +214,38 @@ def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
 
 
 def test_commit_twice_is_a_noop(target: Target) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 20)])
-    sink.commit(handle)
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 20)])
+    sink.committer.commit(handle)
     before = {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()}
 
-    sink.commit(handle)
-    sink.recoverAndCommit(handle)
+    sink.committer.commit(handle)
+    sink.committer.recoverAndCommit(handle)
 
     assert {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()} == before
     assert idsOf(target.dataset().to_table()) == list(range(20))
 
 
 def test_commit_from_another_process_needs_only_the_handle(target: Target) -> None:
-    executor = participant(target, maxRecordsPerFile=7)
-    text = dumpsHandle(prepare(executor, [rows(0, 20)]))
+    executor = sinkOf(target, maxRecordsPerFile=7)
+    text = dumpsHandle(prepare(executor.writer, [rows(0, 20)]))
 
-    driver = pickle.loads(pickle.dumps(participant(target, maxRecordsPerFile=7)))
+    driver = pickle.loads(pickle.dumps(sinkOf(target, maxRecordsPerFile=7).committer))
     driver.commit(loadsHandle(text))
 
     assert idsOf(target.dataset().to_table()) == list(range(20))
 
 
 def test_crash_midway_through_commit_then_commit_again_completes(target: Target) -> None:
-    sink = participant(target, maxRecordsPerFile=10)
-    handle = prepare(sink, [rows(0, 45)])
+    sink = sinkOf(target, maxRecordsPerFile=10)
+    handle = prepare(sink.writer, [rows(0, 45)])
     assert len(handle["files"]) == 5
     # The first commit renamed two files before the driver died.
     for entry in handle["files"][:2]:
         target.fs.mv(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
     assert target.dataset().count_rows() == 20
 
-    sink.commit(handle)
+    sink.committer.commit(handle)
 
     assert idsOf(target.dataset().to_table()) == list(range(45))
     assert target.stagingFiles() == []
@@ -240,65 +254,65 @@ def test_crash_midway_through_commit_then_commit_again_completes(target: Target)
 def test_crash_after_copy_before_delete_on_object_store_drops_the_staged_copy(
     target: Target,
 ) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 30)])
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 30)])
     entry = handle["files"][0]
     # Object-store rename is copy + delete: the copy landed, the delete did not.
     target.fs.copy(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
 
-    sink.commit(handle)
+    sink.committer.commit(handle)
 
     assert target.stagingFiles() == []
     assert idsOf(target.dataset().to_table()) == list(range(30))
 
 
 def test_commit_of_a_handle_whose_files_vanished_fails_loudly(target: Target) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 5)])
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 5)])
     target.fs.rm(f"{target.root}/{handle['staging']}", recursive=True)
 
     with pytest.raises(TransactionLostError, match="batch 0 partition 0"):
-        sink.commit(handle)
+        sink.committer.commit(handle)
 
 
 def test_transient_filesystem_errors_become_TransientCommitError(
     target: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 5)])
-    realMove = type(sink.storage).move
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 5)])
+    realMove = Storage.move
 
     def flakyMove(self: Any, src: str, dst: str) -> None:
         raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(type(sink.storage), "move", flakyMove)
+    monkeypatch.setattr(Storage, "move", flakyMove)
     with pytest.raises(TransientCommitError, match="commit of files batch 0"):
-        sink.commit(handle)
-    monkeypatch.setattr(type(sink.storage), "move", realMove)
+        sink.committer.commit(handle)
+    monkeypatch.setattr(Storage, "move", realMove)
 
-    sink.commit(handle)  # the retry finishes the job
+    sink.committer.commit(handle)  # the retry finishes the job
     assert target.dataset().count_rows() == 5
 
 
 def test_permanent_errors_propagate_unchanged(
     local: Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sink = participant(local)
-    handle = prepare(sink, [rows(0, 5)])
+    sink = sinkOf(local)
+    handle = prepare(sink.writer, [rows(0, 5)])
 
     def deniedMove(self: Any, src: str, dst: str) -> None:
         raise PermissionError("read-only filesystem")
 
-    monkeypatch.setattr(type(sink.storage), "move", deniedMove)
+    monkeypatch.setattr(Storage, "move", deniedMove)
     with pytest.raises(PermissionError):
-        sink.commit(handle)
+        sink.committer.commit(handle)
 
 
 def test_empty_task_prepares_and_commits_nothing(target: Target) -> None:
-    sink = participant(target)
-    handle = prepare(sink, [rows(0, 0)])
+    sink = sinkOf(target)
+    handle = prepare(sink.writer, [rows(0, 0)])
 
-    sink.commit(handle)
+    sink.committer.commit(handle)
 
     assert handle["files"] == []
     assert target.visibleFiles() == []
@@ -308,59 +322,59 @@ def test_empty_task_prepares_and_commits_nothing(target: Target) -> None:
 
 
 def test_two_attempts_of_one_task_map_to_the_same_final_names(local: Target) -> None:
-    sink = participant(local, maxRecordsPerFile=8, partitionBy="bucket")
-    first = prepare(sink, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=0))
-    second = prepare(sink, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=1))
+    sink = sinkOf(local, maxRecordsPerFile=8, partitionBy="bucket")
+    first = prepare(sink.writer, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=0))
+    second = prepare(sink.writer, [rows(0, 40)], context(batchId=5, partitionId=1, attempt=1))
 
     assert first["staging"] != second["staging"]
     assert [f["final"] for f in first["files"]] == [f["final"] for f in second["files"]]
 
-    sink.commit(second)
-    sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=5))
+    sink.committer.commit(second)
+    sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=5))
 
     assert idsOf(local.dataset().to_table()) == list(range(40))
     assert local.stagingFiles() == []
 
 
 def test_abort_removes_staging_and_never_touches_committed_files(target: Target) -> None:
-    sink = participant(target)
-    committed = prepare(sink, [rows(0, 10)], context(batchId=0))
-    sink.commit(committed)
+    sink = sinkOf(target)
+    committed = prepare(sink.writer, [rows(0, 10)], context(batchId=0))
+    sink.committer.commit(committed)
     # A second attempt of the committed task (a speculative duplicate) and a later batch.
-    duplicate = prepare(sink, [rows(0, 10)], context(batchId=0, attempt=1))
-    later = prepare(sink, [rows(10, 10)], context(batchId=1))
+    duplicate = prepare(sink.writer, [rows(0, 10)], context(batchId=0, attempt=1))
+    later = prepare(sink.writer, [rows(10, 10)], context(batchId=1))
     assert [f["final"] for f in duplicate["files"]] == [f["final"] for f in committed["files"]]
 
-    sink.abort(duplicate)
-    sink.abort(later)
-    sink.abort(later)  # idempotent
+    sink.committer.abort(duplicate)
+    sink.committer.abort(later)
+    sink.committer.abort(later)  # idempotent
 
     assert target.stagingFiles() == []
     assert idsOf(target.dataset().to_table()) == list(range(10))
 
 
 def test_task_failure_before_preCommit_cleans_its_staging(target: Target) -> None:
-    sink = participant(target, partitionBy="bucket")
-    txn = sink.beginTransaction(context())
-    sink.write(txn, rows(0, 30))
+    sink = sinkOf(target, partitionBy="bucket")
+    txn = sink.writer.beginTransaction(context())
+    sink.writer.write(txn, rows(0, 30))
     assert target.stagingFiles()
 
-    sink.abortTransaction(txn)
+    sink.writer.abortTransaction(txn)
 
     assert target.stagingFiles() == []
     assert target.visibleFiles() == []
     with pytest.raises(RuntimeError, match="aborted"):
-        sink.write(txn, rows(30, 1))
+        sink.writer.write(txn, rows(30, 1))
 
 
 def test_recoverAndAbort_removes_an_attempt_that_never_prepared(target: Target) -> None:
-    sink = participant(target)
-    crashed = sink.beginTransaction(context(batchId=4, partitionId=0))
-    sink.write(crashed, rows(0, 10))  # the task's worker was killed here: files stay open
-    kept = prepare(sink, [rows(10, 10)], context(batchId=4, partitionId=1))
-    undecided = prepare(sink, [rows(20, 10)], context(batchId=3, partitionId=0))
+    sink = sinkOf(target)
+    crashed = sink.writer.beginTransaction(context(batchId=4, partitionId=0))
+    sink.writer.write(crashed, rows(0, 10))  # the task's worker was killed here: files stay open
+    kept = prepare(sink.writer, [rows(10, 10)], context(batchId=4, partitionId=1))
+    undecided = prepare(sink.writer, [rows(20, 10)], context(batchId=3, partitionId=0))
 
-    aborted = sink.recoverAndAbort(RecoveryScope(sinkId=SINK, keep=(kept,)))
+    aborted = sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK, keep=(kept,)))
 
     assert sorted(h["staging"] for h in aborted) == sorted([crashed.staging, undecided["staging"]])
     assert {(h["batchId"], h.get("partitionId"), h.get("attempt")) for h in aborted} == {
@@ -372,18 +386,18 @@ def test_recoverAndAbort_removes_an_attempt_that_never_prepared(target: Target) 
     assert target.fs.exists(f"{target.root}/{stagingBatchDir(SINK, 3)}") is False
     assert target.visibleFiles() == []
 
-    sink.commit(kept)  # the kept handle still commits
+    sink.committer.commit(kept)  # the kept handle still commits
     assert idsOf(target.dataset().to_table()) == list(range(10, 20))
-    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
+    assert sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
 
 
 def test_recoverAndAbort_of_one_batch_leaves_other_batches_and_other_sinks(target: Target) -> None:
-    sink = participant(target)
-    straggler = prepare(sink, [rows(0, 5)], context(batchId=8, attempt=1))
-    nextBatch = prepare(sink, [rows(5, 5)], context(batchId=9))
-    otherSink = prepare(sink, [rows(10, 5)], context(batchId=8, sinkId="other query"))
+    sink = sinkOf(target)
+    straggler = prepare(sink.writer, [rows(0, 5)], context(batchId=8, attempt=1))
+    nextBatch = prepare(sink.writer, [rows(5, 5)], context(batchId=9))
+    otherSink = prepare(sink.writer, [rows(10, 5)], context(batchId=8, sinkId="other query"))
 
-    aborted = sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=8))
+    aborted = sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=8))
 
     assert [h["staging"] for h in aborted] == [straggler["staging"]]
     remaining = set(target.stagingFiles())
@@ -392,41 +406,41 @@ def test_recoverAndAbort_of_one_batch_leaves_other_batches_and_other_sinks(targe
 
 
 def test_recoverAndAbort_with_nothing_to_do_is_cheap_and_empty(target: Target) -> None:
-    sink = participant(target)
+    sink = sinkOf(target)
 
-    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
-    assert sink.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=0)) == []
+    assert sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
+    assert sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK, batchId=0)) == []
 
 
 def test_two_queries_on_one_path_never_share_file_names(local: Target) -> None:
-    sink = participant(local)
-    first = prepare(sink, [rows(0, 5)], context(batchId=0, sinkId="checkpoint-a"))
-    second = prepare(sink, [rows(5, 5)], context(batchId=0, sinkId="checkpoint-b"))
+    sink = sinkOf(local)
+    first = prepare(sink.writer, [rows(0, 5)], context(batchId=0, sinkId="checkpoint-a"))
+    second = prepare(sink.writer, [rows(5, 5)], context(batchId=0, sinkId="checkpoint-b"))
 
-    sink.commit(first)
-    sink.commit(second)
+    sink.committer.commit(first)
+    sink.committer.commit(second)
 
     assert idsOf(local.dataset().to_table()) == list(range(10))
 
 
 def test_commit_refuses_handles_that_point_outside_staging(local: Target) -> None:
-    sink = participant(local)
-    handle = prepare(sink, [rows(0, 5)])
+    sink = sinkOf(local)
+    handle = prepare(sink.writer, [rows(0, 5)])
 
     with pytest.raises(ValueError, match="staging directory"):
-        sink.abort({**handle, "staging": "../elsewhere"})
+        sink.committer.abort({**handle, "staging": "../elsewhere"})
     with pytest.raises(ValueError, match="not a files handle"):
-        sink.commit({**handle, "kind": "postgres"})
+        sink.committer.commit({**handle, "kind": "postgres"})
 
 
 # -- layout: rolling, partitioning, open writers --------------------------------------------
 
 
 def test_maxRecordsPerFile_rolls_to_the_right_number_of_files(target: Target) -> None:
-    sink = participant(target, maxRecordsPerFile=1000)
-    handle = prepare(sink, [rows(i * 700, 700) for i in range(10)])  # 7000 rows
+    sink = sinkOf(target, maxRecordsPerFile=1000)
+    handle = prepare(sink.writer, [rows(i * 700, 700) for i in range(10)])  # 7000 rows
 
-    sink.commit(handle)
+    sink.committer.commit(handle)
 
     assert [f["rows"] for f in handle["files"]] == [1000] * 7
     assert len(target.visibleFiles()) == 7
@@ -438,7 +452,7 @@ def test_maxRecordsPerFile_rolls_to_the_right_number_of_files(target: Target) ->
 
 
 def test_partitionBy_writes_hive_directories_read_back_with_their_values(target: Target) -> None:
-    sink = participant(target, partitionBy="region,day")
+    sink = sinkOf(target, partitionBy="region,day")
     regions = ["eu/west", "us:east", None, "", "50% off", "a=b", "é ü"]
     count = 70
     batch = pa.record_batch(
@@ -448,8 +462,8 @@ def test_partitionBy_writes_hive_directories_read_back_with_their_values(target:
             "day": pa.array([dt.date(2024, 1, 1 + i % 2) for i in range(count)]),
         }
     )
-    handle = prepare(sink, [batch])
-    sink.commit(handle)
+    handle = prepare(sink.writer, [batch])
+    sink.committer.commit(handle)
 
     finals = {f["final"].rsplit("/", 1)[0] for f in handle["files"]}
     assert "region=eu%2Fwest/day=2024-01-01" in finals
@@ -480,11 +494,11 @@ def test_partitionBy_writes_hive_directories_read_back_with_their_values(target:
 
 
 def test_more_partitions_than_open_writers_closes_the_least_recently_used(local: Target) -> None:
-    sink = participant(local, partitionBy="bucket", maxOpenFiles=2)
+    sink = sinkOf(local, partitionBy="bucket", maxOpenFiles=2)
     batches = [rows(i * 30, 30) for i in range(4)]  # every batch touches buckets 0, 1 and 2
 
-    handle = prepare(sink, batches)
-    sink.commit(handle)
+    handle = prepare(sink.writer, batches)
+    sink.committer.commit(handle)
 
     assert len(handle["files"]) > 3  # evicted writers reopen as new parts
     assert len({f["final"] for f in handle["files"]}) == len(handle["files"])
@@ -536,9 +550,9 @@ def mixedBatch() -> pa.RecordBatch:
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_json_lines_round_trip(target: Target, compression: str) -> None:
-    sink = participant(target, format="json", compression=compression)
-    handle = prepare(sink, [mixedBatch()])
-    sink.commit(handle)
+    sink = sinkOf(target, format="json", compression=compression)
+    handle = prepare(sink.writer, [mixedBatch()])
+    sink.committer.commit(handle)
 
     final = handle["files"][0]["final"]
     assert final.endswith(".json" if compression == "none" else ".json.gz")
@@ -581,7 +595,7 @@ def test_json_lines_round_trip(target: Target, compression: str) -> None:
 
 
 def test_json_lines_special_floats_and_zoned_timestamps(local: Target) -> None:
-    sink = participant(local, format="json")
+    sink = sinkOf(local, format="json")
     batch = pa.record_batch(
         {
             "x": pa.array([float("nan"), float("inf"), -float("inf"), -2.0, 1e20]),
@@ -591,8 +605,8 @@ def test_json_lines_special_floats_and_zoned_timestamps(local: Target) -> None:
             ),
         }
     )
-    handle = prepare(sink, [batch])
-    sink.commit(handle)
+    handle = prepare(sink.writer, [batch])
+    sink.committer.commit(handle)
 
     text = Path(local.root, handle["files"][0]["final"]).read_text()
     assert [line.split(",")[0] for line in text.splitlines()] == [
@@ -608,9 +622,9 @@ def test_json_lines_special_floats_and_zoned_timestamps(local: Target) -> None:
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_csv_round_trip(target: Target, compression: str) -> None:
-    sink = participant(target, format="csv", compression=compression, partitionBy="bucket")
-    handle = prepare(sink, [rows(0, 60)])
-    sink.commit(handle)
+    sink = sinkOf(target, format="csv", compression=compression, partitionBy="bucket")
+    handle = prepare(sink.writer, [rows(0, 60)])
+    sink.committer.commit(handle)
 
     assert all(
         f["final"].endswith(".csv" if compression == "none" else ".csv.gz") for f in handle["files"]
@@ -630,11 +644,11 @@ def test_parquet_compression_codecs(local: Target) -> None:
         ("none", ".parquet", "UNCOMPRESSED"),
         ("gzip", ".gz.parquet", "GZIP"),
     ]:
-        sink = participant(local, compression=codec)
+        sink = sinkOf(local, compression=codec)
         handle = prepare(
-            sink, [rows(0, 10)], context(batchId={"zstd": 0, "none": 1, "gzip": 2}[codec])
+            sink.writer, [rows(0, 10)], context(batchId={"zstd": 0, "none": 1, "gzip": 2}[codec])
         )
-        sink.commit(handle)
+        sink.committer.commit(handle)
         final = handle["files"][0]["final"]
         assert final.endswith(extension)
         meta = pq.ParquetFile(Path(local.root, final)).metadata
@@ -728,20 +742,108 @@ def test_bad_options_name_the_option_and_the_fix(options: dict[str, str], messag
 def test_data_the_options_cannot_write_is_refused_at_the_first_batch(
     local: Target, options: dict[str, str], batch: pa.RecordBatch, message: str
 ) -> None:
-    sink = participant(local, **options)
-    txn = sink.beginTransaction(context())
+    sink = sinkOf(local, **options)
+    txn = sink.writer.beginTransaction(context())
     with pytest.raises(ValueError, match=message):
-        sink.write(txn, batch)
-    sink.abortTransaction(txn)
+        sink.writer.write(txn, batch)
+    sink.writer.abortTransaction(txn)
     assert local.files() == []
 
 
+def test_the_driver_refuses_a_schema_the_options_cannot_write_before_tasks_run() -> None:
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    schema = StructType(
+        [StructField("id", LongType()), StructField("tags", ArrayType(StringType()))]
+    )
+    FilesSink({"path": "/tmp/out"}).validate(schema)
+    with pytest.raises(ValueError, match="option partitionBy: column 'missing' is missing"):
+        FilesSink({"path": "/tmp/out", "partitionBy": "missing"}).validate(schema)
+    with pytest.raises(ValueError, match="option format=csv cannot write column 'tags'"):
+        FilesSink({"path": "/tmp/out", "format": "csv"}).validate(schema)
+    with pytest.raises(ValueError, match="option format='avro' is not supported"):
+        FilesSink({"path": "/tmp/out", "format": "avro"}).validate(schema)
+
+
 def test_schema_change_within_a_transaction_is_refused(local: Target) -> None:
-    sink = participant(local)
-    txn = sink.beginTransaction(context())
-    sink.write(txn, rows(0, 3))
+    sink = sinkOf(local)
+    txn = sink.writer.beginTransaction(context())
+    sink.writer.write(txn, rows(0, 3))
     with pytest.raises(ValueError, match="schema changed"):
-        sink.write(txn, pa.record_batch({"id": [1]}))
+        sink.writer.write(txn, pa.record_batch({"id": [1]}))
+
+
+# -- secrets ------------------------------------------------------------------------------
+
+CREDENTIALS = {
+    "fs.key": "AKIAEXAMPLEKEY",
+    "fs.secret": "wJalrXUtnFEMIsecretvalue",
+    "fs.token": "session-token-value",
+    "fs.password": "hunter2hunter2",
+    "fs.client_kwargs": '{"aws_secret_access_key": "clientkwargssecret"}',
+    "fs.connection_string": "AccountKey=connectionstringsecret",
+}
+"""Storage options that can hold a credential: never in sink.json, never in a handle."""
+
+
+def test_sink_json_keeps_what_recovery_needs_and_no_storage_credential(target: Target) -> None:
+    shaping = {
+        "path": target.url,
+        "format": "json",
+        "compression": "gzip",
+        "partitionBy": "bucket",
+        "maxRecordsPerFile": "7",
+        "maxOpenFiles": "4",
+        "header": "false",
+        "fs.anon": "false",
+        "checkpointLocation": "/tmp/cp",
+        "sinkId": SINK,
+    }
+    # Spark hands a data source its options with lower-cased keys.
+    options = {k.lower(): v for k, v in {**shaping, **CREDENTIALS}.items()}
+
+    public = publicOptions(options, FilesSink.safeOptions)
+
+    assert public == {k.lower(): v for k, v in shaping.items()}
+    text = json.dumps(public)
+    assert not any(secret in text for secret in CREDENTIALS.values())
+    # A committer rebuilt from sink.json alone (`twophase recover`) has the writer's settings
+    # but for the credentials, and finishes and sweeps the writer's transactions.
+    full = FilesSettings.fromOptions(options)
+    recovered = FilesSink(public).createCommitter()
+    assert recovered.settings == FilesSettings(
+        **{**full.__dict__, "storageOptions": {"anon": False}}
+    )
+    writer = FilesWriter(FilesSettings.fromOptions({**options, "fs.anon": "false"}))
+    handle = prepare(writer, [rows(0, 20)])
+    stray = prepare(writer, [rows(20, 5)], context(batchId=1))
+    recovered.commit(handle)
+    assert [h["staging"] for h in recovered.recoverAndAbort(RecoveryScope(sinkId=SINK))] == [
+        stray["staging"]
+    ]
+    assert idsOf(target.dataset("json").to_table()) == list(range(20))
+
+
+def test_no_handle_in_the_decision_log_holds_a_storage_credential() -> None:
+    name = f"twophase-test-{uuid.uuid4().hex[:8]}"
+    options = {"path": f"memory://{name}", "partitionBy": "bucket", **CREDENTIALS}
+    sink = FilesSink(options)
+    writer, committer = sink.createWriter(), sink.createCommitter()
+    try:
+        handles = [prepare(writer, [rows(0, 30)]), prepare(writer, [rows(30, 5)], context(1))]
+        crashed = writer.beginTransaction(context(batchId=2))
+        writer.write(crashed, rows(40, 5))
+        handles += committer.recoverAndAbort(RecoveryScope(sinkId=SINK, keep=(handles[0],)))
+        committer.commit(handles[0])
+    finally:
+        fsspec.filesystem("memory").rm(f"/{name}", recursive=True)
+
+    assert len(handles) == 4
+    for handle in handles:
+        text = dumpsHandle(handle)
+        assert not any(secret in text for secret in CREDENTIALS.values()), text
+        described = committer.describe(handle)
+        assert not any(secret in described for secret in CREDENTIALS.values()), described
 
 
 # -- resources ------------------------------------------------------------------------------
@@ -755,14 +857,14 @@ def test_memory_stays_bounded_by_one_batch(local: Target, format: str, batches: 
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pool)
     try:
-        sink = participant(local, format=format)
-        txn = sink.beginTransaction(context())
+        sink = sinkOf(local, format=format)
+        txn = sink.writer.beginTransaction(context())
         batchBytes = rows(0, 50_000).nbytes
         tracemalloc.start()
         try:
             for i in range(batches):
-                sink.write(txn, rows(i * 50_000, 50_000))
-            handle = sink.preCommit(txn)
+                sink.writer.write(txn, rows(i * 50_000, 50_000))
+            handle = sink.writer.preCommit(txn)
             _, pythonPeak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()

@@ -1,5 +1,5 @@
 """``twophase.verify`` and ``twophase verify`` without servers: the multiset comparison, files
-written by the real files participant (committed and staged), and the command's exit codes.
+written by the real files sink (committed and staged), and the command's exit codes.
 
 PostgreSQL and Kafka are verified against the real servers in ``integration_tests/test_verify.py``.
 """
@@ -19,18 +19,19 @@ import pytest
 
 from twophase import cli
 from twophase.protocol import TransactionContext
-from twophase.sinks.files import FilesParticipant
-from twophase.sources.sequence import SequenceRange, SequenceReader, SequenceSettings
+from twophase.sinks.files import FilesCommitter, FilesSettings, FilesWriter
+from twophase.sources.sequence import SequenceSettings
+from twophase.spark.sequence import SequenceRange, SequenceReader
 from twophase.verify import (
     VerifyInputError,
     VerifyReport,
-    _decodeHex,
     actualFromFiles,
     asKafkaRecords,
     compare,
     expectedFromSequence,
     verify,
 )
+from twophase.verify.held import decodeHex
 
 SINK = "verify-test"
 
@@ -189,20 +190,26 @@ def test_sequence_rows_as_kafka_records() -> None:
 # -- what a files sink holds ------------------------------------------------------------------
 
 
+def filesSink(options: dict[str, str]) -> FilesSettings:
+    """The files sink's settings from its options: what its writer and committer are built of."""
+    return FilesSettings.fromOptions(options)
+
+
 def writeBatch(
-    participant: FilesParticipant, batchId: int, parts: list[pa.Table], commit: bool = True
+    settings: FilesSettings, batchId: int, parts: list[pa.Table], commit: bool = True
 ) -> None:
-    """One micro-batch through the real participant: a task per part, then the driver."""
+    """One micro-batch through the real files sink: a task per part, then the driver."""
+    writer, committer = FilesWriter(settings), FilesCommitter(settings)
     handles = []
     for partition, part in enumerate(parts):
         ctx = TransactionContext(SINK, "q-1", batchId, partition, 0, "run-1")
-        txn = participant.beginTransaction(ctx)
+        txn = writer.beginTransaction(ctx)
         for batch in part.to_batches(max_chunksize=1000):
-            participant.write(txn, batch)
-        handles.append(participant.preCommit(txn))
+            writer.write(txn, batch)
+        handles.append(writer.preCommit(txn))
     if commit:
         for handle in handles:
-            participant.commit(handle)
+            committer.commit(handle)
 
 
 @pytest.mark.parametrize(
@@ -221,12 +228,12 @@ def test_committed_files_are_verified_and_staged_files_ignored(
     tmp_path: Path, options: dict[str, str]
 ) -> None:
     out = tmp_path / "out"
-    participant = FilesParticipant.fromOptions({"path": str(out), **options})
+    sink = filesSink({"path": str(out), **options})
     table = expectedFromSequence(0, 2000)
     table = table.append_column("bucket", pa.array(np.arange(2000) % 3, pa.int64()))
-    writeBatch(participant, 0, [table.slice(0, 700), table.slice(700, 500)])
-    writeBatch(participant, 1, [table.slice(1200, 800)])
-    writeBatch(participant, 2, [table.slice(0, 900)], commit=False)  # prepared, never decided
+    writeBatch(sink, 0, [table.slice(0, 700), table.slice(700, 500)])
+    writeBatch(sink, 1, [table.slice(1200, 800)])
+    writeBatch(sink, 2, [table.slice(0, 900)], commit=False)  # prepared, never decided
     assert any((out / "_twophase" / "staging").rglob("*.*"))
     sinkOptions = {"path": str(out), **options}
     names = ["f0", "f1"] if options.get("header") == "false" else None
@@ -234,7 +241,7 @@ def test_committed_files_are_verified_and_staged_files_ignored(
     assert report.ok, report.describe()
     assert report.actualRows == 2000
     # the same batch committed again (a sink that is not exactly-once) is seen
-    writeBatch(FilesParticipant.fromOptions({**sinkOptions}), 7, [table.slice(0, 10)])
+    writeBatch(filesSink({**sinkOptions}), 7, [table.slice(0, 10)])
     again = verify("sequence", {"end": "2000"}, "files", sinkOptions, sinkColumns=names)
     assert counts(again) == (0, 10, 0)
     assert [e.values["id"] for e in again.duplicatedExamples] == [0, 1, 2, 3, 4]
@@ -242,8 +249,8 @@ def test_committed_files_are_verified_and_staged_files_ignored(
 
 def test_partition_columns_come_back_as_columns(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    participant = FilesParticipant.fromOptions({"path": str(out), "partitionBy": "payload"})
-    writeBatch(participant, 0, [expectedFromSequence(0, 50)])
+    sink = filesSink({"path": str(out), "partitionBy": "payload"})
+    writeBatch(sink, 0, [expectedFromSequence(0, 50)])
     assert len(list(out.glob("payload=*"))) == 50
     assert verify("sequence", {"end": "50"}, "files", {"path": str(out)}).ok
     typed = {"path": str(out), "partitionBy": "payload"}
@@ -254,8 +261,8 @@ def test_text_files_keep_strings_that_look_like_numbers(tmp_path: Path) -> None:
     out = tmp_path / "out"
     offered = pa.table({"id": pa.array([1, 2], pa.int64()), "payload": ["007", "1e3"]})
     for fmt in ("csv", "json"):
-        participant = FilesParticipant.fromOptions({"path": str(out / fmt), "format": fmt})
-        writeBatch(participant, 0, [offered])
+        sink = filesSink({"path": str(out / fmt), "format": fmt})
+        writeBatch(sink, 0, [offered])
         actual = actualFromFiles(str(out / fmt), fmt, schema=offered.schema)
         assert actual.column("payload").to_pylist() == ["007", "1e3"]
         assert compare(offered, actual).ok
@@ -264,8 +271,8 @@ def test_text_files_keep_strings_that_look_like_numbers(tmp_path: Path) -> None:
 def test_binary_columns_of_json_files_are_decoded_from_base64(tmp_path: Path) -> None:
     out = tmp_path / "out"
     offered = records([(b"\x00\xff", b"one"), (None, b"two")])
-    participant = FilesParticipant.fromOptions({"path": str(out), "format": "json"})
-    writeBatch(participant, 0, [offered])
+    sink = filesSink({"path": str(out), "format": "json"})
+    writeBatch(sink, 0, [offered])
     line = next(out.glob("*.json")).read_text().splitlines()[0]
     assert base64.b64encode(b"\x00\xff").decode() in line
     assert compare(offered, actualFromFiles(str(out), "json", schema=offered.schema)).ok
@@ -273,8 +280,8 @@ def test_binary_columns_of_json_files_are_decoded_from_base64(tmp_path: Path) ->
 
 def test_an_output_without_committed_files_misses_everything(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    participant = FilesParticipant.fromOptions({"path": str(out)})
-    writeBatch(participant, 0, [expectedFromSequence(0, 10)], commit=False)
+    sink = filesSink({"path": str(out)})
+    writeBatch(sink, 0, [expectedFromSequence(0, 10)], commit=False)
     report = verify("sequence", {"end": "10"}, "files", {"path": str(out)})
     assert counts(report) == (10, 0, 0)
 
@@ -297,10 +304,10 @@ def test_hex_text_decodes_to_bytes() -> None:
     text = pa.chunked_array(
         [pa.array([None if v is None else v.hex().upper() for v in values]).slice(1)]
     )
-    decoded = _decodeHex(text)
+    decoded = decodeHex(text)
     assert decoded.type == pa.binary()
     assert decoded.to_pylist() == values[1:]
-    assert _decodeHex(pa.chunked_array([], pa.string())).to_pylist() == []
+    assert decodeHex(pa.chunked_array([], pa.string())).to_pylist() == []
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -315,7 +322,7 @@ def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 @pytest.fixture
 def output(tmp_path: Path) -> Path:
     out = tmp_path / "out"
-    writeBatch(FilesParticipant.fromOptions({"path": str(out)}), 0, [expectedFromSequence(0, 100)])
+    writeBatch(filesSink({"path": str(out)}), 0, [expectedFromSequence(0, 100)])
     return out
 
 

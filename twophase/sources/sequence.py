@@ -1,8 +1,9 @@
-"""``twophase.sequence``: a replayable, deterministic stream for demos, benchmarks and proofs.
+"""The ``twophase.sequence`` stream's rows and offset math: replayable, deterministic, Spark-free.
 
 Row ``i`` is a pure function of its offset: ``id = i`` and ``payload = "row-<i>"``, so any
 offset range can be read again and gives the same rows, and a sink's output can be checked
-against the range with arithmetic alone. Offsets are ``{"offset": n}`` (rows before n offered).
+against the range with arithmetic alone. ``twophase.spark.sequence`` serves these rows as the
+Spark data source ``twophase.sequence`` (offsets ``{"offset": n}``: rows before n offered).
 
 Options: ``rowsPerBatch`` (admission limit per micro-batch, default 1000), ``totalRows``
 (stop offering rows after that many; default: unbounded), ``numPartitions`` (default 2),
@@ -11,27 +12,21 @@ Options: ``rowsPerBatch`` (admission limit per micro-batch, default 1000), ``tot
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
 
 from twophase.settings import TwoPhaseConfigError, intOption
-from twophase.worker_gc import freezeWorkerHeap
 
 SCHEMA = "id long, payload string"
+"""The rows' schema as a Spark DDL string."""
+
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.string())])
 CHUNK_ROWS = 65536
+"""Rows per record batch when a range is read."""
 
 
 def sequenceRows(start: int, end: int) -> pa.RecordBatch:
@@ -39,6 +34,12 @@ def sequenceRows(start: int, end: int) -> pa.RecordBatch:
     ids = pa.array(np.arange(start, end, dtype=np.int64))
     payload = pc.binary_join_element_wise("row-", pc.cast(ids, pa.string()), "")
     return pa.RecordBatch.from_arrays([ids, payload], schema=ARROW_SCHEMA)
+
+
+def readRange(start: int, end: int) -> Iterator[pa.RecordBatch]:
+    """The rows of offsets ``[start, end)`` in record batches of at most ``CHUNK_ROWS`` rows."""
+    for chunk in range(start, end, CHUNK_ROWS):
+        yield sequenceRows(chunk, min(chunk + CHUNK_ROWS, end))
 
 
 @dataclass(frozen=True)
@@ -67,81 +68,61 @@ class SequenceSettings:
         return None if self.totalRows is None else self.startOffset + self.totalRows
 
 
-@dataclass(frozen=True)
-class SequenceRange(InputPartition):
-    """The offsets ``[start, end)`` one task reads."""
+class SequenceOffsets:
+    """Where the stream starts, where each micro-batch ends, and how a range splits into tasks.
 
-    start: int
-    end: int
-
-
-class SequenceSource(DataSource):
-    """Deterministic rows as a stream: ``spark.readStream.format("twophase.sequence")``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "twophase.sequence"
-
-    def schema(self) -> str:
-        freezeWorkerHeap()
-        return SCHEMA
-
-    def streamReader(self, schema: StructType) -> SequenceReader:
-        freezeWorkerHeap()
-        return SequenceReader(SequenceSettings.fromOptions(self.options))
-
-
-class SequenceReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offers ``rowsPerBatch`` rows per micro-batch until ``totalRows``; replayable by range."""
+    Offers ``rowsPerBatch`` rows per micro-batch (or the caller's row limit) until
+    ``totalRows``; under ``Trigger.AvailableNow`` everything up to ``totalRows`` at once.
+    """
 
     def __init__(self, settings: SequenceSettings) -> None:
         self.settings = settings
         self.availableNowEnd: int | None = None
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"offset": self.settings.startOffset}
+    def initial(self) -> int:
+        """The first offset of a new query."""
+        return self.settings.startOffset
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.settings.rowsPerBatch)
-
-    def prepareForTriggerAvailableNow(self) -> None:
+    def prepareAvailableNow(self) -> None:
         """Trigger.AvailableNow: everything up to ``totalRows`` (or one batch if unbounded)."""
         self.availableNowEnd = self.settings.endOffset
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        begin = int(start["offset"])
-        if isinstance(limit, ReadAllAvailable):
+    def batchEnd(self, begin: int, maxRows: int | None = None, readAll: bool = False) -> int:
+        """The end offset of the batch starting at ``begin``, never past ``totalRows``.
+
+        ``readAll``: the caller takes all that is available; else ``maxRows`` rows (default
+        ``rowsPerBatch``).
+        """
+        if readAll:
             end = (
                 self.availableNowEnd
                 or self.settings.endOffset
                 or begin + self.settings.rowsPerBatch
             )
-        elif isinstance(limit, ReadMaxRows):
-            end = begin + limit.max_rows
+        elif maxRows is not None:
+            end = begin + maxRows
         else:
             end = begin + self.settings.rowsPerBatch
         for cap in (self.settings.endOffset, self.availableNowEnd):
             if cap is not None:
                 end = min(end, cap)
-        return {"offset": max(begin, end)}
+        return max(begin, end)
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        end = self.settings.endOffset
-        return None if end is None else {"offset": end}
-
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[SequenceRange]:
-        first, last = int(start["offset"]), int(end["offset"])
+    def split(self, first: int, last: int) -> list[tuple[int, int]]:
+        """``[first, last)`` as at most ``numPartitions`` contiguous ``(start, end)`` ranges."""
         if last <= first:
             return []
         parts = min(self.settings.numPartitions, last - first)
         bounds = np.linspace(first, last, parts + 1, dtype=np.int64)
-        return [SequenceRange(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SequenceRange)
-        freezeWorkerHeap()
-        for chunk in range(partition.start, partition.end, CHUNK_ROWS):
-            yield sequenceRows(chunk, min(chunk + CHUNK_ROWS, partition.end))
 
-    def commit(self, end: dict[str, int]) -> None:
-        """Nothing to release: the sequence keeps no state."""
+__all__ = [
+    "ARROW_SCHEMA",
+    "CHUNK_ROWS",
+    "SCHEMA",
+    "SequenceOffsets",
+    "SequenceSettings",
+    "readRange",
+    "sequenceRows",
+]

@@ -1,4 +1,4 @@
-"""One base directory on an fsspec filesystem, with the durable primitives the files sink needs.
+"""Where the files sink's bytes live: one base directory on an fsspec filesystem, durably.
 
 Paths handed to and returned by :class:`Storage` are relative to the base directory and use
 ``/`` on every filesystem, so a handle written on one machine means the same files on another.
@@ -10,7 +10,6 @@ no-ops.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,8 +20,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from twophase.protocol import TransientCommitError
-
-log = logging.getLogger(__name__)
+from twophase.redaction import redact
 
 _TRANSIENT_ERRNOS = frozenset(
     {
@@ -67,7 +65,7 @@ def transientErrors(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         if isTransient(exc):
-            raise TransientCommitError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise TransientCommitError(redact(f"{what}: {type(exc).__name__}: {exc}")) from exc
         raise
 
 
@@ -75,8 +73,8 @@ class Storage:
     """A base directory on one fsspec filesystem; every method takes paths relative to it.
 
     Built from the user's ``path`` (any fsspec URL or local path) and fsspec storage options.
-    Not thread-safe and not meant to be pickled: build one per process (the participant does so
-    lazily).
+    Not thread-safe and not meant to be pickled: build one per process (:class:`Storages` does
+    so lazily).
     """
 
     def __init__(self, path: str, storageOptions: Mapping[str, Any]) -> None:
@@ -96,8 +94,6 @@ class Storage:
     def url(self) -> str:
         """The base directory as a URL another process can open (absolute for local paths)."""
         return str(self.fs.unstrip_protocol(self.root)) if not self.isLocal else self.root
-
-    # -- writing -------------------------------------------------------------------------
 
     def makedirs(self, rel: str) -> None:
         """Create ``rel`` and its parents if missing (a no-op on most object stores)."""
@@ -139,8 +135,6 @@ class Storage:
             finally:
                 os.close(fd)
 
-    # -- inspecting ----------------------------------------------------------------------
-
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(self.full(rel)))
 
@@ -175,8 +169,6 @@ class Storage:
     def invalidateCache(self) -> None:
         """Forget cached listings, so the next look reflects other processes' changes."""
         self.fs.invalidate_cache()
-
-    # -- moving and removing ---------------------------------------------------------------
 
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` to ``dst`` (atomic ``os.replace`` locally, copy + delete elsewhere)."""
@@ -219,6 +211,28 @@ class Storage:
         return True
 
 
+class Storages:
+    """The :class:`Storage` of each base path a process touches, opened lazily, once each.
+
+    A committer may meet handles naming its output path as a URL (``file:///out``) or as the
+    user wrote it (``out``): both keys lead to one ``Storage``. Holds open filesystems, so it
+    is never pickled; the writer and the committer build theirs after unpickling.
+    """
+
+    def __init__(self, storageOptions: Mapping[str, Any]) -> None:
+        self.storageOptions = dict(storageOptions)
+        self._byPath: dict[str, Storage] = {}
+
+    def get(self, path: str) -> Storage:
+        """The storage of base directory ``path`` (any fsspec URL or local path)."""
+        storage = self._byPath.get(path)
+        if storage is None:
+            storage = Storage(path, self.storageOptions)
+            self._byPath[path] = storage
+            self._byPath.setdefault(storage.url(), storage)
+        return storage
+
+
 def parentOf(rel: str) -> str:
     """The parent of a base-relative path (``""`` for the base itself)."""
     return posixpath.dirname(rel.strip("/"))
@@ -236,4 +250,4 @@ def ancestorsOf(rel: str, stop: str = "") -> list[str]:
     return out
 
 
-__all__ = ["Storage", "ancestorsOf", "isTransient", "parentOf", "transientErrors"]
+__all__ = ["Storage", "Storages", "ancestorsOf", "isTransient", "parentOf", "transientErrors"]

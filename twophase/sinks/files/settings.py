@@ -1,0 +1,221 @@
+"""The files sink's options: parsed and checked once into a frozen ``FilesSettings``.
+
+Errors are ``ValueError``s raised where an option is read, naming the option and the fix.
+``SAFE_OPTIONS`` says which of these options may be written to the checkpoint's ``sink.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from twophase.redaction import redact
+from twophase.sinks.files.formats import (
+    COMPRESSION_ALIASES,
+    DEFAULT_COMPRESSION,
+    EXTENSIONS,
+    FORMATS,
+)
+
+STORAGE_PREFIX = "fs."
+"""Options named ``fs.<name>`` are passed to the fsspec filesystem as storage option ``<name>``."""
+
+SAFE_OPTIONS = frozenset(
+    {
+        "path",
+        "format",
+        "compression",
+        "maxrecordsperfile",
+        "partitionby",
+        "maxopenfiles",
+        "header",
+        # Storage options that address a store but cannot hold a credential. Keys, secrets,
+        # tokens, passwords, connection strings and free-form ``fs.client_kwargs`` or
+        # ``fs.config_kwargs`` never reach sink.json: the committer reads them from the
+        # environment (AWS_*, AZURE_STORAGE_*, application default credentials...).
+        "fs.anon",
+        "fs.endpoint_url",
+        "fs.use_ssl",
+        "fs.requester_pays",
+        "fs.version_aware",
+        "fs.account_name",
+        "fs.project",
+    }
+)
+"""Options (lower-case) the committer may rebuild itself from: every option that shapes the
+output, and no storage credential."""
+
+
+def decodeStorageOption(value: str) -> Any:
+    """``fs.*`` values arrive as strings: ``true``/``false`` and JSON objects/arrays are decoded.
+
+    Everything else (numbers included) stays a string, so a numeric-looking secret is never
+    mangled; pass a JSON object under one key (e.g. ``fs.client_kwargs``) for typed values.
+    """
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+@dataclass(frozen=True)
+class FilesSettings:
+    """The files sink's options, parsed and checked once (``FilesSettings.fromOptions``).
+
+    Options (names case-insensitive, values strings as Spark passes them):
+
+    - ``path`` (required): output directory, any fsspec URL (``s3://b/p``, ``memory://p``) or
+      a local path.
+    - ``format``: ``parquet`` (default), ``json`` (JSON lines) or ``csv``.
+    - ``compression``: parquet ``snappy`` (default), ``zstd``, ``gzip``, ``none``; json and
+      csv ``none`` (default) or ``gzip``.
+    - ``maxRecordsPerFile``: roll to a new part file after this many rows; ``0`` (default) is
+      unlimited.
+    - ``partitionBy``: comma-separated columns; rows go to Hive-style ``col=value/``
+      directories and those columns are left out of the files, as Spark does.
+    - ``maxOpenFiles``: open part files per task before the least recently used is closed
+      (default 32).
+    - ``header``: csv only, write a header line (``true``, default) or not.
+    - ``fs.<name>``: passed to the fsspec filesystem as storage option ``<name>``.
+
+    Other options (the binding's own, Spark's ``checkpointLocation``...) are ignored.
+    """
+
+    path: str
+    format: str = "parquet"
+    compression: str = "snappy"
+    maxRecordsPerFile: int = 0
+    partitionBy: tuple[str, ...] = ()
+    maxOpenFiles: int = 32
+    header: bool = True
+    storageOptions: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("option path is required: set it to the output directory")
+        if self.format not in FORMATS:
+            raise ValueError(
+                f"option format={self.format!r} is not supported; use one of {', '.join(FORMATS)}"
+            )
+        allowed = EXTENSIONS[self.format]
+        if self.compression not in allowed:
+            raise ValueError(
+                f"option compression={self.compression!r} is not supported with "
+                f"format={self.format}; use one of {', '.join(allowed)}"
+            )
+        if self.maxRecordsPerFile < 0:
+            raise ValueError(
+                f"option maxRecordsPerFile={self.maxRecordsPerFile} must be >= 0 "
+                "(0 means unlimited)"
+            )
+        if self.maxOpenFiles < 1:
+            raise ValueError(f"option maxOpenFiles={self.maxOpenFiles} must be >= 1")
+        if len(set(self.partitionBy)) != len(self.partitionBy) or not all(self.partitionBy):
+            raise ValueError(
+                f"option partitionBy={','.join(self.partitionBy)!r} must list distinct, "
+                "non-empty column names separated by commas"
+            )
+
+    @property
+    def extension(self) -> str:
+        """File name suffix for this format and compression, e.g. ``.snappy.parquet``."""
+        return EXTENSIONS[self.format][self.compression]
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> FilesSettings:
+        """Parse Spark-style string options; ``ValueError`` names the bad option and the fix."""
+        lowered: dict[str, str] = {}
+        storage: dict[str, Any] = {}
+        for key, value in options.items():
+            if key.lower().startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+                storage[key[len(STORAGE_PREFIX) :]] = decodeStorageOption(str(value))
+            else:
+                lowered[key.lower()] = str(value)
+
+        path = lowered.get("path", "").strip()
+        if not path:
+            raise ValueError(
+                "option path is required: set .option('path', <directory or fsspec URL>) "
+                "or pass it to .start(path)"
+            )
+        checkProtocol(path)
+
+        fmt = lowered.get("format", "parquet").strip().lower() or "parquet"
+        if fmt not in FORMATS:
+            raise ValueError(
+                f"option format={fmt!r} is not supported; use one of {', '.join(FORMATS)}"
+            )
+        compression = lowered.get("compression", "").strip().lower()
+        compression = COMPRESSION_ALIASES.get(compression, compression)
+        compression = compression or DEFAULT_COMPRESSION[fmt]
+
+        maxRecords = _intOption(lowered, "maxrecordsperfile", "maxRecordsPerFile", 0)
+        maxOpen = _intOption(lowered, "maxopenfiles", "maxOpenFiles", 32)
+
+        partitionText = lowered.get("partitionby", "").strip()
+        partitionBy = (
+            tuple(name.strip() for name in partitionText.split(",")) if partitionText else ()
+        )
+
+        headerText = lowered.get("header", "true").strip().lower()
+        if headerText not in ("true", "false"):
+            raise ValueError(f"option header={headerText!r} must be true or false")
+
+        return cls(
+            path=path,
+            format=fmt,
+            compression=compression,
+            maxRecordsPerFile=maxRecords,
+            partitionBy=partitionBy,
+            maxOpenFiles=maxOpen,
+            header=headerText == "true",
+            storageOptions=storage,
+        )
+
+
+def _intOption(options: Mapping[str, str], key: str, name: str, default: int) -> int:
+    text = options.get(key, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"option {name}={text!r} must be an integer") from None
+
+
+def checkProtocol(path: str) -> None:
+    """Refuse a ``path`` whose URL protocol fsspec does not know or cannot load."""
+    protocol, _ = fsspec.core.split_protocol(path)
+    if protocol is None:
+        return
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ValueError(
+            redact(
+                f"option path={path!r}: fsspec knows no filesystem for protocol {protocol!r}; "
+                "use a local path or a supported URL (file://, s3://, gs://, abfs://, hdfs://...)"
+            )
+        ) from None
+    except ImportError as exc:
+        raise ValueError(
+            redact(f"option path={path!r}: protocol {protocol!r} needs an extra package: {exc}")
+        ) from None
+
+
+__all__ = [
+    "SAFE_OPTIONS",
+    "STORAGE_PREFIX",
+    "FilesSettings",
+    "checkProtocol",
+    "decodeStorageOption",
+]

@@ -1,0 +1,259 @@
+"""The files sink's executor half: stream a task's rows into hidden staged part files.
+
+Each task attempt writes under its own staging directory of the output path (see
+:mod:`twophase.sinks.files.layout`); ``preCommit`` closes and syncs the files and returns a
+handle naming them. Nothing here makes a file visible: that is the committer's rename.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pyarrow as pa
+
+from twophase.protocol import Handle, TransactionContext, TransactionWriter
+from twophase.redaction import getLogger
+from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
+from twophase.sinks.files.handles import StagedFile, preparedHandle
+from twophase.sinks.files.layout import attemptDirName, finalFileName, stagingBatchDir
+from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartition
+from twophase.sinks.files.settings import FilesSettings
+from twophase.sinks.files.storage import Storage, Storages, ancestorsOf, parentOf
+
+log = getLogger(__name__)
+
+
+def checkWritable(schema: pa.Schema, settings: FilesSettings) -> list[int]:
+    """Refuse a schema the options cannot write; return the indices of the file columns.
+
+    A partition column that is missing or cannot name a directory, or a column the format
+    cannot hold, raises ``ValueError`` naming the option. The writer checks each task's first
+    batch; the Spark binding checks the query's schema on the driver before tasks run.
+    """
+    columns = dataColumnIndices(schema, settings.partitionBy)
+    checkFormatSupports(schema, settings.format)
+    return columns
+
+
+@dataclass
+class OpenPart:
+    """A part file being written: its partition directory, final and staged names, encoder."""
+
+    directory: str
+    final: str
+    staging: str
+    raw: IO[bytes]
+    writer: FormatWriter
+    rows: int = 0
+
+
+@dataclass(eq=False)
+class FilesTransaction:
+    """An open files transaction: one task attempt's staging directory and its open writers.
+
+    Lives in one executor task only (holds open files); never pickled.
+    """
+
+    ctx: TransactionContext
+    path: str
+    staging: str
+    schema: pa.Schema | None = None
+    dataSchema: pa.Schema | None = None
+    dataColumns: list[int] = field(default_factory=list)
+    openParts: OrderedDict[str, OpenPart] = field(default_factory=OrderedDict)
+    files: list[StagedFile] = field(default_factory=list)
+    nextPart: int = 0
+    rows: int = 0
+    state: str = "open"
+    handle: Handle | None = None
+    madeDirs: set[str] = field(default_factory=set)
+
+
+class FilesWriter(TransactionWriter[FilesTransaction]):
+    """Executor, once per task attempt: rows into staged files, invisible to readers.
+
+    - Nothing a transaction writes is visible to readers that skip ``_``-prefixed paths: it
+      all lands below ``<path>/_twophase/staging/<sinkTag>/``.
+    - On the local filesystem each staged file and its directories are fsynced in
+      ``preCommit``; elsewhere a closed file is as durable as the store makes it.
+    - Memory per task is bounded by a small multiple of one record batch: rows stream into
+      at most ``maxOpenFiles`` open writers and are never accumulated.
+    """
+
+    def __init__(self, settings: FilesSettings) -> None:
+        self.settings = settings
+        self._storages = Storages(settings.storageOptions)
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> FilesWriter:
+        """Build from Spark-style string options (see :class:`FilesSettings`)."""
+        return cls(FilesSettings.fromOptions(options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.settings = state["settings"]
+        self._storages = Storages(self.settings.storageOptions)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"FilesWriter(path={s.path!r}, format={s.format}, compression={s.compression})"
+
+    @property
+    def storage(self) -> Storage:
+        """The output directory's filesystem, opened lazily once per process."""
+        return self._storages.get(self.settings.path)
+
+    def beginTransaction(self, ctx: TransactionContext) -> FilesTransaction:
+        """Executor: reserve a fresh staging directory for this attempt; writes nothing yet.
+
+        The directory name carries run, partition and attempt plus a random suffix, so two
+        attempts (retries, speculation, a zombie of an earlier run) never share one.
+        """
+        attemptDir = attemptDirName(ctx.runId, ctx.partitionId, ctx.attemptNumber)
+        staging = f"{stagingBatchDir(ctx.sinkId, ctx.batchId)}/{attemptDir}"
+        txn = FilesTransaction(ctx=ctx, path=self.storage.url(), staging=staging)
+        log.debug("files: begin %s staging at %s", ctx.transactionTag, staging)
+        return txn
+
+    def write(self, txn: FilesTransaction, batch: pa.RecordBatch) -> None:
+        """Executor: stream ``batch`` into the open part files; nothing becomes visible.
+
+        Rows go to their partition directory's open writer, rolling to a new part file when
+        ``maxRecordsPerFile`` would be exceeded (the batch is split). All batches of one
+        transaction must share one schema. Raises ``ValueError`` for a schema the options
+        cannot write (missing partition column, nested column in csv...).
+        """
+        if txn.state != "open":
+            raise RuntimeError(f"files: write to a {txn.state} transaction {txn.staging}")
+        if batch.num_rows == 0:
+            return
+        if txn.schema is None:
+            txn.dataColumns = checkWritable(batch.schema, self.settings)
+            txn.schema = batch.schema
+            txn.dataSchema = pa.schema(
+                [batch.schema.field(i) for i in txn.dataColumns], metadata=batch.schema.metadata
+            )
+        elif not batch.schema.equals(txn.schema, check_metadata=False):
+            raise ValueError(
+                "files: the record batch schema changed within one transaction "
+                f"({txn.schema} -> {batch.schema}); all rows of a task must share one schema"
+            )
+        for directory, rows in splitByPartition(batch, self.settings.partitionBy, txn.dataColumns):
+            self._append(txn, directory, rows)
+        txn.rows += batch.num_rows
+
+    def _append(self, txn: FilesTransaction, directory: str, rows: pa.RecordBatch) -> None:
+        limit = self.settings.maxRecordsPerFile
+        offset = 0
+        while offset < rows.num_rows:
+            part = self._openPart(txn, directory)
+            room = rows.num_rows - offset
+            if limit:
+                room = min(room, limit - part.rows)
+            chunk = rows if offset == 0 and room == rows.num_rows else rows.slice(offset, room)
+            part.writer.write(chunk)
+            part.rows += room
+            offset += room
+            if limit and part.rows >= limit:
+                self._closePart(txn, part)
+
+    def _openPart(self, txn: FilesTransaction, directory: str) -> OpenPart:
+        part = txn.openParts.get(directory)
+        if part is not None:
+            txn.openParts.move_to_end(directory)
+            return part
+        while len(txn.openParts) >= self.settings.maxOpenFiles:
+            _, oldest = next(iter(txn.openParts.items()))
+            self._closePart(txn, oldest)
+        ctx = txn.ctx
+        name = finalFileName(
+            ctx.sinkId, ctx.batchId, ctx.partitionId, txn.nextPart, self.settings.extension
+        )
+        txn.nextPart += 1
+        final = f"{directory}/{name}" if directory else name
+        staging = f"{txn.staging}/{final}"
+        parent = parentOf(staging)
+        if parent not in txn.madeDirs:
+            self.storage.makedirs(parent)
+            txn.madeDirs.add(parent)
+        raw = self.storage.create(staging)
+        assert txn.dataSchema is not None
+        s = self.settings
+        try:
+            writer = formatWriter(raw, txn.dataSchema, s.format, s.compression, s.header)
+        except BaseException:
+            raw.close()
+            raise
+        part = OpenPart(directory=directory, final=final, staging=staging, raw=raw, writer=writer)
+        txn.openParts[directory] = part
+        return part
+
+    def _closePart(self, txn: FilesTransaction, part: OpenPart) -> None:
+        del txn.openParts[part.directory]
+        try:
+            part.writer.close()
+        finally:
+            part.raw.close()
+        self.storage.syncFile(part.staging)
+        txn.files.append(StagedFile(staging=part.staging, final=part.final, rows=part.rows))
+
+    def preCommit(self, txn: FilesTransaction) -> Handle:
+        """Executor: close every part file, fsync files and directories, return the handle.
+
+        Nothing is visible yet. Calling it again returns the same handle (its format is in
+        :mod:`twophase.sinks.files.handles`).
+        """
+        if txn.state == "prepared" and txn.handle is not None:
+            return txn.handle
+        if txn.state != "open":
+            raise RuntimeError(f"files: preCommit of a {txn.state} transaction {txn.staging}")
+        for part in list(txn.openParts.values()):
+            self._closePart(txn, part)
+        dirs: set[str] = set()
+        for staged in txn.files:
+            dirs.update(ancestorsOf(staged.staging))
+        self.storage.syncDirs(dirs)
+        handle = preparedHandle(txn.ctx, txn.path, txn.staging, txn.files)
+        txn.state = "prepared"
+        txn.handle = handle
+        log.debug(
+            "files: prepared %s: %d file(s), %d row(s)",
+            txn.ctx.transactionTag,
+            len(txn.files),
+            txn.rows,
+        )
+        return handle
+
+    def abortTransaction(self, txn: FilesTransaction) -> None:
+        """Executor, best effort: close writers and delete this attempt's staging directory.
+
+        Never raises; whatever it cannot delete is found later by ``recoverAndAbort``.
+        """
+        for part in list(txn.openParts.values()):
+            try:
+                part.writer.close()
+            except Exception:  # best effort: the files are discarded anyway
+                log.debug("files: closing %s during abort failed", part.staging, exc_info=True)
+            try:
+                part.raw.close()
+            except Exception:  # best effort
+                log.debug("files: closing %s during abort failed", part.staging, exc_info=True)
+        txn.openParts.clear()
+        txn.state = "aborted"
+        try:
+            self.storage.removeTree(txn.staging)
+        except Exception:  # best effort by contract
+            log.warning(
+                "files: could not delete staging %s of aborted %s; recoverAndAbort will",
+                txn.staging,
+                txn.ctx.transactionTag,
+                exc_info=True,
+            )
+
+
+__all__ = ["FilesTransaction", "FilesWriter", "OpenPart", "checkWritable"]
