@@ -26,15 +26,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from integration_tests.spark_harness import (
-    FILES,
-    Harness,
-    SinkUnderTest,
-    assertExactlyOnce,
-    visibleIds,
-)
+from integration_tests.sink_outputs import FILES, SinkUnderTest, assertExactlyOnce, visibleIds
+from integration_tests.spark_harness import Harness
 from integration_tests.test_spark_user_sink import USER_SINK
-from twophase.coordinator.log import BatchStatus
+from twophase.coordinator.records import BatchStatus
 
 ROWS_PER_BATCH = 2000
 BATCHES = 4

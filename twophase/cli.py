@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from twophase.coordinator import Coordinator, DecisionLog
 from twophase.coordinator.description import SINK_DESCRIPTION, readSinkDescription
-from twophase.coordinator.log import sinkLogLocations
+from twophase.coordinator.paths import sinkLogLocations
 from twophase.protocol import Committer
 from twophase.redaction import getLogger, rememberSecrets
 from twophase.settings import coordinatorSettings

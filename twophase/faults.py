@@ -19,9 +19,10 @@ item in that directory): several task points armed in one query start each kill 
 
 from __future__ import annotations
 
-from twophase.redaction import getLogger
 import os
 import signal
+
+from twophase.redaction import getLogger
 
 log = getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from twophase.coordinator.log import logLocationFor
+from twophase.coordinator.paths import logLocationFor
 from twophase.coordinator.settings import CoordinatorSettings
 
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")

@@ -11,13 +11,8 @@ from twophase.coordinator.errors import (
     DecisionConflictError,
     LogOwnershipError,
 )
-from twophase.coordinator.log import (
-    BatchState,
-    BatchStatus,
-    DecisionLog,
-    LoggedHandle,
-    LogOwner,
-)
+from twophase.coordinator.log import DecisionLog
+from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle, LogOwner
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
 from twophase.coordinator.settings import CoordinatorSettings
 

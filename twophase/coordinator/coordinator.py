@@ -23,7 +23,8 @@ from typing import Any
 
 from twophase.coordinator.errors import CommitFailedError, CoordinatorError, LogOwnershipError
 from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
-from twophase.coordinator.log import BatchState, BatchStatus, DecisionLog, LoggedHandle
+from twophase.coordinator.log import DecisionLog
+from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import crashPoint

@@ -22,7 +22,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from twophase.coordinator.log import LoggedHandle
+from twophase.coordinator.records import LoggedHandle
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import armed, crashPoint
 from twophase.protocol import Handle, TransientCommitError

@@ -29,16 +29,13 @@ the records they must return (normally none); those bulk scans trust a committed
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
-import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 import fsspec.core
@@ -46,110 +43,29 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from twophase.coordinator.errors import DecisionConflictError, LogOwnershipError
-from twophase.protocol import Handle, TaskResult, dumpsHandle
+from twophase.coordinator.paths import logLocationFor
+from twophase.coordinator.records import (
+    FORMAT,
+    RECORD_NAME,
+    BatchState,
+    BatchStatus,
+    LoggedHandle,
+    LogOwner,
+    checksum,
+    isoTime,
+    parseTime,
+    parseTimeOrNone,
+    recordName,
+)
+from twophase.protocol import TaskResult
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
 
-FORMAT = 1
-"""Version of the record layout, stored in every record."""
-
 OWNER_FILE = "owner.json"
 TMP_PREFIX = "_tmp-"
-_RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted)\.json$")
 
-
-class BatchStatus(StrEnum):
-    """The state of one batch in the log."""
-
-    DECIDED = "decided"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-
-
-@dataclass(frozen=True)
-class LoggedHandle:
-    """One prepared transaction named by a decision: the task attempt that prepared it."""
-
-    partitionId: int
-    attemptNumber: int
-    handle: Handle
-    rows: int = 0
-
-    @property
-    def key(self) -> str:
-        """The handle's canonical JSON, the identity used to compare handles."""
-        return dumpsHandle(self.handle)
-
-    @classmethod
-    def fromResult(cls, result: TaskResult) -> LoggedHandle:
-        if result.handle is None:
-            raise ValueError("a task result without a handle has nothing to log")
-        return cls(result.partitionId, result.attemptNumber, dict(result.handle), result.rows)
-
-    def toJson(self) -> dict[str, Any]:
-        return {
-            "partitionId": self.partitionId,
-            "attemptNumber": self.attemptNumber,
-            "rows": self.rows,
-            "handle": self.handle,
-        }
-
-    @classmethod
-    def fromJson(cls, data: Mapping[str, Any]) -> LoggedHandle:
-        handle = data["handle"]
-        if not isinstance(handle, dict):
-            raise ValueError("handle is not a JSON object")
-        return cls(int(data["partitionId"]), int(data["attemptNumber"]), handle, int(data["rows"]))
-
-
-@dataclass(frozen=True)
-class BatchState:
-    """The last complete state of one batch, with the handles its decision names."""
-
-    batchId: int
-    status: BatchStatus
-    handles: tuple[LoggedHandle, ...] = ()
-    queryId: str | None = None
-    decidedAt: datetime | None = None
-    committedAt: datetime | None = None
-    abortedAt: datetime | None = None
-    commitSeconds: float | None = None
-
-    @property
-    def isDecided(self) -> bool:
-        """True once a decision exists: the batch must be committed, never rolled back."""
-        return self.status in (BatchStatus.DECIDED, BatchStatus.COMMITTED)
-
-    @property
-    def rows(self) -> int:
-        return sum(h.rows for h in self.handles)
-
-    @property
-    def handleKeys(self) -> frozenset[str]:
-        return frozenset(h.key for h in self.handles)
-
-    def toJson(self) -> dict[str, Any]:
-        return {
-            "batchId": self.batchId,
-            "status": str(self.status),
-            "queryId": self.queryId,
-            "decidedAt": _isoOrNone(self.decidedAt),
-            "committedAt": _isoOrNone(self.committedAt),
-            "abortedAt": _isoOrNone(self.abortedAt),
-            "commitSeconds": self.commitSeconds,
-            "rows": self.rows,
-            "handles": [h.toJson() for h in self.handles],
-        }
-
-
-@dataclass(frozen=True)
-class LogOwner:
-    """Which streaming query writes this log (``owner.json``)."""
-
-    sinkId: str
-    queryId: str
-    createdAt: datetime
+_DECIDED_OR_COMMITTED = frozenset({BatchStatus.DECIDED, BatchStatus.COMMITTED})
 
 
 class _CorruptRecord(Exception):
@@ -160,40 +76,6 @@ class _CorruptRecord(Exception):
 class _Listing:
     records: dict[int, dict[BatchStatus, str]] = field(default_factory=dict)
     temporary: list[tuple[str, float | None]] = field(default_factory=list)
-
-
-LOG_DIRECTORY = "twophase"
-"""The folder of a checkpoint that holds one decision log per sink."""
-
-
-def logLocationFor(checkpointLocation: str, sinkId: str) -> str:
-    """Where the log of ``sinkId`` lives by default: ``<checkpointLocation>/twophase/<sinkId>``.
-
-    ``sinkId`` must be usable as one path segment.
-    """
-    if not sinkId or "/" in sinkId or sinkId in (".", ".."):
-        raise ValueError(f"sink id {sinkId!r} cannot name a directory")
-    return f"{checkpointLocation.rstrip('/')}/{LOG_DIRECTORY}/{sinkId}"
-
-
-def sinkLogLocations(
-    checkpointLocation: str, sinkId: str | None = None
-) -> Iterator[tuple[str, str]]:
-    """(sinkId, log URL) of every sink log under ``<checkpointLocation>/twophase/``."""
-    fs, root = fsspec.core.url_to_fs(checkpointLocation)
-    base = f"{root.rstrip('/')}/{LOG_DIRECTORY}"
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    try:
-        entries = fs.ls(base, detail=True)
-    except FileNotFoundError:
-        return
-    for entry in sorted(entries, key=lambda e: str(e["name"])):
-        if entry["type"] != "directory":
-            continue
-        name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
-        if sinkId is None or name == sinkId:
-            yield name, f"{prefix}{entry['name']}"
 
 
 class DecisionLog:
@@ -257,7 +139,7 @@ class DecisionLog:
         except _CorruptRecord as exc:
             log.warning("decision log %s: ignoring %s: %s", self._url, OWNER_FILE, exc)
             return None
-        return LogOwner(str(body["sinkId"]), str(body["queryId"]), _parseTime(body["createdAt"]))
+        return LogOwner(str(body["sinkId"]), str(body["queryId"]), parseTime(body["createdAt"]))
 
     def claim(self, sinkId: str, queryId: str, reset: bool = False) -> LogOwner:
         """Make ``queryId`` the owner of the log; refuses a log owned by another query.
@@ -299,7 +181,7 @@ class DecisionLog:
             "format": FORMAT,
             "sinkId": sinkId,
             "queryId": queryId,
-            "createdAt": _iso(owner.createdAt),
+            "createdAt": isoTime(owner.createdAt),
         }
         try:
             # Exclusive only for a fresh log: two first starts racing must not both win.
@@ -338,11 +220,11 @@ class DecisionLog:
             "batchId": batchId,
             "state": str(BatchStatus.DECIDED),
             "queryId": queryId,
-            "decidedAt": _iso(now),
+            "decidedAt": isoTime(now),
             "rows": sum(e.rows for e in entries.values()),
             "handles": [e.toJson() for e in entries.values()],
         }
-        name = _recordName(batchId, BatchStatus.DECIDED)
+        name = recordName(batchId, BatchStatus.DECIDED)
         try:
             self._publish(name, body, exclusive=True)
         except FileExistsError:
@@ -381,10 +263,10 @@ class DecisionLog:
             "format": FORMAT,
             "batchId": batchId,
             "state": str(BatchStatus.COMMITTED),
-            "committedAt": _iso(datetime.now(UTC)),
+            "committedAt": isoTime(datetime.now(UTC)),
             "commitSeconds": round(commitSeconds, 6),
         }
-        self._publish(_recordName(batchId, BatchStatus.COMMITTED), body, exclusive=False)
+        self._publish(recordName(batchId, BatchStatus.COMMITTED), body, exclusive=False)
 
     def markAborted(self, batchId: int) -> None:
         """Record that undecided batch N was aborted; refused once N is decided. Idempotent."""
@@ -397,9 +279,9 @@ class DecisionLog:
             "format": FORMAT,
             "batchId": batchId,
             "state": str(BatchStatus.ABORTED),
-            "abortedAt": _iso(datetime.now(UTC)),
+            "abortedAt": isoTime(datetime.now(UTC)),
         }
-        self._publish(_recordName(batchId, BatchStatus.ABORTED), body, exclusive=False)
+        self._publish(recordName(batchId, BatchStatus.ABORTED), body, exclusive=False)
 
     # ------------------------------------------------------------------ queries
 
@@ -464,7 +346,7 @@ class DecisionLog:
             else {
                 "sinkId": owner.sinkId,
                 "queryId": owner.queryId,
-                "createdAt": _iso(owner.createdAt),
+                "createdAt": isoTime(owner.createdAt),
             },
             "committedBatches": len(committed),
             "lastCommitted": committed[-1] if committed else None,
@@ -527,7 +409,7 @@ class DecisionLog:
             if name.startswith(TMP_PREFIX):
                 listing.temporary.append((path, _ageSeconds(entry, now)))
                 continue
-            match = _RECORD_NAME.match(name)
+            match = RECORD_NAME.match(name)
             if match is None:
                 continue
             if entry.get("size") == 0:
@@ -567,9 +449,9 @@ class DecisionLog:
             status,
             decided.get("_handles", ()),
             queryId=decided.get("queryId"),
-            decidedAt=_parseTimeOrNone(decided.get("decidedAt")),
-            committedAt=_parseTimeOrNone(committed.get("committedAt")),
-            abortedAt=_parseTimeOrNone(aborted.get("abortedAt")),
+            decidedAt=parseTimeOrNone(decided.get("decidedAt")),
+            committedAt=parseTimeOrNone(committed.get("committedAt")),
+            abortedAt=parseTimeOrNone(aborted.get("abortedAt")),
             commitSeconds=committed.get("commitSeconds"),
         )
 
@@ -581,8 +463,8 @@ class DecisionLog:
             raise _CorruptRecord(f"not complete JSON ({exc})") from None
         if not isinstance(body, dict):
             raise _CorruptRecord("not a JSON object")
-        checksum = body.pop("checksum", None)
-        if checksum != _checksum(body):
+        stored = body.pop("checksum", None)
+        if stored != checksum(body):
             raise _CorruptRecord("checksum mismatch (torn or edited file)")
         return body
 
@@ -596,7 +478,7 @@ class DecisionLog:
 
     def _publish(self, name: str, body: Mapping[str, Any], *, exclusive: bool) -> None:
         """Create ``name`` atomically with ``body``; ``exclusive`` fails if it already exists."""
-        data = (json.dumps({**body, "checksum": _checksum(body)}, indent=2) + "\n").encode()
+        data = (json.dumps({**body, "checksum": checksum(body)}, indent=2) + "\n").encode()
         final = self._path(name)
         tmp = self._path(f"{TMP_PREFIX}{uuid.uuid4().hex}.json")
         if not self._madeRoot:
@@ -646,36 +528,6 @@ class DecisionLog:
             os.fsync(dirfd)
         finally:
             os.close(dirfd)
-
-
-_DECIDED_OR_COMMITTED = frozenset({BatchStatus.DECIDED, BatchStatus.COMMITTED})
-
-
-def _recordName(batchId: int, status: BatchStatus) -> str:
-    if batchId < 0:
-        raise ValueError(f"batch id must be >= 0, got {batchId}")
-    return f"batch-{batchId:020d}.{status}.json"
-
-
-def _checksum(body: Mapping[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds")
-
-
-def _isoOrNone(moment: datetime | None) -> str | None:
-    return None if moment is None else _iso(moment)
-
-
-def _parseTime(text: Any) -> datetime:
-    return datetime.fromisoformat(str(text))
-
-
-def _parseTimeOrNone(text: Any) -> datetime | None:
-    return None if text is None else _parseTime(text)
 
 
 def _ageSeconds(entry: Mapping[str, Any], now: float) -> float | None:

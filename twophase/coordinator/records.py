@@ -1,0 +1,144 @@
+"""What a decision log's records say: batch states, logged handles, the owner, their encoding.
+
+One record is one small JSON file named ``batch-<20-digit id>.<status>.json`` (or
+``owner.json``), carrying ``format`` and a ``checksum`` of its canonical body, so a torn or
+foreign file is never taken for a record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from twophase.protocol import Handle, TaskResult, dumpsHandle
+
+FORMAT = 1
+"""Version of the record layout, stored in every record."""
+
+RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted)\.json$")
+
+
+class BatchStatus(StrEnum):
+    """The state of one batch in the log."""
+
+    DECIDED = "decided"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class LoggedHandle:
+    """One prepared transaction named by a decision: the task attempt that prepared it."""
+
+    partitionId: int
+    attemptNumber: int
+    handle: Handle
+    rows: int = 0
+
+    @property
+    def key(self) -> str:
+        """The handle's canonical JSON, the identity used to compare handles."""
+        return dumpsHandle(self.handle)
+
+    @classmethod
+    def fromResult(cls, result: TaskResult) -> LoggedHandle:
+        if result.handle is None:
+            raise ValueError("a task result without a handle has nothing to log")
+        return cls(result.partitionId, result.attemptNumber, dict(result.handle), result.rows)
+
+    def toJson(self) -> dict[str, Any]:
+        return {
+            "partitionId": self.partitionId,
+            "attemptNumber": self.attemptNumber,
+            "rows": self.rows,
+            "handle": self.handle,
+        }
+
+    @classmethod
+    def fromJson(cls, data: Mapping[str, Any]) -> LoggedHandle:
+        handle = data["handle"]
+        if not isinstance(handle, dict):
+            raise ValueError("handle is not a JSON object")
+        return cls(int(data["partitionId"]), int(data["attemptNumber"]), handle, int(data["rows"]))
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """The last complete state of one batch, with the handles its decision names."""
+
+    batchId: int
+    status: BatchStatus
+    handles: tuple[LoggedHandle, ...] = ()
+    queryId: str | None = None
+    decidedAt: datetime | None = None
+    committedAt: datetime | None = None
+    abortedAt: datetime | None = None
+    commitSeconds: float | None = None
+
+    @property
+    def isDecided(self) -> bool:
+        """True once a decision exists: the batch must be committed, never rolled back."""
+        return self.status in (BatchStatus.DECIDED, BatchStatus.COMMITTED)
+
+    @property
+    def rows(self) -> int:
+        return sum(h.rows for h in self.handles)
+
+    @property
+    def handleKeys(self) -> frozenset[str]:
+        return frozenset(h.key for h in self.handles)
+
+    def toJson(self) -> dict[str, Any]:
+        return {
+            "batchId": self.batchId,
+            "status": str(self.status),
+            "queryId": self.queryId,
+            "decidedAt": isoTimeOrNone(self.decidedAt),
+            "committedAt": isoTimeOrNone(self.committedAt),
+            "abortedAt": isoTimeOrNone(self.abortedAt),
+            "commitSeconds": self.commitSeconds,
+            "rows": self.rows,
+            "handles": [h.toJson() for h in self.handles],
+        }
+
+
+@dataclass(frozen=True)
+class LogOwner:
+    """Which streaming query writes this log (``owner.json``)."""
+
+    sinkId: str
+    queryId: str
+    createdAt: datetime
+
+
+def recordName(batchId: int, status: BatchStatus) -> str:
+    if batchId < 0:
+        raise ValueError(f"batch id must be >= 0, got {batchId}")
+    return f"batch-{batchId:020d}.{status}.json"
+
+
+def checksum(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def isoTime(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def isoTimeOrNone(moment: datetime | None) -> str | None:
+    return None if moment is None else isoTime(moment)
+
+
+def parseTime(text: Any) -> datetime:
+    return datetime.fromisoformat(str(text))
+
+
+def parseTimeOrNone(text: Any) -> datetime | None:
+    return None if text is None else parseTime(text)
