@@ -433,7 +433,6 @@ def benchSession(master: str, partitions: int) -> Any:
         .appName("twophase-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.jars", kb.SPARK_KAFKA_JAR)
         .config("spark.jars.packages", f"{kb.SPARK_KAFKA_PACKAGES},{pb.JDBC_DRIVER}")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")

@@ -4,8 +4,8 @@ Writes (each into a fresh topic with ``--topic-partitions`` partitions):
 
 (a) the ``twophase.kafka`` sink: exactly-once, one open transaction per task, ended by the
     driver with EndTxn;
-(b) Spark's built-in Kafka sink (``format("kafka")``, at-least-once, the Java producer), from
-    Maven Central through ``spark.jars.packages``;
+(b) Spark's built-in Kafka sink (``format("kafka")``, at-least-once, the Java producer),
+    resolved by its Maven coordinates through ``spark.jars.packages``;
 (c) a raw confluent-kafka transactional producer outside Spark (one transaction per batch of
     rows, ``produce_batch``): what librdkafka alone does on this machine.
 
@@ -23,15 +23,12 @@ first on a small run so JVM start-up, jar download and Python worker start are n
 Prints rows/s and ratios, then the driver commit time per batch of (a) (p50, p95) as
 ``twophase status --checkpoint`` reports it from the decision log.
 
-Spark's Kafka connector: PySpark here is 4.3.0, but Maven Central has no Spark 4.3.0 artifacts
-(checked: spark-core_2.13 and spark-sql-kafka-0-10_2.13 4.3.0 are 404). The newest connector,
-spark-sql-kafka-0-10_2.13 4.2.0, needs spark-token-provider-kafka-0-10_2.13 4.2.0, which this
-machine's view of Central lacks (404, as are 4.1.x), so ``spark.jars.packages`` cannot resolve
-it. The benchmark therefore loads the 4.2.0 connector jar itself from Central
-(``spark.jars``, ``--spark-kafka-jar``) with its dependencies through ``spark.jars.packages``
-(token provider 4.0.0, kafka-clients 3.9.2, commons-pool2; ``--spark-kafka-packages``). The
-4.0.0 connector writes on Spark 4.3 but its source fails (a moved ``SerializedOffset``); the
-4.2.0 one reads and writes. The versions are printed with the results.
+Spark's Kafka connector is ``org.apache.spark:spark-sql-kafka-0-10_<scala>:<spark>`` with the
+Scala and Spark versions of the installed PySpark (read from its ``spark-core`` jar), so the
+connector always matches the Spark that runs it; Spark's dependency resolution brings its
+dependencies (token provider, kafka-clients, commons-pool2). ``--spark-kafka-packages``
+chooses other coordinates, ``--spark-jars-repositories`` other repositories than Spark's
+default ones. The coordinates are printed with the results.
 
 Needs the broker: ``make services`` (TWOPHASE_KAFKA_BOOTSTRAP from the environment or
 .services.env).
@@ -41,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -62,19 +60,25 @@ from bench._common import (
     commitPercentiles,
     sequenceStream,
 )
-from twophase.worker_gc import freezeWorkerHeap
+from twophase.spark.worker import freezeWorkerHeap
 
-SPARK_KAFKA_JAR = (
-    "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13/4.2.0/"
-    "spark-sql-kafka-0-10_2.13-4.2.0.jar"
-)
-SPARK_KAFKA_PACKAGES = ",".join(
-    [
-        "org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0",
-        "org.apache.kafka:kafka-clients:3.9.2",
-        "org.apache.commons:commons-pool2:2.13.1",
-    ]
-)
+
+def sparkKafkaPackage() -> str:
+    """Maven coordinates of Spark's Kafka connector for the installed PySpark.
+
+    The Scala and Spark versions come from PySpark's own ``spark-core_<scala>-<spark>.jar``.
+    """
+    import pyspark
+
+    for jar in sorted((Path(pyspark.__file__).parent / "jars").glob("spark-core_*.jar")):
+        found = re.fullmatch(r"spark-core_(\d+\.\d+)-(.+)\.jar", jar.name)
+        if found:
+            return f"org.apache.spark:spark-sql-kafka-0-10_{found[1]}:{found[2]}"
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+SPARK_KAFKA_PACKAGES = sparkKafkaPackage()
+"""``spark.jars.packages`` of (b): the connector matching the installed PySpark."""
 
 
 class DropWriter(DataSourceStreamArrowWriter):
@@ -275,8 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topic-partitions", type=int, default=8)
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--master", default="local[*]")
-    p.add_argument("--spark-kafka-jar", default=SPARK_KAFKA_JAR, help="connector jar of (b)")
-    p.add_argument("--spark-kafka-packages", default=SPARK_KAFKA_PACKAGES, help="its deps")
+    p.add_argument(
+        "--spark-kafka-packages",
+        default=SPARK_KAFKA_PACKAGES,
+        help="Maven coordinates of Spark's Kafka connector for (b)",
+    )
+    p.add_argument(
+        "--spark-jars-repositories",
+        default=None,
+        help="Maven repositories to resolve them from, besides Spark's defaults",
+    )
     p.add_argument("--keep", action="store_true", help="keep topics and checkpoints")
     args = p.parse_args(argv)
     bootstrap = bootstrapServers()
@@ -288,15 +300,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import twophase
 
-    spark = (
+    builder = (
         SparkSession.builder.master(args.master)
         .appName("twophase-bench-kafka")
         .config("spark.ui.enabled", "false")
-        .config("spark.jars", args.spark_kafka_jar)
         .config("spark.jars.packages", args.spark_kafka_packages)
         .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .getOrCreate()
     )
+    if args.spark_jars_repositories:
+        builder = builder.config("spark.jars.repositories", args.spark_jars_repositories)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     twophase.register(spark)
     spark.dataSource.register(DropSink)
@@ -324,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         results: dict[str, Result] = {}
         seconds = writeKafka(spark, "kafka", bootstrap, topics["b"], str(work / "b"), shape)
-        connector = args.spark_kafka_jar.rsplit("/", 1)[-1].removesuffix(".jar")
         results["b"] = Result("(b) Spark kafka sink", args.rows, seconds)
         print(f"  {results['b'].name}: {seconds:.1f} s", flush=True)
         seconds = writeKafka(
@@ -365,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(f) / (b) = {results['f'].rate / b.rate:.2f}  (no Python sink can beat this)")
         print(f"(a) / (f) = {a.rate / results['f'].rate:.2f}  (the Kafka sink's own cost)")
         print(f"(d) / (e) = {results['ra'].rate / results['rb'].rate:.2f}  (source)")
-        print(f"Spark's Kafka connector: {connector} on PySpark {spark.version}")
+        print(f"Spark's Kafka connector: {args.spark_kafka_packages} on PySpark {spark.version}")
         p50, p95, batches = commitPercentiles(str(work / "a"))
         print(
             f"(a) driver commit time per batch, {args.partitions} partitions: p50 {p50:.0f} ms, "

@@ -27,8 +27,8 @@ from confluent_kafka import Producer
 from kafka import KafkaAdminClient
 
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
-from twophase.sinks import _kafka_txn as wire
-from twophase.sinks._kafka_txn import TransactionClient
+from twophase.sinks.kafka import txn as wire
+from twophase.sinks.kafka.txn import TransactionClient
 
 
 class Stats:
@@ -85,7 +85,7 @@ def test_the_broker_runs_the_kafka_4_default_transaction_version_2(kafka_bootstr
 
 def test_librdkafka_opens_transaction_version_1_transactions(kafka_bootstrap: str) -> None:
     """If this fails after a confluent-kafka upgrade, librdkafka started KIP-890 transactions:
-    the EndTxn version pinned in twophase/sinks/_kafka_txn.py must follow it."""
+    the EndTxn version pinned in twophase/sinks/kafka/txn.py must follow it."""
     topic = createTopic(kafka_bootstrap)
     lines: list[str] = []
 

@@ -1,8 +1,9 @@
 """The Kafka source against the real broker: what a micro-batch plans and what a task reads.
 
-The reader is driven the way Spark drives it (``initialOffset``, ``latestOffset``,
-``partitions``, ``read``) without a JVM: transaction markers, aborted and open transactions,
-new and deleted partitions, deleted records, admission limits and replays.
+The planner and the range reader are driven the way Spark's stream reader drives them
+(``initialOffset``, ``latestOffset``, ``partitions``, ``read``) without a JVM: transaction
+markers, aborted and open transactions, new and deleted partitions, deleted records, admission
+limits and replays; the last test goes through the Spark adapter itself.
 """
 
 from __future__ import annotations
@@ -13,28 +14,28 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from integration_tests.test_kafka_helpers import createTopic, unique
 from twophase.sources.kafka import (
+    KafkaPlanner,
     KafkaRange,
     KafkaSourceError,
     KafkaSourceSettings,
-    KafkaStreamReader,
+    readRange,
 )
 
 
-def reader(bootstrap: str, topics: str, **options: str) -> KafkaStreamReader:
+def reader(bootstrap: str, topics: str, **options: str) -> KafkaPlanner:
     settings = KafkaSourceSettings.fromOptions(
         {"kafka.bootstrap.servers": bootstrap, "subscribe": topics, **options}
     )
-    return KafkaStreamReader(settings)
+    return KafkaPlanner(settings)
 
 
-def readAll(r: KafkaStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[dict]:
+def readAll(r: KafkaPlanner, start: dict[str, Any], end: dict[str, Any]) -> list[dict]:
     rows: list[dict] = []
     for part in r.partitions(start, end):
-        for batch in r.read(part):
+        for batch in readRange(r.settings, part):
             rows.extend(batch.to_pylist())
     return rows
 
@@ -68,7 +69,7 @@ def test_a_range_ending_in_a_transaction_marker_is_read_to_its_end(kafka_bootstr
     write(producer, topic, ["a", "b", "c"], commit=True)
     r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
     start = r.initialOffset()
-    end = r.latestOffset(start, ReadAllAvailable())
+    end = r.latestOffset(start)
     # 2 aborted records + abort marker + 3 records + commit marker: the range ends on a marker
     assert end == {topic: {"0": 7}}
     started = time.monotonic()
@@ -94,17 +95,17 @@ def test_an_open_transaction_ends_the_batch_at_the_last_stable_offset(
     plain.flush(30)
     r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
     start = r.initialOffset()
-    first = r.latestOffset(start, ReadAllAvailable())
+    first = r.latestOffset(start)
     assert first == {topic: {"0": 1}}
     assert texts(readAll(r, start, first)) == ["before"]
     producer.commit_transaction(60)
     # commit_transaction returns once the coordinator has logged the decision; the markers,
     # and with them the last stable offset, follow asynchronously (a later batch sees them).
     deadline = time.monotonic() + 30
-    second = r.latestOffset(first, ReadAllAvailable())
+    second = r.latestOffset(first)
     while second == first and time.monotonic() < deadline:
         time.sleep(0.05)
-        second = r.latestOffset(first, ReadAllAvailable())
+        second = r.latestOffset(first)
     assert texts(readAll(r, first, second)) == ["open-1", "open-2", "after"]
     uncommitted = reader(
         kafka_bootstrap,
@@ -112,7 +113,7 @@ def test_an_open_transaction_ends_the_batch_at_the_last_stable_offset(
         startingOffsets="earliest",
         **{"kafka.isolation.level": "read_uncommitted"},
     )
-    assert uncommitted.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 5}}
+    assert uncommitted.latestOffset(start) == {topic: {"0": 5}}
 
 
 def test_max_offsets_per_trigger_and_split_ranges_stop_where_planned(
@@ -133,7 +134,7 @@ def test_max_offsets_per_trigger_and_split_ranges_stop_where_planned(
     start = r.initialOffset()
     seen: list[str] = []
     while True:
-        end = r.latestOffset(start, r.getDefaultReadLimit())
+        end = r.latestOffset(start, r.settings.maxOffsetsPerTrigger)
         if end == start:
             break
         parts = r.partitions(start, end)
@@ -152,7 +153,7 @@ def test_new_partitions_are_picked_up_and_deleted_topics_reported(kafka_bootstra
     plain.flush(30)
     r = reader(kafka_bootstrap, f"{topic},{doomed}", startingOffsets="earliest")
     start = r.initialOffset()
-    end = r.latestOffset(start, ReadAllAvailable())
+    end = r.latestOffset(start)
     assert sorted(texts(readAll(r, start, end))) == ["d0", "p0"]
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     admin.create_partitions([NewPartitions(topic, 2)])[topic].result(timeout=60)
@@ -164,7 +165,7 @@ def test_new_partitions_are_picked_up_and_deleted_topics_reported(kafka_bootstra
     plain.flush(30)
     deadline = time.monotonic() + 30
     while True:  # metadata of the new partition reaches the reader a little later
-        nxt = r.latestOffset(end, ReadAllAvailable())
+        nxt = r.latestOffset(end)
         if "1" in nxt[topic] or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -174,10 +175,10 @@ def test_new_partitions_are_picked_up_and_deleted_topics_reported(kafka_bootstra
     deadline = time.monotonic() + 30
     with pytest.raises(KafkaSourceError, match=rf"{doomed}-0 no longer exist"):
         while time.monotonic() < deadline:
-            r.latestOffset(nxt, ReadAllAvailable())
+            r.latestOffset(nxt)
             time.sleep(0.5)
     lenient = reader(kafka_bootstrap, f"{topic},{doomed}", failOnDataLoss="false")
-    assert doomed not in lenient.latestOffset(nxt, ReadAllAvailable())
+    assert doomed not in lenient.latestOffset(nxt)
 
 
 def test_deleted_records_fail_the_read_unless_told_to_skip(kafka_bootstrap: str) -> None:
@@ -190,9 +191,10 @@ def test_deleted_records_fail_the_read_unless_told_to_skip(kafka_bootstrap: str)
     admin.delete_records([TopicPartition(topic, 0, 6)])[TopicPartition(topic, 0, 6)].result(60)
     strict = reader(kafka_bootstrap, topic)
     with pytest.raises(KafkaSourceError, match="deleted before they were read"):
-        list(strict.read(KafkaRange(topic, 0, 2, 10)))
+        list(readRange(strict.settings, KafkaRange(topic, 0, 2, 10)))
     lenient = reader(kafka_bootstrap, topic, failOnDataLoss="false")
-    rows = [row for batch in lenient.read(KafkaRange(topic, 0, 2, 10)) for row in batch.to_pylist()]
+    ranged = readRange(lenient.settings, KafkaRange(topic, 0, 2, 10))
+    rows = [row for batch in ranged for row in batch.to_pylist()]
     assert texts(rows) == ["r6", "r7", "r8", "r9"]
 
 
@@ -205,11 +207,20 @@ def test_an_unreachable_cluster_is_a_clear_error() -> None:
 
 
 def test_max_rows_limit_from_spark_is_honoured(kafka_bootstrap: str) -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from twophase.spark.kafka import KafkaStreamReader
+
     topic = createTopic(kafka_bootstrap)
     plain = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(5):
         plain.produce(topic, f"r{i}".encode())
     plain.flush(30)
-    r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
+    r = KafkaStreamReader(reader(kafka_bootstrap, topic, startingOffsets="earliest").settings)
     start = r.initialOffset()
-    assert r.latestOffset(start, ReadMaxRows(3)) == {topic: {"0": 3}}
+    end = r.latestOffset(start, ReadMaxRows(3))
+    assert end == {topic: {"0": 3}}
+    parts = r.partitions(start, end)
+    got = [row["value"] for p in parts for batch in r.read(p) for row in batch.to_pylist()]
+    assert got == [b"r0", b"r1", b"r2"]
+    r.stop()

@@ -1,4 +1,4 @@
-"""The Kafka participant without a broker: options, ids, columns, handles, commit outcomes.
+"""The Kafka sink without a broker: options, secrets, ids, columns, handles, commit outcomes.
 
 What needs a broker (the real transactions, EndTxn from another client, fencing, reading back)
 is in integration_tests/test_kafka_*.py. Here the driver-side client is a fake that answers
@@ -9,52 +9,50 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
+from twophase.clients.kafka import (
+    kafkaPythonConfig,
+    librdkafkaConfig,
+    protectKafkaPythonLogs,
+    shownConfig,
+)
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
     TransactionLostError,
     TransientCommitError,
 )
+from twophase.redaction import REDACTED
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks import _kafka_txn as wire
-from twophase.sinks import kafka as kafkasink
-from twophase.sinks._kafka_config import (
-    kafkaPythonConfig,
-    librdkafkaConfig,
-    protectKafkaPythonLogs,
-    redacted,
-)
-from twophase.sinks._kafka_producer import ColumnLayout, KafkaWriteError
-from twophase.sinks._kafka_txn import TransactionListing
 from twophase.sinks.kafka import (
+    RESOLVED_TIMEOUT_OPTION,
+    ColumnLayout,
     KafkaCommitError,
-    KafkaParticipant,
+    KafkaCommitter,
     KafkaSettings,
+    KafkaWriteError,
+    KafkaWriter,
     ProbeVerdict,
+    checkColumns,
+    ownedIds,
     transactionalIdFor,
 )
+from twophase.sinks.kafka import committer as committing
+from twophase.sinks.kafka import producer as producing
+from twophase.sinks.kafka import txn as wire
+from twophase.sinks.kafka.txn import TransactionListing
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "127.0.0.1:9"}
 
 
-def participant(**options: str) -> KafkaParticipant:
-    return KafkaParticipant.fromOptions({**BOOTSTRAP, "topic": "t", **options})
+def committer(**options: str) -> KafkaCommitter:
+    return KafkaCommitter.fromOptions({**BOOTSTRAP, "topic": "t", **options})
 
 
 def handle(**overrides: Any) -> dict[str, Any]:
@@ -93,9 +91,9 @@ class FakeClient:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Install a FakeClient on a participant: ``fake(p, *codes)``."""
+    """Install a FakeClient on a committer: ``fake(p, *codes)``."""
 
-    def install(p: KafkaParticipant, *codes: int, **kwargs: Any) -> FakeClient:
+    def install(p: KafkaCommitter, *codes: int, **kwargs: Any) -> FakeClient:
         client = FakeClient(*codes, **kwargs)
         monkeypatch.setattr(p, "client", lambda: client)
         return client
@@ -127,15 +125,14 @@ def test_kafka_options_go_to_librdkafka_with_java_compatible_defaults() -> None:
 
 
 def test_the_delivery_timeout_fits_inside_the_transaction_timeout() -> None:
-    from twophase.sinks._kafka_producer import withTimeouts
-
+    withTimeouts = producing.withTimeouts
     assert withTimeouts({}, 900000)["message.timeout.ms"] == 120000
     assert withTimeouts({}, 3000)["message.timeout.ms"] == 3000  # librdkafka requires <=
     assert withTimeouts({"message.timeout.ms": "5000"}, 900000)["message.timeout.ms"] == "5000"
 
 
 def test_an_explicit_transaction_timeout_wins_over_the_resolved_one() -> None:
-    resolved = {**BOOTSTRAP, kafkasink.RESOLVED_TIMEOUT_OPTION: "600000"}
+    resolved = {**BOOTSTRAP, RESOLVED_TIMEOUT_OPTION: "600000"}
     assert KafkaSettings.fromOptions(resolved).transactionTimeoutMs == 600000
     both = {**resolved, "kafka.transaction.timeout.ms": "60000"}
     settings = KafkaSettings.fromOptions(both)
@@ -171,8 +168,9 @@ def test_sasl_jaas_config_becomes_librdkafka_credentials_and_is_never_shown() ->
     assert config["sasl.username"] == "alice"
     assert config["sasl.password"] == 's3cr"et'
     assert config["security.protocol"] == "sasl_ssl"
-    assert "s3cr" not in str(redacted(config))
-    assert redacted(config)["sasl.password"] == "[redacted]"
+    assert "s3cr" not in str(shownConfig(config))
+    assert shownConfig(config)["sasl.password"] == REDACTED
+    assert shownConfig(config)["sasl.username"] == "alice"
 
 
 def test_oauth_jaas_config_is_refused_with_the_librdkafka_way() -> None:
@@ -218,10 +216,10 @@ def test_kafka_pythons_debug_dump_of_its_configuration_is_redacted(
     with caplog.at_level(logging.DEBUG, logger="kafka.admin.client"):
         logger.debug(
             "Starting KafkaAdminClient with configuration: %s",
-            {"sasl_plain_password": "hunter2", "bootstrap_servers": "x"},
+            {"sasl_plain_password": "hunter2", "ssl_password": "k3y-pw", "bootstrap_servers": "x"},
         )
-    assert "hunter2" not in caplog.text
-    assert "[redacted]" in caplog.text
+    assert "hunter2" not in caplog.text and "k3y-pw" not in caplog.text
+    assert REDACTED in caplog.text and "'bootstrap_servers': 'x'" in caplog.text
 
 
 def test_a_bad_transactional_id_prefix_is_refused() -> None:
@@ -235,7 +233,7 @@ def test_a_bad_transactional_id_prefix_is_refused() -> None:
 def test_first_attempts_share_a_stable_id_per_partition_and_retries_get_their_own() -> None:
     assert transactionalIdFor("p", 3, 0) == "p-3"
     assert transactionalIdFor("p", 3, 1) == "p-3-a1"
-    owned = kafkasink._ownsId("twophase-s")
+    owned = ownedIds("twophase-s")
     assert owned.match("twophase-s-3")
     assert owned.match("twophase-s-3-a2")
     assert not owned.match("twophase-s-x-3")  # another sink whose prefix extends ours
@@ -245,43 +243,36 @@ def test_first_attempts_share_a_stable_id_per_partition_and_retries_get_their_ow
 # -- input columns --------------------------------------------------------------------------
 
 
-def spark(*fields: StructField) -> StructType:
-    return StructType(list(fields))
-
-
 def test_the_input_needs_a_value_and_a_topic_as_in_spark() -> None:
-    p = participant()
-    p.validateSchema(spark(StructField("value", StringType())))
-    p.validateSchema(
-        spark(
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField(
-                "headers",
-                ArrayType(
-                    StructType(
-                        [StructField("key", StringType()), StructField("value", BinaryType())]
-                    )
-                ),
-            ),
-            StructField("other", DoubleType()),  # ignored, as Spark does
-        )
+    """The driver's check, on the Arrow schema the binding derives from the DataFrame."""
+    headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    checkColumns(pa.schema([("value", pa.string())]), "t")
+    checkColumns(
+        pa.schema(
+            [
+                ("key", pa.binary()),
+                ("value", pa.binary()),
+                ("topic", pa.string()),
+                ("partition", pa.int32()),
+                ("headers", headers),
+                ("other", pa.float64()),  # ignored, as Spark does
+            ]
+        ),
+        "t",
     )
     with pytest.raises(TwoPhaseConfigError, match="'value' column"):
-        p.validateSchema(spark(StructField("payload", StringType())))
+        checkColumns(pa.schema([("payload", pa.string())]), "t")
     with pytest.raises(TwoPhaseConfigError, match="column 'value' has type double"):
-        p.validateSchema(spark(StructField("value", DoubleType())))
+        checkColumns(pa.schema([("value", pa.float64())]), "t")
     with pytest.raises(TwoPhaseConfigError, match="column 'key' has type bigint"):
-        p.validateSchema(spark(StructField("value", StringType()), StructField("key", LongType())))
-    with pytest.raises(TwoPhaseConfigError, match="headers"):
-        p.validateSchema(
-            spark(StructField("value", StringType()), StructField("headers", StringType()))
-        )
-    noTopic = KafkaParticipant.fromOptions(BOOTSTRAP)
+        checkColumns(pa.schema([("value", pa.string()), ("key", pa.int64())]), "t")
+    with pytest.raises(TwoPhaseConfigError, match="column 'headers' has type string"):
+        checkColumns(pa.schema([("value", pa.string()), ("headers", pa.string())]), "t")
+    with pytest.raises(TwoPhaseConfigError, match="array<struct<key:string,value:int>>"):
+        wrong = pa.list_(pa.struct([("key", pa.string()), ("value", pa.int32())]))
+        checkColumns(pa.schema([("value", pa.string()), ("headers", wrong)]), "t")
     with pytest.raises(TwoPhaseConfigError, match="no topic"):
-        noTopic.validateSchema(spark(StructField("value", StringType())))
+        checkColumns(pa.schema([("value", pa.string())]), None)
 
 
 def test_the_arrow_layout_is_checked_the_same_way_on_executors() -> None:
@@ -299,7 +290,7 @@ def test_the_arrow_layout_is_checked_the_same_way_on_executors() -> None:
 
 
 def test_a_handle_without_records_commits_and_aborts_nothing(fake: Any) -> None:
-    p = participant()
+    p = committer()
     client = fake(p)
     empty = {"kind": "kafka", "transactionalId": "twophase-s-1", "records": 0}
     p.commit(empty)
@@ -308,7 +299,7 @@ def test_a_handle_without_records_commits_and_aborts_nothing(fake: Any) -> None:
 
 
 def test_malformed_handles_are_refused_before_any_request(fake: Any) -> None:
-    p = participant()
+    p = committer()
     client = fake(p)
     with pytest.raises(ValueError, match="not a kafka handle"):
         p.commit({"kind": "files"})
@@ -318,7 +309,7 @@ def test_malformed_handles_are_refused_before_any_request(fake: Any) -> None:
 
 
 def test_commit_ends_exactly_the_prepared_producer_id_and_epoch(fake: Any) -> None:
-    p = participant()
+    p = committer()
     client = fake(p, wire.NONE, wire.NONE)
     p.commit(handle())
     p.commit(handle())  # a repeated commit: the broker answers NONE again
@@ -326,7 +317,7 @@ def test_commit_ends_exactly_the_prepared_producer_id_and_epoch(fake: Any) -> No
 
 
 def test_retriable_answers_become_transient(fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    p = participant()
+    p = committer()
 
     class Retriable(FakeClient):
         def endTransaction(self, tid: str, pid: int, epoch: int, *, commit: bool) -> int:
@@ -339,14 +330,14 @@ def test_retriable_answers_become_transient(fake: Any, monkeypatch: pytest.Monke
 
 def probeSays(monkeypatch: pytest.MonkeyPatch, verdict: ProbeVerdict) -> None:
     monkeypatch.setattr(
-        kafkasink, "probeRecord", lambda *a, **k: (verdict, f"probe says {verdict}")
+        committing, "probeRecord", lambda *a, **k: (verdict, f"probe says {verdict}")
     )
 
 
 def test_fenced_but_visible_is_a_commit_that_happened_before(
     fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = participant()
+    p = committer()
     fake(p, wire.PRODUCER_FENCED)
     probeSays(monkeypatch, ProbeVerdict.COMMITTED)
     p.commit(handle())
@@ -364,7 +355,7 @@ def test_fenced_but_visible_is_a_commit_that_happened_before(
 def test_fenced_and_invisible_is_a_lost_transaction_named_loudly(
     fake: Any, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    p = participant()
+    p = committer()
     fake(p, code)
     probeSays(monkeypatch, ProbeVerdict.ABORTED)
     with pytest.raises(TransactionLostError) as info:
@@ -376,7 +367,7 @@ def test_fenced_and_invisible_is_a_lost_transaction_named_loudly(
 
 
 def test_an_outcome_not_readable_yet_is_retried(fake: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    p = participant()
+    p = committer()
     fake(p, wire.PRODUCER_FENCED)
     probeSays(monkeypatch, ProbeVerdict.UNDECIDED)
     with pytest.raises(TransientCommitError, match="not readable yet"):
@@ -386,7 +377,7 @@ def test_an_outcome_not_readable_yet_is_retried(fake: Any, monkeypatch: pytest.M
 def test_an_outcome_nobody_can_tell_fails_without_claiming_either(
     fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = participant()
+    p = committer()
     fake(p, wire.PRODUCER_FENCED)
     probeSays(monkeypatch, ProbeVerdict.GONE)
     with pytest.raises(KafkaCommitError, match="cannot be told"):
@@ -394,7 +385,7 @@ def test_an_outcome_nobody_can_tell_fails_without_claiming_either(
 
 
 def test_abort_of_a_gone_transaction_is_a_no_op(fake: Any) -> None:
-    p = participant()
+    p = committer()
     client = fake(p, wire.NONE, wire.PRODUCER_FENCED, wire.INVALID_TXN_STATE)
     for _ in range(3):
         p.abort(handle())
@@ -406,7 +397,7 @@ def test_an_old_transaction_warns_at_half_its_timeout(
 ) -> None:
     import time
 
-    p = participant()
+    p = committer()
     fake(p, wire.NONE, wire.NONE)
     now = int(time.time() * 1000)
     with caplog.at_level(logging.WARNING, logger="twophase.sinks.kafka"):
@@ -423,7 +414,7 @@ def test_an_old_transaction_warns_at_half_its_timeout(
 def test_recovery_fences_this_sinks_lingering_ids_but_never_a_kept_one(
     fake: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = participant()
+    p = committer()
     fenced: list[str] = []
     monkeypatch.setattr(p, "_fence", lambda tid, timeoutMs: fenced.append(tid))
     monkeypatch.setattr(p, "transactionTimeoutMs", lambda: 60000)
@@ -445,7 +436,7 @@ def test_recovery_fences_this_sinks_lingering_ids_but_never_a_kept_one(
 def test_without_a_transaction_listing_recovery_warns_once(
     fake: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    p = participant()
+    p = committer()
     fake(p, listing=None)
     with caplog.at_level(logging.WARNING, logger="twophase.sinks.kafka"):
         assert p.recoverAndAbort(RecoveryScope("s")) == []
@@ -453,21 +444,21 @@ def test_without_a_transaction_listing_recovery_warns_once(
     assert caplog.text.count("cannot list transactions") == 1
 
 
-# -- the participant travels to executors ---------------------------------------------------
+# -- the committer travels between processes ---------------------------------------------------
 
 
-def test_the_participant_pickles_and_the_process_shares_one_client_per_cluster() -> None:
-    p = participant()
+def test_the_committer_pickles_and_the_process_shares_one_client_per_cluster() -> None:
+    p = committer()
     copy = pickle.loads(pickle.dumps(p))
     assert copy.settings == p.settings
     # Spark builds the sink again for every batch in the same driver-side worker: the client
     # (a connection and an IO thread) must not be created again each time.
     assert copy.client() is p.client()
-    assert participant(**{"kafka.client.id": "other"}).client() is not p.client()
+    assert committer(**{"kafka.client.id": "other"}).client() is not p.client()
 
 
 def test_describe_names_batch_partition_and_transactional_id() -> None:
-    text = participant().describe(handle())
+    text = committer().describe(handle())
     assert text == (
         "kafka batch 7 partition 3 attempt 0: transactional id twophase-s-3 "
         "(producer id 42, epoch 5), 10 record(s)"
@@ -475,7 +466,7 @@ def test_describe_names_batch_partition_and_transactional_id() -> None:
 
 
 def test_begin_without_rows_or_topic_creates_no_producer() -> None:
-    p = KafkaParticipant.fromOptions({**BOOTSTRAP, kafkasink.RESOLVED_TIMEOUT_OPTION: "60000"})
+    p = KafkaWriter.fromOptions({**BOOTSTRAP, RESOLVED_TIMEOUT_OPTION: "60000"})
     txn = p.beginTransaction(TransactionContext("s", "q", 1, 2, 0))
     assert txn.producer is None
     assert p.preCommit(txn) == {
@@ -515,8 +506,6 @@ class FakeProducer:
 def preparedTransaction(*stats: dict[str, Any]) -> Any:
     import json as _json
 
-    from twophase.sinks import _kafka_producer as producing
-
     txn = producing.beginTransaction(
         TransactionContext("s", "q", 1, 2, 0),
         "twophase-s-2",
@@ -536,8 +525,6 @@ def preparedTransaction(*stats: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("state", ["ReadyNotAcked", "Ready", "InTransaction"])
 def test_the_producer_id_and_epoch_come_from_librdkafkas_statistics(state: str) -> None:
-    from twophase.sinks import _kafka_producer as producing
-
     txn = preparedTransaction(
         {"producer_id": -1, "producer_epoch": -1, "txn_state": "WaitPID", "idemp_state": "Init"},
         {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"},
@@ -548,7 +535,6 @@ def test_the_producer_id_and_epoch_come_from_librdkafkas_statistics(state: str) 
 
 def test_statistics_decode_only_the_eos_object_and_stop_once_prepared() -> None:
     """librdkafka's document: eos after nested broker/topic objects, spaced as librdkafka does."""
-    from twophase.sinks import _kafka_producer as producing
 
     def document(pid: int, epoch: int) -> str:
         return (
@@ -573,8 +559,6 @@ def test_statistics_decode_only_the_eos_object_and_stop_once_prepared() -> None:
 
 @pytest.mark.parametrize("state", ["AbortableError", "FatalError", "AbortingTransaction"])
 def test_a_transaction_in_an_error_state_is_not_prepared(state: str) -> None:
-    from twophase.sinks import _kafka_producer as producing
-
     txn = preparedTransaction(
         {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"}
     )
@@ -583,8 +567,6 @@ def test_a_transaction_in_an_error_state_is_not_prepared(state: str) -> None:
 
 
 def test_unacknowledged_records_fail_the_task() -> None:
-    from twophase.sinks import _kafka_producer as producing
-
     txn = preparedTransaction(
         {"producer_id": 7, "producer_epoch": 3, "txn_state": "InTransaction",
          "idemp_state": "Assigned"}
@@ -596,3 +578,136 @@ def test_unacknowledged_records_fail_the_task() -> None:
     txn.deliveries.errors.append("t [0]: Broker: Message size too large")
     with pytest.raises(KafkaWriteError, match="were not delivered: t \\[0\\]"):
         producing.preCommit(txn)
+
+
+# -- secrets --------------------------------------------------------------------------------
+
+FAKE_KEY = "-----BEGIN PRIVATE KEY-----\nFAKEKEYBODY0123\n-----END PRIVATE KEY-----\n"
+SECRETS = {
+    "kafka.sasl.password": "FAKE-SASL-PASSWORD",
+    "kafka.sasl.jaas.config": (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="alice" password="FAKE-JAAS-PASSWORD";'
+    ),
+    "kafka.sasl.oauthbearer.config": "principal=alice clientSecret=FAKE-OAUTH-SECRET",
+    "kafka.sasl.oauthbearer.client.secret": "FAKE-OAUTH-CLIENT-SECRET",
+    "kafka.ssl.key.pem": FAKE_KEY,
+    "kafka.ssl.keystore.key": FAKE_KEY,
+    "kafka.ssl.key.password": "FAKE-KEY-PASSWORD",
+    "kafka.ssl.keystore.password": "FAKE-KEYSTORE-PASSWORD",
+    "kafka.ssl_keyfile_password": "FAKE-KAFKA-PYTHON-STYLE",
+    "kafka.some.future.token": "FAKE-UNKNOWN-TOKEN",
+}
+NEEDED = {
+    "kafka.bootstrap.servers": "broker1:9092,broker2:9092",
+    "kafka.security.protocol": "SASL_SSL",
+    "kafka.sasl.mechanism": "SCRAM-SHA-512",
+    "kafka.sasl.username": "alice",
+    "kafka.ssl.ca.location": "/etc/kafka/ca.pem",
+    "kafka.ssl.endpoint.identification.algorithm": "none",
+    "kafka.transaction.timeout.ms": "600000",
+    "topic": "orders",
+    "transactionalIdPrefix": "orders-sink",
+    "requestTimeoutSeconds": "20",
+    "initTimeoutSeconds": "60",
+    RESOLVED_TIMEOUT_OPTION: "600000",
+    "checkpointLocation": "/data/ckpt",
+}
+
+
+def test_sink_json_keeps_what_the_committer_needs_and_no_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only allow-listed options reach sink.json; recovery rebuilds the committer from them."""
+    from twophase.redaction import publicOptions
+    from twophase.sinks.kafka import SAFE_OPTIONS
+    from twophase.spark.kafka import KafkaSink
+
+    assert KafkaSink.safeOptions == SAFE_OPTIONS
+    options = {k.lower(): v for k, v in {**NEEDED, **SECRETS}.items()}  # as Spark passes them
+    public = publicOptions(options, KafkaSink.safeOptions)
+    for name, value in SECRETS.items():
+        assert name.lower() not in public, name
+        assert value not in str(public), name
+    assert "FAKE" not in str(public)
+    assert set(public) == {k.lower() for k in NEEDED}
+    for name in KafkaSink.safeOptions:
+        assert not re.search(r"password|secret|jaas|token|credential|oauth|pem|\.key$", name)
+    # `twophase recover`: the same cluster, credentials from the environment, same timeouts.
+    monkeypatch.setenv("TWOPHASE_KAFKA_OPTIONS", '{"kafka.sasl.password": "from-env"}')
+    rebuilt = KafkaSettings.fromOptions(public)
+    original = KafkaSettings.fromOptions({**NEEDED, "kafka.sasl.password": "from-env"})
+    assert rebuilt == original
+    assert rebuilt.producerConfig == original.producerConfig
+    assert kafkaPythonConfig(rebuilt.producerConfig)["sasl_plain_password"] == "from-env"
+
+
+def test_error_texts_built_by_the_client_module_show_no_secret() -> None:
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    from twophase.clients.kafka import errorText, librdkafkaError
+
+    librdkafkaConfig({**BOOTSTRAP, **SECRETS}, forbidden={})  # as every sink and source does
+    refused = KafkaException(
+        KafkaError(
+            -186,
+            'Invalid value "principal=alice clientSecret=FAKE-OAUTH-SECRET" for configuration '
+            'property "sasl.oauthbearer.config"',
+        )
+    )
+    problem = librdkafkaError(refused, "producer")
+    assert problem is not None and "kafka.sasl.oauthbearer.config" in str(problem)
+    assert "FAKE" not in str(problem)
+    for secret in SECRETS.values():
+        quoted = KafkaException(KafkaError(-195, f"Broker transport failure: {secret}"))
+        assert "FAKE" not in errorText(quoted)
+        assert "FAKE" not in errorText(RuntimeError(f"some library said {secret!r}"))
+    # What librdkafka itself says about a bad key names the property, never the key.
+    with pytest.raises(KafkaException) as info:
+        Producer({"bootstrap.servers": "127.0.0.1:9", "security.protocol": "ssl",
+                  "ssl.key.pem": FAKE_KEY})  # fmt: skip
+    problem = librdkafkaError(info.value, "producer")
+    assert problem is not None and "ssl.key.pem" in str(problem)
+    assert "FAKEKEYBODY" not in str(problem)
+    config = librdkafkaConfig({**BOOTSTRAP, **SECRETS}, forbidden={})
+    assert "FAKE" not in str(shownConfig(config))
+
+
+def test_java_pem_key_stores_become_librdkafka_pem_properties() -> None:
+    config = librdkafkaConfig(
+        {
+            **BOOTSTRAP,
+            "kafka.ssl.keystore.type": "PEM",
+            "kafka.ssl.keystore.key": FAKE_KEY,
+            "kafka.ssl.keystore.certificate.chain": "CHAIN",
+            "kafka.ssl.truststore.type": "pem",
+            "kafka.ssl.truststore.certificates": "CA",
+        },
+        forbidden={},
+    )
+    assert config["ssl.key.pem"] == FAKE_KEY
+    assert config["ssl.certificate.pem"] == "CHAIN"
+    assert config["ssl.ca.pem"] == "CA"
+    assert not any(k.startswith(("ssl.keystore", "ssl.truststore")) for k in config)
+    with pytest.raises(TwoPhaseConfigError, match="kafka.ssl.keystore.type"):
+        librdkafkaConfig({**BOOTSTRAP, "kafka.ssl.keystore.type": "JKS"}, forbidden={})
+
+
+def test_settings_and_transactions_show_no_client_config() -> None:
+    """A repr in a traceback or a log line must not carry the client's secrets."""
+    from twophase.sources.kafka import KafkaSourceSettings
+
+    sink = KafkaSettings.fromOptions({**BOOTSTRAP, **SECRETS})
+    source = KafkaSourceSettings.fromOptions({**BOOTSTRAP, **SECRETS, "subscribe": "t"})
+    txn = producing.beginTransaction(
+        TransactionContext("s", "q", 1, 2, 0, options={**BOOTSTRAP, **SECRETS}),
+        "twophase-s-2",
+        "twophase-s",
+        sink.producerConfig,
+        defaultTopic=None,
+        transactionTimeoutMs=60000,
+        flushTimeoutSeconds=1,
+        initTimeoutSeconds=1,
+    )
+    for shown in (repr(sink), repr(source), repr(txn)):
+        assert "FAKE" not in shown

@@ -1,8 +1,9 @@
 """The Kafka source's planning without a broker: options, offsets, limits, partitions, columns.
 
-The cluster's answers (partitions, earliest and stable offsets) are faked on the reader, so
-each planning rule is checked directly. Reading real records, transaction markers and aborted
-transactions included, is in integration_tests/test_kafka_source.py.
+The cluster's answers (partitions, earliest and stable offsets) are faked on the planner, so
+each planning rule is checked directly, without Spark; one test checks the Spark adapter.
+Reading real records, transaction markers and aborted transactions included, is in
+integration_tests/test_kafka_source.py.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from twophase.settings import TwoPhaseConfigError
 from twophase.sources.kafka import (
     BASE_SCHEMA,
+    KafkaPlanner,
     KafkaRange,
     KafkaSourceError,
     KafkaSourceSettings,
-    KafkaStreamReader,
-    _BatchBuilder,
-    _capped,
-    _split,
+    RecordBatchBuilder,
+    cappedEnd,
+    offsetsOf,
+    parseOffsetsJson,
+    recordSchema,
+    rowsOf,
+    splitRanges,
 )
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "127.0.0.1:9"}
@@ -34,25 +38,25 @@ def settings(**options: str) -> KafkaSourceSettings:
 
 
 class FakeCluster:
-    """Partitions and offsets the reader would get from the brokers."""
+    """Partitions and offsets the planner would get from the brokers."""
 
     def __init__(self, latest: dict[tuple[str, int], int], earliest: dict[Any, int] | None = None):
         self.latest = latest
         self.earliest = earliest or dict.fromkeys(latest, 0)
 
-    def install(self, reader: KafkaStreamReader, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(reader, "_partitions", lambda: sorted(self.latest))
+    def install(self, planner: KafkaPlanner, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(planner, "topicPartitions", lambda: sorted(self.latest))
         monkeypatch.setattr(
-            reader,
-            "_listOffsets",
+            planner,
+            "listOffsets",
             lambda partitions, spec: {
                 tp: (self.earliest if spec == "earliest" else self.latest)[tp] for tp in partitions
             },
         )
 
 
-def reader(monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, **options: str) -> Any:
-    r = KafkaStreamReader(settings(**options))
+def planner(monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, **options: str) -> Any:
+    r = KafkaPlanner(settings(**options))
     cluster.install(r, monkeypatch)
     return r
 
@@ -116,19 +120,19 @@ def test_starting_offsets_resolve_earliest_latest_and_json(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cluster = FakeCluster({("a", 0): 50, ("a", 1): 70}, {("a", 0): 5, ("a", 1): 0})
-    assert reader(monkeypatch, cluster).initialOffset() == {"a": {"0": 50, "1": 70}}
-    earliest = reader(monkeypatch, cluster, startingOffsets="earliest")
+    assert planner(monkeypatch, cluster).initialOffset() == {"a": {"0": 50, "1": 70}}
+    earliest = planner(monkeypatch, cluster, startingOffsets="earliest")
     assert earliest.initialOffset() == {"a": {"0": 5, "1": 0}}
-    given = reader(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": -2, "1": 9}}))
+    given = planner(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": -2, "1": 9}}))
     assert given.initialOffset() == {"a": {"0": 5, "1": 9}}
-    partial = reader(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": 1}}))
+    partial = planner(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": 1}}))
     with pytest.raises(TwoPhaseConfigError, match="missing: a-1"):
         partial.initialOffset()
 
 
 def test_a_batch_ends_at_what_is_stable_now(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = reader(monkeypatch, FakeCluster({("a", 0): 120, ("a", 1): 40}))
-    end = r.latestOffset({"a": {"0": 100, "1": 40}}, ReadAllAvailable())
+    r = planner(monkeypatch, FakeCluster({("a", 0): 120, ("a", 1): 40}))
+    end = r.latestOffset({"a": {"0": 100, "1": 40}})
     assert end == {"a": {"0": 120, "1": 40}}
     assert r.partitions({"a": {"0": 100, "1": 40}}, end) == [KafkaRange("a", 0, 100, 120)]
 
@@ -136,24 +140,23 @@ def test_a_batch_ends_at_what_is_stable_now(monkeypatch: pytest.MonkeyPatch) -> 
 def test_max_offsets_per_trigger_is_shared_in_proportion_to_the_backlog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    r = reader(
+    r = planner(
         monkeypatch, FakeCluster({("a", 0): 1000, ("a", 1): 100}), maxOffsetsPerTrigger="110"
     )
-    assert isinstance(r.getDefaultReadLimit(), ReadMaxRows)
-    end = r.latestOffset({"a": {"0": 0, "1": 0}}, r.getDefaultReadLimit())
+    end = r.latestOffset({"a": {"0": 0, "1": 0}}, r.settings.maxOffsetsPerTrigger)
     assert end == {"a": {"0": 100, "1": 10}}
-    assert _capped({("a", 0): 0}, {("a", 0): 3}, 10) == {("a", 0): 3}
+    assert cappedEnd({("a", 0): 0}, {("a", 0): 3}, 10) == {("a", 0): 3}
     # rounding never loses the limit: 3 partitions, 10 offsets
     three = [("x", 0), ("y", 0), ("z", 0)]
-    capped = _capped(dict.fromkeys(three, 0), dict.fromkeys(three, 100), 10)
+    capped = cappedEnd(dict.fromkeys(three, 0), dict.fromkeys(three, 100), 10)
     assert sum(capped.values()) == 10
 
 
 def test_new_partitions_are_read_from_their_first_offset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    r = reader(monkeypatch, FakeCluster({("a", 0): 10, ("a", 1): 4}))
-    end = r.latestOffset({"a": {"0": 10}}, ReadAllAvailable())
+    r = planner(monkeypatch, FakeCluster({("a", 0): 10, ("a", 1): 4}))
+    end = r.latestOffset({"a": {"0": 10}})
     assert end == {"a": {"0": 10, "1": 4}}
     assert r.partitions({"a": {"0": 10}}, end) == [KafkaRange("a", 1, 0, 4)]
 
@@ -162,38 +165,38 @@ def test_deleted_partitions_fail_the_query_by_name_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     start = {"a": {"0": 10, "1": 3}}
-    strict = reader(monkeypatch, FakeCluster({("a", 0): 10}))
+    strict = planner(monkeypatch, FakeCluster({("a", 0): 10}))
     with pytest.raises(KafkaSourceError, match=r"partition\(s\) a-1 no longer exist"):
-        strict.latestOffset(start, ReadAllAvailable())
-    lenient = reader(monkeypatch, FakeCluster({("a", 0): 12}), failOnDataLoss="false")
-    assert lenient.latestOffset(start, ReadAllAvailable()) == {"a": {"0": 12}}
+        strict.latestOffset(start)
+    lenient = planner(monkeypatch, FakeCluster({("a", 0): 12}), failOnDataLoss="false")
+    assert lenient.latestOffset(start) == {"a": {"0": 12}}
     assert "a-1 no longer exist" in caplog.text
 
 
 def test_offsets_that_went_back_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = reader(monkeypatch, FakeCluster({("a", 0): 5}))
+    r = planner(monkeypatch, FakeCluster({("a", 0): 5}))
     with pytest.raises(KafkaSourceError, match="went back"):
-        r.latestOffset({"a": {"0": 10}}, ReadAllAvailable())
-    lenient = reader(monkeypatch, FakeCluster({("a", 0): 5}), failOnDataLoss="false")
-    end = lenient.latestOffset({"a": {"0": 10}}, ReadAllAvailable())
+        r.latestOffset({"a": {"0": 10}})
+    lenient = planner(monkeypatch, FakeCluster({("a", 0): 5}), failOnDataLoss="false")
+    end = lenient.latestOffset({"a": {"0": 10}})
     assert end == {"a": {"0": 5}}
     assert lenient.partitions({"a": {"0": 10}}, end) == []
 
 
 def test_available_now_stops_at_the_offsets_of_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = FakeCluster({("a", 0): 10})
-    r = reader(monkeypatch, cluster)
+    r = planner(monkeypatch, cluster)
     r.prepareForTriggerAvailableNow()
     cluster.latest = {("a", 0): 50, ("a", 1): 7}  # more data and a new partition meanwhile
-    assert r.latestOffset({"a": {"0": 0}}, ReadAllAvailable()) == {"a": {"0": 10, "1": 0}}
+    assert r.latestOffset({"a": {"0": 0}}) == {"a": {"0": 10, "1": 0}}
 
 
 def test_min_partitions_splits_the_largest_ranges() -> None:
-    ranges = _split([KafkaRange("a", 0, 0, 100), KafkaRange("a", 1, 0, 10)], 4)
+    ranges = splitRanges([KafkaRange("a", 0, 0, 100), KafkaRange("a", 1, 0, 10)], 4)
     assert len(ranges) == 4
     covered = sorted((r.partition, r.start, r.end) for r in ranges)
     assert covered == [(0, 0, 25), (0, 25, 50), (0, 50, 100), (1, 0, 10)]
-    assert _split([KafkaRange("a", 0, 0, 1)], 3) == [KafkaRange("a", 0, 0, 1)]
+    assert splitRanges([KafkaRange("a", 0, 0, 1)], 3) == [KafkaRange("a", 0, 0, 1)]
 
 
 # -- columns --------------------------------------------------------------------------------
@@ -227,7 +230,7 @@ class Message:
 
 
 def test_records_become_sparks_kafka_columns() -> None:
-    builder = _BatchBuilder("a", 0, headers=True)
+    builder = RecordBatchBuilder("a", 0, headers=True)
     builder.add(Message(4, [("h", b"x")]))
     builder.add(Message(5))
     batch = builder.build()
@@ -248,3 +251,38 @@ def test_records_become_sparks_kafka_columns() -> None:
     assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
     assert rows[1]["headers"] is None
     assert builder.rows == 0  # the builder starts over after a batch
+    assert recordSchema(True) == batch.schema
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+def test_offsets_json_rows_and_back() -> None:
+    offsets = parseOffsetsJson('{"a": {"1": 7, "0": -2}, "b": {"0": 3}}', "endingOffsets")
+    assert rowsOf(offsets) == {("a", 1): 7, ("a", 0): -2, ("b", 0): 3}
+    assert offsetsOf(rowsOf(offsets)) == {"a": {"0": -2, "1": 7}, "b": {"0": 3}}
+    with pytest.raises(TwoPhaseConfigError, match="option endingOffsets"):
+        parseOffsetsJson("[1]", "endingOffsets")
+
+
+# -- the Spark adapter ----------------------------------------------------------------------
+
+
+def test_sparks_read_limits_reach_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from twophase.spark.kafka import KafkaStreamReader
+
+    r = KafkaStreamReader(settings(maxOffsetsPerTrigger="110"))
+    FakeCluster({("a", 0): 1000, ("a", 1): 100}).install(r.planner, monkeypatch)
+    limit = r.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxRows) and limit.max_rows == 110
+    start = {"a": {"0": 0, "1": 0}}
+    assert r.latestOffset(start, limit) == {"a": {"0": 100, "1": 10}}
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"a": {"0": 1000, "1": 100}}
+    assert [p.value for p in r.partitions(start, end)] == [
+        KafkaRange("a", 0, 0, 1000),
+        KafkaRange("a", 1, 0, 100),
+    ]
+    assert isinstance(KafkaStreamReader(settings()).getDefaultReadLimit(), ReadAllAvailable)

@@ -32,18 +32,18 @@ uses its connection manager (``KafkaAdminClient._manager``) directly.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from twophase.clients.kafka import kafkaPythonConfig, protectKafkaPythonLogs
 from twophase.protocol import TransientCommitError
+from twophase.redaction import getLogger, redact
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks._kafka_config import kafkaPythonConfig, protectKafkaPythonLogs
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
 END_TXN_MAX_VERSION = 3
 """Highest EndTxn version sent: v4 and below end a TV1 transaction without an epoch bump."""
@@ -128,8 +128,6 @@ class TransactionClient:
         self._admin: Any = None
         self._coordinators: dict[str, int] = {}
 
-    # -- connection -------------------------------------------------------------------------
-
     def _client(self) -> Any:
         with self._lock:
             if self._admin is None:
@@ -153,7 +151,7 @@ class TransactionClient:
                     raise TransientCommitError(
                         f"cannot reach the Kafka cluster at "
                         f"{','.join(self._kwargs['bootstrap_servers'])} from the driver "
-                        f"({type(exc).__name__}: {exc})"
+                        f"({type(exc).__name__}: {redact(str(exc))})"
                     ) from exc
             return self._admin
 
@@ -192,11 +190,9 @@ class TransactionClient:
                 if getattr(exc, "retriable", False) or _isConnectionError(exc):
                     raise TransientCommitError(
                         f"kafka: the cluster at {','.join(self._kwargs['bootstrap_servers'])} "
-                        f"did not answer ({type(exc).__name__}: {exc})"
+                        f"did not answer ({type(exc).__name__}: {redact(str(exc))})"
                     ) from exc
                 raise
-
-    # -- transactions -----------------------------------------------------------------------
 
     def _findCoordinator(self, transactionalId: str) -> int:
         cached = self._coordinators.get(transactionalId)

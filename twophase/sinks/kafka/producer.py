@@ -10,19 +10,12 @@ module (both checked by ``integration_tests/test_kafka_protocol.py``):
 - destroying a producer without ``close()`` (garbage collection, interpreter exit, SIGKILL)
   leaves its transaction open on the broker.
 
-So prepared producers are kept in a per-process registry (:data:`_RETAINED`) until they cannot
-matter any more: until this worker begins a later batch of the same sink (by then the driver has
-committed the earlier one; micro-batches are sequential) or the same transactional id again (a
-new ``init_transactions`` fences the old producer anyway). Spark reuses Python workers between
-tasks by default, so this bounds the producers per worker by the sink's partitions; a worker
-that exits simply drops them, and their transactions stay open. A daemon thread serves the
-event queues of retained producers (librdkafka keeps queueing statistics for them).
+So prepared producers stay referenced in their worker (``twophase.sinks.kafka.retention``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import threading
 import time
@@ -33,10 +26,15 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from twophase.clients.kafka import errorText, librdkafkaError, shownConfig
 from twophase.protocol import TransactionContext
-from twophase.sinks._kafka_config import librdkafkaError, redacted
+from twophase.redaction import getLogger, redact
+from twophase.sinks.kafka.columns import ColumnLayout
+from twophase.sinks.kafka.errors import KafkaWriteError
+from twophase.sinks.kafka.retention import Retained, markPrepared, release, retain
+from twophase.sinks.kafka.settings import DEFAULT_MESSAGE_TIMEOUT_MS
 
-log = logging.getLogger(__name__)
+log = getLogger(__name__)
 
 STATISTICS_INTERVAL_MS = 100
 """librdkafka statistics period: the producer id and epoch are read from them."""
@@ -46,10 +44,6 @@ BATCH_CHUNK = 5000
 
 DEFAULT_QUEUE_MESSAGES = 100000
 """librdkafka's default ``queue.buffering.max.messages``."""
-
-DEFAULT_MESSAGE_TIMEOUT_MS = 120000
-"""Delivery timeout unless set (Java's ``delivery.timeout.ms``): a task whose records cannot
-be delivered fails after 2 minutes instead of waiting for the whole transaction timeout."""
 
 
 def withTimeouts(config: Mapping[str, str], transactionTimeoutMs: int) -> dict[str, Any]:
@@ -72,98 +66,6 @@ _USABLE_STATES = ("ReadyNotAcked", "Ready", "InTransaction")
 the open transaction: the latest statistics may predate ``begin_transaction`` (Ready) or even
 the return of ``init_transactions`` (ReadyNotAcked: producer id assigned, call not returned)."""
 
-KEEPER_INTERVAL_SECONDS = 1.0
-"""How often the keeper thread serves the event queues of prepared producers."""
-
-
-class KafkaWriteError(RuntimeError):
-    """A record could not be written into the task's transaction; the task fails."""
-
-
-@dataclass
-class _Retained:
-    producer: Producer
-    prefix: str
-    batchId: int
-    prepared: bool = False
-
-
-_RETAINED: dict[str, _Retained] = {}
-"""Producers whose transactions may still be waiting for the driver, by transactional id."""
-_RETAINED_LOCK = threading.Lock()
-
-
-def _retain(transactionalId: str, entry: _Retained) -> None:
-    """Keep ``entry`` alive; release producers this transaction makes irrelevant.
-
-    Released: the previous producer of the same transactional id (its transaction is committed,
-    or undecided and about to be fenced) and producers of earlier batches of the same sink
-    (their batch is committed: Spark starts batch N only after committing N-1). Released
-    producers are dropped, never closed: ``close()`` would abort, and dropping does not.
-    """
-    with _RETAINED_LOCK:
-        stale = [
-            tid
-            for tid, old in _RETAINED.items()
-            if tid == transactionalId
-            or (old.prefix == entry.prefix and old.batchId < entry.batchId)
-        ]
-        for tid in stale:
-            del _RETAINED[tid]
-        _RETAINED[transactionalId] = entry
-
-
-def _markPrepared(transactionalId: str, producer: Producer) -> None:
-    """The task is done with ``producer``: from now on the keeper thread serves its queue."""
-    with _RETAINED_LOCK:
-        entry = _RETAINED.get(transactionalId)
-        if entry is not None and entry.producer is producer:
-            entry.prepared = True
-    _startKeeper()
-
-
-_KEEPER: threading.Thread | None = None
-
-
-def _startKeeper() -> None:
-    global _KEEPER
-    with _RETAINED_LOCK:
-        if _KEEPER is not None and _KEEPER.is_alive():
-            return
-        _KEEPER = threading.Thread(target=_keep, name="twophase-kafka-keeper", daemon=True)
-        _KEEPER.start()
-
-
-def _keep() -> None:
-    """Serve the event queues of prepared producers, which no task polls any more.
-
-    librdkafka queues a statistics event every period for the application to poll; unserved,
-    a retained producer's queue would grow for as long as the worker keeps it. Polling serves
-    no delivery report (all were served before ``preCommit`` returned) and ends nothing.
-    """
-    while True:
-        time.sleep(KEEPER_INTERVAL_SECONDS)
-        with _RETAINED_LOCK:
-            producers = [e.producer for e in _RETAINED.values() if e.prepared]
-        for producer in producers:
-            try:
-                producer.poll(0)
-            except Exception:  # a producer being destroyed; the next round skips it
-                log.debug("kafka: keeper could not poll a retained producer", exc_info=True)
-
-
-def _release(transactionalId: str, producer: Producer) -> None:
-    with _RETAINED_LOCK:
-        entry = _RETAINED.get(transactionalId)
-        if entry is not None and entry.producer is producer:
-            del _RETAINED[transactionalId]
-
-
-def retainedTransactionalIds() -> list[str]:
-    """Transactional ids whose producers this process keeps (for tests and diagnostics)."""
-    with _RETAINED_LOCK:
-        return sorted(_RETAINED)
-
 
 class _Deliveries:
     """The delivery-report callback of one transaction: counts, the first errors, a probe."""
@@ -183,7 +85,7 @@ class _Deliveries:
             return
         self.failed += 1
         if len(self.errors) < 5:
-            self.errors.append(f"{msg.topic()} [{msg.partition()}]: {err.str()}")
+            self.errors.append(redact(f"{msg.topic()} [{msg.partition()}]: {err.str()}"))
 
 
 class _Statistics:
@@ -228,71 +130,6 @@ _EOS_KEY = re.compile(r'"eos"\s*:\s*')
 _JSON = json.JSONDecoder()
 
 
-@dataclass(frozen=True)
-class ColumnLayout:
-    """Where Spark's Kafka columns are: ``value``; optional key, topic, partition, headers."""
-
-    value: int
-    key: int | None
-    topic: int | None
-    partition: int | None
-    headers: int | None
-
-    @classmethod
-    def of(cls, schema: pa.Schema, defaultTopic: str | None) -> ColumnLayout:
-        """Check the input's Arrow schema as Spark's Kafka sink checks its DataFrame."""
-        names = {name.lower(): i for i, name in enumerate(schema.names)}
-
-        def column(name: str, accepted: tuple[str, ...]) -> int | None:
-            index = names.get(name)
-            if index is None:
-                return None
-            kind = schema.field(index).type
-            if _arrowKind(kind) not in accepted:
-                raise KafkaWriteError(
-                    f"kafka sink: column {name!r} has type {kind}; it must be "
-                    f"{' or '.join(accepted)}"
-                )
-            return index
-
-        value = column("value", ("string", "binary", "null"))
-        if value is None:
-            raise KafkaWriteError(
-                "kafka sink: the input has no 'value' column (string or binary); columns: "
-                f"{', '.join(schema.names)}"
-            )
-        topic = column("topic", ("string", "null"))
-        if topic is None and not defaultTopic:
-            raise KafkaWriteError(
-                "kafka sink: no topic: add a 'topic' column or set .option('topic', <name>)"
-            )
-        return cls(
-            value=value,
-            key=column("key", ("string", "binary", "null")),
-            topic=None if defaultTopic else topic,
-            partition=column("partition", ("integer", "null")),
-            headers=column("headers", ("headers", "null")),
-        )
-
-
-def _arrowKind(kind: pa.DataType) -> str:
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "string"
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return "binary"
-    if pa.types.is_integer(kind):
-        return "integer"
-    if pa.types.is_null(kind):
-        return "null"
-    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(
-        kind.value_type
-    ):
-        fields = {f.name: _arrowKind(f.type) for f in kind.value_type}
-        if fields.get("key") == "string" and fields.get("value") in ("binary", "string", "null"):
-            return "headers"
-    return str(kind)
-
-
 @dataclass(eq=False)
 class KafkaTransaction:
     """One task attempt's Kafka transaction. Lives in one executor process; never pickled.
@@ -302,10 +139,10 @@ class KafkaTransaction:
     task's first rows; otherwise at the first record. ``write`` and ``preCommit`` wait for it.
     """
 
-    ctx: TransactionContext
+    ctx: TransactionContext = field(repr=False)  # its options may hold secrets
     transactionalId: str
     prefix: str
-    config: Mapping[str, str]
+    config: Mapping[str, str] = field(repr=False)  # may hold secrets
     defaultTopic: str | None
     transactionTimeoutMs: int
     flushTimeoutSeconds: float
@@ -398,7 +235,7 @@ def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
         if problem is not None:
             raise problem from None
         raise
-    log.debug("kafka: producer %s with %s", txn.transactionalId, redacted(txn.config))
+    log.debug("kafka: producer %s with %s", txn.transactionalId, shownConfig(txn.config))
     txn.startedAtMs = int(time.time() * 1000)
     try:
         for _ in range(2):
@@ -408,9 +245,9 @@ def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
     except KafkaException as exc:
         raise KafkaWriteError(
             f"kafka: could not begin a transaction with transactional id {txn.transactionalId} "
-            f"at {txn.config.get('bootstrap.servers')}: {_describeError(exc)}"
+            f"at {txn.config.get('bootstrap.servers')}: {errorText(exc, named=True)}"
         ) from exc
-    _retain(txn.transactionalId, _Retained(producer, txn.prefix, txn.ctx.batchId))
+    retain(txn.transactionalId, Retained(producer, txn.prefix, txn.ctx.batchId))
     txn.producer = producer
     return producer
 
@@ -463,7 +300,7 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
                     _raiseDeliveryErrors(txn)
                 except KafkaException as exc:
                     raise KafkaWriteError(
-                        f"kafka: producing to {topic}: {_describeError(exc)}"
+                        f"kafka: producing to {topic}: {errorText(exc, named=True)}"
                     ) from exc
         txn.produced += len(values)
     producer.poll(0)
@@ -499,7 +336,7 @@ def _produceBatch(
                 producer.produce_batch(topic, pending)
             except KafkaException as exc:
                 raise KafkaWriteError(
-                    f"kafka: producing to {topic}: {_describeError(exc)}"
+                    f"kafka: producing to {topic}: {errorText(exc, named=True)}"
                 ) from exc
             failedAt = next((i for i, m in enumerate(pending) if "_error" in m), len(pending))
             txn.produced += failedAt
@@ -511,7 +348,7 @@ def _produceBatch(
                 _errorCode(m["_error"]) != _QUEUE_FULL for m in refused
             ):
                 raise KafkaWriteError(
-                    f"kafka: producing to {topic} failed: {refused[0]['_error']} "
+                    f"kafka: producing to {topic} failed: {redact(str(refused[0]['_error']))} "
                     f"({len(refused)} of {len(pending)} records refused)"
                 )
             for m in failed:
@@ -547,7 +384,7 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
         txn.state = "prepared"
         txn.statistics.stop()
         if producer is not None:
-            _markPrepared(txn.transactionalId, producer)
+            markPrepared(txn.transactionalId, producer)
         return {"transactionalId": txn.transactionalId, "records": 0}
     deadline = time.monotonic() + txn.flushTimeoutSeconds
     remaining = producer.flush(txn.flushTimeoutSeconds)
@@ -592,7 +429,7 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
         )
     txn.state = "prepared"
     txn.statistics.stop()
-    _markPrepared(txn.transactionalId, producer)
+    markPrepared(txn.transactionalId, producer)
     return handle
 
 
@@ -632,11 +469,4 @@ def abortTransaction(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> Non
         producer.close()
     except Exception:  # best effort
         log.debug("kafka: closing %s failed", txn.transactionalId, exc_info=True)
-    _release(txn.transactionalId, producer)
-
-
-def _describeError(exc: KafkaException) -> str:
-    error = exc.args[0] if exc.args else None
-    if isinstance(error, KafkaError):
-        return f"{error.name()}: {error.str()}"
-    return str(exc)
+    release(txn.transactionalId, producer)

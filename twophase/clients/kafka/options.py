@@ -1,31 +1,26 @@
-"""Kafka client settings of the twophase Kafka sink and source: the ``kafka.*`` options.
+"""The ``kafka.*`` options as librdkafka properties: translated, refused by name, or kept safe.
 
-Spark's Kafka connector passes every ``kafka.<name>`` option to the Java client. Ours pass them
-to librdkafka (confluent-kafka) on the executors, and, on the driver, to kafka-python, which
-ends transactions and lists them. This module owns the translation:
+Spark's Kafka connector passes every ``kafka.<name>`` option to the Java client. twophase
+passes them to librdkafka (confluent-kafka): ``kafka.<name>`` becomes property ``<name>``; the
+Java-only properties Spark users are used to are translated (``sasl.jaas.config`` for PLAIN
+and SCRAM, ``buffer.memory``, PEM key stores) or refused with the librdkafka equivalent named.
+Tools that rebuild a sink from ``sink.json`` (which never holds secrets) add the secrets from
+the ``TWOPHASE_KAFKA_OPTIONS`` environment variable.
 
-- ``kafka.<name>`` becomes librdkafka property ``<name>``; the few Java-only properties Spark
-  users are used to are translated (``sasl.jaas.config`` for PLAIN/SCRAM, ``buffer.memory``)
-  or refused with the librdkafka equivalent named (JKS trust stores, serializers);
-- the same settings become kafka-python keyword arguments for the driver-side client;
-- secrets never reach a log line (``redacted``), and kafka-python's own debug dump of its
-  configuration is redacted too.
-
-Plain Python: no Spark here.
+``SAFE_CLIENT_OPTIONS`` is the allow-list of ``kafka.*`` options whose values are never
+secret: only those may be written down or shown.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from twophase.redaction import REDACTED, rememberSecrets
 from twophase.settings import TwoPhaseConfigError
-
-log = logging.getLogger(__name__)
 
 PREFIX = "kafka."
 
@@ -33,7 +28,94 @@ OPTIONS_ENV = "TWOPHASE_KAFKA_OPTIONS"
 """A JSON object of extra options (secrets, typically) for tools that rebuild a sink from
 ``sink.json``, which never holds secrets: added where the options lack them."""
 
-_SECRET = re.compile(r"password|secret|jaas|token|credential|sasl\.oauthbearer\.config", re.I)
+_SAFE_PROPERTIES = (
+    # where the cluster is, and who this client is
+    "bootstrap.servers",
+    "metadata.broker.list",
+    "client.id",
+    "client.rack",
+    "client.dns.lookup",
+    "broker.address.family",
+    "broker.address.ttl",
+    "broker.version.fallback",
+    "api.version.request",
+    "api.version.request.timeout.ms",
+    "api.version.fallback.ms",
+    "allow.auto.create.topics",
+    "debug",
+    # how it authenticates, without the secrets: names, mechanisms and paths of files
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.kerberos.service.name",
+    "sasl.kerberos.principal",
+    "sasl.kerberos.keytab",
+    "sasl.kerberos.min.time.before.relogin",
+    "ssl.ca.location",
+    "ssl.ca.certificate.stores",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "ssl.crl.location",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "ssl.cipher.suites",
+    "ssl.curves.list",
+    "ssl.sigalgs.list",
+    # timeouts and connections
+    "transaction.timeout.ms",
+    "socket.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+    "socket.keepalive.enable",
+    "socket.nagle.disable",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "connections.max.idle.ms",
+    "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "retry.backoff.ms",
+    "retry.backoff.max.ms",
+    "metadata.max.age.ms",
+    "topic.metadata.refresh.interval.ms",
+    "request.timeout.ms",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    # producer and consumer tuning
+    "acks",
+    "request.required.acks",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "buffer.memory",
+    "batch.size",
+    "batch.num.messages",
+    "compression.type",
+    "compression.codec",
+    "compression.level",
+    "message.max.bytes",
+    "receive.message.max.bytes",
+    "max.in.flight",
+    "max.in.flight.requests.per.connection",
+    "retries",
+    "message.send.max.retries",
+    "sticky.partitioning.linger.ms",
+    "partitioner",
+    "isolation.level",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "fetch.wait.max.ms",
+    "max.partition.fetch.bytes",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "check.crcs",
+)
+
+SAFE_CLIENT_OPTIONS = frozenset(PREFIX + name for name in _SAFE_PROPERTIES)
+"""``kafka.*`` options (lower-case) whose values are never secret: settings, host names, user
+names, mechanisms and paths. Everything else (passwords, JAAS lines, OAUTHBEARER settings,
+PEM keys and certificates, ...) may be; it is neither written down nor shown."""
 
 # Java client properties that librdkafka does not know, and what to use instead.
 _JAVA_ONLY: dict[str, str] = {
@@ -56,6 +138,13 @@ _JAVA_ONLY: dict[str, str] = {
     "max.block.ms": "not needed: produce never blocks, the task waits in flush()",
 }
 
+_JAVA_PEM: dict[str, str] = {
+    "ssl.keystore.key": "ssl.key.pem",
+    "ssl.keystore.certificate.chain": "ssl.certificate.pem",
+    "ssl.truststore.certificates": "ssl.ca.pem",
+}
+"""Java's PEM key store properties (``ssl.keystore.type=PEM``) and librdkafka's names."""
+
 _JAAS = re.compile(
     r"(?P<module>[\w.$]+)\s+(?P<flag>required|requisite|sufficient|optional)(?P<options>.*?);?\s*$",
     re.S,
@@ -63,14 +152,9 @@ _JAAS = re.compile(
 _JAAS_OPTION = re.compile(r"(\w+)\s*=\s*(?:\"((?:[^\"\\]|\\.)*)\"|(\S+))")
 
 
-def isSecret(name: str) -> bool:
-    """True for client properties whose values must never be logged or stored."""
-    return bool(_SECRET.search(name))
-
-
-def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a client configuration that is safe to log: secret values replaced."""
-    return {k: ("[redacted]" if isSecret(k) else v) for k, v in config.items()}
+def isSafeProperty(name: str) -> bool:
+    """True when librdkafka property ``name`` (no ``kafka.`` prefix) never holds a secret."""
+    return PREFIX + name.lower() in SAFE_CLIENT_OPTIONS
 
 
 def kafkaOptions(options: Mapping[str, str]) -> dict[str, str]:
@@ -80,7 +164,7 @@ def kafkaOptions(options: Mapping[str, str]) -> dict[str, str]:
     where ``options`` lacks them.
     """
     merged = {str(k).lower(): str(v) for k, v in options.items()}
-    for key, value in _environmentOptions().items():
+    for key, value in environmentOptions().items():
         merged.setdefault(key.lower(), str(value))
     return {
         k[len(PREFIX) :]: v
@@ -89,7 +173,8 @@ def kafkaOptions(options: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def _environmentOptions() -> dict[str, Any]:
+def environmentOptions() -> dict[str, Any]:
+    """The options of ``TWOPHASE_KAFKA_OPTIONS`` (empty when unset); a bad value is an error."""
     text = os.environ.get(OPTIONS_ENV, "").strip()
     if not text:
         return {}
@@ -138,7 +223,9 @@ def librdkafkaConfig(options: Mapping[str, str], *, forbidden: Mapping[str, str]
     """librdkafka properties from the ``kafka.*`` options; ``forbidden`` maps names to reasons.
 
     ``kafka.bootstrap.servers`` is required. Java-only names are translated or refused with the
-    librdkafka equivalent; everything else passes through for librdkafka to validate.
+    librdkafka equivalent; everything else passes through for librdkafka to validate. The
+    values of properties that may be secret are remembered by ``twophase.redaction``, so no
+    later log line or error message of this process shows them.
     """
     raw = kafkaOptions(options)
     if not raw.get("bootstrap.servers", "").strip():
@@ -150,6 +237,8 @@ def librdkafkaConfig(options: Mapping[str, str], *, forbidden: Mapping[str, str]
     for name, value in raw.items():
         if name in forbidden:
             raise TwoPhaseConfigError(f"option kafka.{name} is not supported: {forbidden[name]}")
+        if name in ("ssl.keystore.type", "ssl.truststore.type") and value.strip().upper() == "PEM":
+            continue  # the PEM properties themselves are translated below
         if name in _JAVA_ONLY:
             raise TwoPhaseConfigError(
                 f"option kafka.{name} is a Java client property that librdkafka does not "
@@ -157,6 +246,8 @@ def librdkafkaConfig(options: Mapping[str, str], *, forbidden: Mapping[str, str]
             )
         if name == "sasl.jaas.config":
             config.update(_parseJaas(value))
+        elif name in _JAVA_PEM:
+            config[_JAVA_PEM[name]] = value
         elif name == "buffer.memory":
             try:
                 config["queue.buffering.max.kbytes"] = str(max(1, int(value) // 1024))
@@ -168,91 +259,11 @@ def librdkafkaConfig(options: Mapping[str, str], *, forbidden: Mapping[str, str]
             config[name] = value.strip().lower()
         else:
             config[name] = value
+    for properties in (raw, config):  # the options as given, and what they became
+        rememberSecrets({PREFIX + k: v for k, v in properties.items()}, SAFE_CLIENT_OPTIONS)
     return config
 
 
-def librdkafkaError(exc: BaseException, what: str) -> TwoPhaseConfigError | None:
-    """A config error naming the ``kafka.*`` option when librdkafka refused a property."""
-    error: Any = exc.args[0] if exc.args else None
-    text = str(error.str() if hasattr(error, "str") else exc)
-    match = re.search(r'No such configuration property: "([^"]+)"', text)
-    if match:
-        return TwoPhaseConfigError(
-            f"option kafka.{match.group(1)} is not a librdkafka property ({what}); see "
-            "librdkafka's CONFIGURATION.md for the names it accepts"
-        )
-    match = re.search(r'Invalid value "([^"]*)" for configuration property "([^"]+)"', text)
-    if match:
-        shown = "[redacted]" if isSecret(match.group(2)) else repr(match.group(1))
-        return TwoPhaseConfigError(
-            f"option kafka.{match.group(2)}={shown} is not valid for librdkafka ({what}): "
-            f"{text if not isSecret(match.group(2)) else 'invalid value'}"
-        )
-    invalidArgument = getattr(error, "code", lambda: None)() == -186  # _INVALID_ARG
-    if invalidArgument or "configuration" in text.lower() or "property" in text.lower():
-        return TwoPhaseConfigError(
-            f"the kafka.* options were refused by librdkafka ({what}): {text}"
-        )
-    return None
-
-
-def kafkaPythonConfig(config: Mapping[str, str]) -> dict[str, Any]:
-    """kafka-python keyword arguments for the same cluster and credentials as ``config``.
-
-    The driver ends and lists transactions with kafka-python, whose settings have other names.
-    Supported: PLAINTEXT, SSL (PEM files), SASL PLAIN / SCRAM-SHA-256 / SCRAM-SHA-512 / GSSAPI.
-    """
-    kwargs: dict[str, Any] = {
-        "bootstrap_servers": [s.strip() for s in config["bootstrap.servers"].split(",") if s],
-        "client_id": config.get("client.id", "twophase-kafka-driver"),
-    }
-    protocol = config.get("security.protocol", "plaintext").upper()
-    kwargs["security_protocol"] = protocol
-    if protocol.startswith("SASL"):
-        mechanism = config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "GSSAPI"
-        mechanism = mechanism.strip().upper()
-        if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI"):
-            raise TwoPhaseConfigError(
-                f"option kafka.sasl.mechanism={mechanism} is not supported by the driver-side "
-                "transaction client (kafka-python): use PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or "
-                "GSSAPI"
-            )
-        kwargs["sasl_mechanism"] = mechanism
-        if "sasl.username" in config:
-            kwargs["sasl_plain_username"] = config["sasl.username"]
-        if "sasl.password" in config:
-            kwargs["sasl_plain_password"] = config["sasl.password"]
-        if "sasl.kerberos.service.name" in config:
-            kwargs["sasl_kerberos_service_name"] = config["sasl.kerberos.service.name"]
-    if protocol.endswith("SSL"):
-        for ours, theirs in (
-            ("ssl.ca.location", "ssl_cafile"),
-            ("ssl.certificate.location", "ssl_certfile"),
-            ("ssl.key.location", "ssl_keyfile"),
-            ("ssl.key.password", "ssl_password"),
-            ("ssl.crl.location", "ssl_crlfile"),
-        ):
-            if ours in config:
-                kwargs[theirs] = config[ours]
-        if config.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
-            kwargs["ssl_check_hostname"] = False
-    return kwargs
-
-
-class _RedactKafkaPythonConfig(logging.Filter):
-    """kafka-python logs its whole configuration, passwords included, at DEBUG: redact it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        # logging turns a lone mapping argument into ``record.args`` itself.
-        if isinstance(record.args, Mapping):
-            record.args = redacted(record.args)
-        elif isinstance(record.args, tuple):
-            record.args = tuple(redacted(a) if isinstance(a, Mapping) else a for a in record.args)
-        return True
-
-
-def protectKafkaPythonLogs() -> None:
-    """Install the redacting filter on kafka-python's admin client logger (idempotent)."""
-    logger = logging.getLogger("kafka.admin.client")
-    if not any(isinstance(f, _RedactKafkaPythonConfig) for f in logger.filters):
-        logger.addFilter(_RedactKafkaPythonConfig())
+def shownConfig(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A librdkafka configuration as a log line may show it: unsafe values replaced."""
+    return {k: (v if isSafeProperty(k) else REDACTED) for k, v in config.items()}

@@ -1,0 +1,49 @@
+"""How to reach Kafka: the ``kafka.*`` options for librdkafka and kafka-python, admin calls,
+and error text that shows no secret. Shared by the Kafka sink, the Kafka source and verify.
+"""
+
+from twophase.clients.kafka.admin import (
+    DEFAULT_TRANSACTION_MAX_TIMEOUT_MS,
+    adminClient,
+    brokerTransactionMaxTimeoutMs,
+    connectionConfig,
+)
+from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, librdkafkaError
+from twophase.clients.kafka.kafkapython import (
+    SECRET_ARGUMENTS,
+    kafkaPythonConfig,
+    protectKafkaPythonLogs,
+    shownArguments,
+)
+from twophase.clients.kafka.options import (
+    OPTIONS_ENV,
+    PREFIX,
+    SAFE_CLIENT_OPTIONS,
+    environmentOptions,
+    isSafeProperty,
+    kafkaOptions,
+    librdkafkaConfig,
+    shownConfig,
+)
+
+__all__ = [
+    "DEFAULT_TRANSACTION_MAX_TIMEOUT_MS",
+    "OPTIONS_ENV",
+    "PREFIX",
+    "SAFE_CLIENT_OPTIONS",
+    "SECRET_ARGUMENTS",
+    "KafkaUnreachableError",
+    "adminClient",
+    "brokerTransactionMaxTimeoutMs",
+    "connectionConfig",
+    "environmentOptions",
+    "errorText",
+    "isSafeProperty",
+    "kafkaOptions",
+    "kafkaPythonConfig",
+    "librdkafkaConfig",
+    "librdkafkaError",
+    "protectKafkaPythonLogs",
+    "shownArguments",
+    "shownConfig",
+]

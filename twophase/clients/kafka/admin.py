@@ -1,0 +1,110 @@
+"""Asking the cluster about itself with librdkafka's admin client: the connection settings of
+any client, and the brokers' ``transaction.max.timeout.ms``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, librdkafkaError
+from twophase.redaction import getLogger, redact
+
+log = getLogger(__name__)
+
+DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 900_000
+"""Kafka's default ``transaction.max.timeout.ms``; used when the brokers' cannot be read."""
+
+_PRODUCER_ONLY = (
+    "partitioner",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "queue.buffering",
+    "linger.ms",
+    "batch.",
+    "compression",
+    "acks",
+    "request.required.acks",
+    "retries",
+    "message.send.max.retries",
+    "max.in.flight",
+    "enable.gapless.guarantee",
+    "sticky.partitioning",
+    "transaction",
+)
+_CONSUMER_ONLY = ("isolation.level", "group.id", "enable.partition.eof", "fetch.", "session.")
+
+_TIMEOUT_CACHE: dict[str, tuple[int, float]] = {}
+_TIMEOUT_LOCK = threading.Lock()
+_TIMEOUT_CACHE_SECONDS = 300.0
+
+
+def connectionConfig(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a producer or consumer that matter to any client: connection, auth.
+
+    For admin clients, and for a consumer built from a producer's settings.
+    """
+    return {k: v for k, v in config.items() if not k.startswith(_PRODUCER_ONLY + _CONSUMER_ONLY)}
+
+
+def adminClient(config: Mapping[str, Any]) -> Any:
+    """A confluent-kafka ``AdminClient`` for the cluster and credentials of ``config``.
+
+    Properties librdkafka refuses raise ``TwoPhaseConfigError`` naming the option.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        return AdminClient(connectionConfig(config))
+    except KafkaException as exc:
+        problem = librdkafkaError(exc, "admin client")
+        if problem is not None:
+            raise problem from None
+        raise
+
+
+def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: float = 30) -> int:
+    """The brokers' ``transaction.max.timeout.ms`` (smallest over brokers), cached 5 minutes.
+
+    Falls back to 900000 (Kafka's default) with a warning when DescribeConfigs is refused; an
+    unreachable cluster raises ``KafkaUnreachableError``.
+    """
+    key = config["bootstrap.servers"]
+    with _TIMEOUT_LOCK:
+        cached = _TIMEOUT_CACHE.get(key)
+        if cached is not None and time.monotonic() - cached[1] < _TIMEOUT_CACHE_SECONDS:
+            return cached[0]
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = adminClient(config)
+    try:
+        metadata = admin.list_topics(timeout=timeoutSeconds)
+    except KafkaException as exc:
+        raise KafkaUnreachableError(
+            f"kafka: cannot reach the cluster at {redact(key)} within {timeoutSeconds:.0f} s "
+            f"({errorText(exc)}); check kafka.bootstrap.servers and the security options"
+        ) from None
+    values: list[int] = []
+    try:
+        resources = [ConfigResource(ResourceType.BROKER, str(b)) for b in metadata.brokers]
+        for future in admin.describe_configs(resources, request_timeout=timeoutSeconds).values():
+            entries = future.result(timeout=timeoutSeconds)
+            entry = entries.get("transaction.max.timeout.ms")
+            if entry is not None and entry.value is not None:
+                values.append(int(entry.value))
+    except Exception as exc:
+        log.warning(
+            "kafka: cannot read transaction.max.timeout.ms from the brokers at %s (%s); "
+            "assuming Kafka's default %d ms. Set kafka.transaction.timeout.ms to choose.",
+            key,
+            errorText(exc),
+            DEFAULT_TRANSACTION_MAX_TIMEOUT_MS,
+        )
+    value = min(values) if values else DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
+    with _TIMEOUT_LOCK:
+        _TIMEOUT_CACHE[key] = (value, time.monotonic())
+    return value

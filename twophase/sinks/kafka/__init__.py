@@ -1,0 +1,52 @@
+"""The Kafka sink: each task's records in one Kafka transaction, committed by the driver.
+
+``KafkaWriter`` (executors) opens a transactional producer per task attempt, produces the
+task's rows and leaves the transaction open; ``KafkaCommitter`` (driver, ``twophase recover``)
+ends it with EndTxn from another client, reads back what it cannot end, and sweeps lingering
+transactions. The transaction timeout defaults to the brokers' ``transaction.max.timeout.ms``:
+the driver may be down that long after deciding a batch before the broker aborts the batch's
+transactions. See docs/kafka.md. Plain Python: the Spark data source ``twophase.kafka`` is
+``twophase.spark.kafka.KafkaSink``.
+"""
+
+from twophase.clients.kafka import (
+    DEFAULT_TRANSACTION_MAX_TIMEOUT_MS as DEFAULT_TRANSACTION_TIMEOUT_MS,
+)
+from twophase.clients.kafka import KafkaUnreachableError, brokerTransactionMaxTimeoutMs
+from twophase.sinks.kafka.columns import ColumnLayout, checkColumns
+from twophase.sinks.kafka.committer import KafkaCommitter
+from twophase.sinks.kafka.errors import KafkaCommitError, KafkaWriteError
+from twophase.sinks.kafka.handles import KIND, checkHandle, describeHandle
+from twophase.sinks.kafka.probe import ProbeVerdict, probeRecord
+from twophase.sinks.kafka.retention import retainedTransactionalIds
+from twophase.sinks.kafka.settings import (
+    RESOLVED_TIMEOUT_OPTION,
+    SAFE_OPTIONS,
+    KafkaSettings,
+    ownedIds,
+    transactionalIdFor,
+)
+from twophase.sinks.kafka.writer import KafkaWriter
+
+__all__ = [
+    "DEFAULT_TRANSACTION_TIMEOUT_MS",
+    "KIND",
+    "RESOLVED_TIMEOUT_OPTION",
+    "SAFE_OPTIONS",
+    "ColumnLayout",
+    "KafkaCommitError",
+    "KafkaCommitter",
+    "KafkaSettings",
+    "KafkaUnreachableError",
+    "KafkaWriteError",
+    "KafkaWriter",
+    "ProbeVerdict",
+    "brokerTransactionMaxTimeoutMs",
+    "checkColumns",
+    "checkHandle",
+    "describeHandle",
+    "ownedIds",
+    "probeRecord",
+    "retainedTransactionalIds",
+    "transactionalIdFor",
+]

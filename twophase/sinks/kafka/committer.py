@@ -1,0 +1,273 @@
+"""The driver half of the Kafka sink: end each prepared transaction from another client.
+
+``commit`` ends a task's still-open transaction with ``EndTxn(transactional id, producer id,
+epoch, commit)``, as Flink's KafkaSink does when it resumes a transaction. A repeated commit
+is a no-op success. When the broker says the producer id and epoch can no longer end the
+transaction (it aborted the transaction after ``transaction.timeout.ms``, or something fenced
+it), the committer reads the transaction's last record back with a ``read_committed`` consumer:
+visible means committed before (a no-op success), invisible means lost, and
+``TransactionLostError`` names the batch, the partition and the transactional id. Recovery
+fences and aborts this sink's lingering transactions (broker listing + ``init_transactions``),
+except those a decided batch still has to commit. Everything it needs comes from the options
+kept in ``sink.json`` (plus secrets from ``TWOPHASE_KAFKA_OPTIONS``), so ``twophase recover``
+can run it anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from twophase.clients.kafka import errorText, librdkafkaError
+from twophase.protocol import (
+    Committer,
+    Handle,
+    RecoveryScope,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.redaction import getLogger
+from twophase.sinks.kafka.errors import KafkaCommitError
+from twophase.sinks.kafka.handles import KIND, checkHandle, describeHandle
+from twophase.sinks.kafka.probe import ProbeVerdict, probeRecord
+from twophase.sinks.kafka.producer import withTimeouts
+from twophase.sinks.kafka.settings import KafkaSettings, ownedIds
+from twophase.sinks.kafka.txn import (
+    INVALID_TXN_STATE,
+    NONE,
+    TransactionClient,
+    errorName,
+    sharedClient,
+)
+
+log = getLogger(__name__)
+
+WARN_FRACTION = 0.5
+"""Warn when a transaction has been open longer than this share of its timeout at commit."""
+
+
+class KafkaCommitter(Committer):
+    """Driver side, in any process: commit, abort and sweep the sink's Kafka transactions.
+
+    Guarantees:
+
+    - ``commit`` is idempotent: a committed transaction is committed again as a no-op, and a
+      lost one raises ``TransactionLostError`` naming the batch, partition and transactional
+      id, never a silent success.
+    - ``abort`` and ``recoverAndAbort`` end only transactions of this sink's transactional ids,
+      and never one that ``scope.keep`` names.
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._warnedNoListing = False
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> KafkaCommitter:
+        return cls(KafkaSettings.fromOptions(options))
+
+    def transactionTimeoutMs(self) -> int:
+        """``kafka.transaction.timeout.ms``, else the brokers' maximum (cached per process)."""
+        return self.settings.resolvedTransactionTimeoutMs()
+
+    def client(self) -> TransactionClient:
+        """The driver's transaction client (shared by the process, see ``sharedClient``)."""
+        return sharedClient(
+            self.settings.producerConfig, timeoutSeconds=self.settings.requestTimeoutSeconds
+        )
+
+    def commit(self, handle: Handle) -> None:
+        """Driver, idempotent: EndTxn(commit) with the handle's producer id and epoch.
+
+        Success, also for a transaction committed before. Retriable broker answers and network
+        failures raise ``TransientCommitError``. A transaction the broker no longer lets this
+        producer id and epoch end is read back: committed -> success, aborted ->
+        ``TransactionLostError``.
+        """
+        h = checkHandle(handle)
+        if h["records"] == 0:
+            return
+        self._warnIfOld(h)
+        code = self.client().endTransaction(
+            h["transactionalId"], h["producerId"], h["producerEpoch"], commit=True
+        )
+        if code == NONE:
+            log.debug("kafka: committed %s", self.describe(h))
+            return
+        self._settleUnended(h, code)
+
+    def abort(self, handle: Handle) -> None:
+        """Driver, idempotent: EndTxn(abort) with exactly this producer id and epoch.
+
+        Never touches a newer transaction of the same id (its epoch is higher: the broker
+        answers PRODUCER_FENCED, which means this one is gone already).
+        """
+        h = checkHandle(handle)
+        if h["records"] == 0:
+            return
+        code = self.client().endTransaction(
+            h["transactionalId"], h["producerId"], h["producerEpoch"], commit=False
+        )
+        if code == INVALID_TXN_STATE:
+            log.warning(
+                "kafka: abort of %s: the broker says the transaction is not open "
+                "(%s): it was committed or aborted before",
+                self.describe(h),
+                errorName(code),
+            )
+        elif code != NONE:
+            log.debug("kafka: abort of %s: already gone (%s)", self.describe(h), errorName(code))
+
+    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
+        """Driver, idempotent: fence and abort this sink's open transactions that keep lacks.
+
+        Lists ongoing transactions whose id is ``<prefix>-<partition>[-a<attempt>]`` (broker
+        ListTransactions) and fences each with ``init_transactions`` on its id, which aborts
+        it. Ids named by a kept handle are never touched. When the brokers cannot list
+        transactions, warns once and relies on the next task of each id to fence it.
+        """
+        prefix = self.settings.prefixFor(scope.sinkId)
+        keep = {h.get("transactionalId") for h in scope.keep if h.get("kind") == KIND}
+        listings = self.client().listOngoing(prefix + "-")
+        if listings is None:
+            if not self._warnedNoListing:
+                self._warnedNoListing = True
+                log.warning(
+                    "kafka: the brokers at %s cannot list transactions (ListTransactions needs "
+                    "Kafka 3.0+ and DESCRIBE on the transactional ids); lingering transactions "
+                    "of sink %s are fenced only when their id is used again, or aborted by "
+                    "the broker after transaction.timeout.ms",
+                    self.settings.bootstrapServers,
+                    scope.sinkId,
+                )
+            return []
+        owned = ownedIds(prefix)
+        targets = [
+            t for t in listings if owned.match(t.transactionalId) and t.transactionalId not in keep
+        ]
+        if not targets:
+            return []
+        timeoutMs = self.transactionTimeoutMs()
+        with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
+            list(pool.map(lambda t: self._fence(t.transactionalId, timeoutMs), targets))
+        aborted = [
+            {
+                "kind": KIND,
+                "transactionalId": t.transactionalId,
+                "producerId": t.producerId,
+                "state": t.state,
+            }
+            for t in targets
+        ]
+        log.info(
+            "kafka: fenced and aborted %d lingering transaction(s) of sink %s: %s",
+            len(aborted),
+            scope.sinkId,
+            ", ".join(t.transactionalId for t in targets),
+        )
+        return aborted
+
+    def describe(self, handle: Handle) -> str:
+        """``kafka batch N partition p attempt a: transactional id X (producer id P, epoch E)``."""
+        return describeHandle(handle)
+
+    def _fence(self, transactionalId: str, timeoutMs: int) -> None:
+        """Abort whatever is open on ``transactionalId`` by initialising a producer with it."""
+        from confluent_kafka import KafkaException, Producer
+
+        config: dict[str, Any] = withTimeouts(self.settings.producerConfig, timeoutMs)
+        config["transactional.id"] = transactionalId
+        try:
+            producer = Producer(config)
+        except KafkaException as exc:
+            problem = librdkafkaError(exc, "fencing producer")
+            if problem is not None:
+                raise problem from None
+            raise
+        try:
+            producer.init_transactions(self.settings.initTimeoutSeconds)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if getattr(error, "retriable", lambda: False)() or "timed out" in str(exc).lower():
+                raise TransientCommitError(
+                    f"kafka: fencing transactional id {transactionalId}: {errorText(exc)}"
+                ) from exc
+            raise
+        finally:
+            producer.close()  # nothing is open after init_transactions: close aborts nothing
+
+    def _warnIfOld(self, h: Handle) -> None:
+        startedAtMs = h.get("startedAtMs")
+        timeoutMs = h.get("transactionTimeoutMs")
+        if not isinstance(startedAtMs, int) or not isinstance(timeoutMs, int) or timeoutMs <= 0:
+            return
+        ageMs = int(time.time() * 1000) - startedAtMs
+        if ageMs > WARN_FRACTION * timeoutMs:
+            log.warning(
+                "kafka: %s has been open for %.0f s, %.0f%% of its transaction.timeout.ms "
+                "(%.0f s): if the driver is down longer than the timeout after a decision, the "
+                "broker aborts decided transactions (see docs/kafka.md); raise "
+                "kafka.transaction.timeout.ms / the broker's transaction.max.timeout.ms, or "
+                "make batches shorter",
+                self.describe(h),
+                ageMs / 1000,
+                100 * ageMs / timeoutMs,
+                timeoutMs / 1000,
+            )
+
+    def _settleUnended(self, h: Handle, code: int) -> None:
+        """EndTxn(commit) said the transaction cannot be ended: committed before, or lost?"""
+        verdict, detail = self._probe(h)
+        if verdict is ProbeVerdict.COMMITTED:
+            log.info(
+                "kafka: %s was committed before (EndTxn answered %s; %s)",
+                self.describe(h),
+                errorName(code),
+                detail,
+            )
+            return
+        if verdict is ProbeVerdict.UNDECIDED:
+            raise TransientCommitError(
+                f"kafka: commit of {self.describe(h)}: EndTxn answered {errorName(code)} and "
+                f"the outcome is not readable yet ({detail})"
+            )
+        if verdict is ProbeVerdict.GONE:
+            raise KafkaCommitError(
+                f"kafka: commit of {self.describe(h)}: EndTxn answered {errorName(code)} and "
+                f"the transaction's records are no longer in the log ({detail}), so whether it "
+                "was committed cannot be told; check the topic by hand"
+            )
+        raise TransactionLostError(self._lostMessage(h, code, detail))
+
+    def _lostMessage(self, h: Handle, code: int, detail: str) -> str:
+        ageMs = int(time.time() * 1000) - int(h.get("startedAtMs") or 0)
+        timeoutMs = int(h.get("transactionTimeoutMs") or 0)
+        cause = (
+            f"it was opened {ageMs / 1000:.0f} s ago, longer than its transaction.timeout.ms of "
+            f"{timeoutMs / 1000:.0f} s, so the broker aborted it"
+            if timeoutMs and ageMs > timeoutMs
+            else "the broker aborted it (a producer with the same transactional id fenced it, "
+            "or an administrator aborted it)"
+        )
+        return (
+            f"kafka: batch {h.get('batchId')} partition {h.get('partitionId')} is decided but its "
+            f"transaction is LOST: transactional id {h['transactionalId']}, producer id "
+            f"{h['producerId']}, epoch {h['producerEpoch']}, {h['records']} record(s). EndTxn "
+            f"answered {errorName(code)} and {detail}: {cause}. These records will never be "
+            "visible to read_committed consumers; see docs/kafka.md ('A lost transaction')."
+        )
+
+    def _probe(self, h: Handle) -> tuple[ProbeVerdict, str]:
+        """Read the transaction's last record with ``read_committed``: is it visible?"""
+        probe = h.get("probe")
+        if not isinstance(probe, dict):
+            return ProbeVerdict.ABORTED, "the handle names no record to check"
+        return probeRecord(
+            self.settings.producerConfig,
+            str(probe["topic"]),
+            int(probe["partition"]),
+            int(probe["offset"]),
+            timeoutSeconds=self.settings.requestTimeoutSeconds,
+        )

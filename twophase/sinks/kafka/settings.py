@@ -1,0 +1,154 @@
+"""The Kafka sink's options, parsed and checked once; its transactional ids; what is safe to keep.
+
+``SAFE_OPTIONS`` lists the options written to the checkpoint's ``sink.json``: what the
+committer needs to commit, abort and recover from there alone (the cluster, the non-secret
+client settings, the transactional id prefix and timeouts), and nothing that may be secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from twophase.clients.kafka import (
+    SAFE_CLIENT_OPTIONS,
+    brokerTransactionMaxTimeoutMs,
+    librdkafkaConfig,
+)
+from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
+
+RESOLVED_TIMEOUT_OPTION = "twophase.kafka.transactionTimeoutMs"
+"""Where the driver leaves the resolved transaction timeout for the executors."""
+
+DEFAULT_MESSAGE_TIMEOUT_MS = 120000
+"""Delivery timeout unless set (Java's ``delivery.timeout.ms``): a task whose records cannot
+be delivered fails after 2 minutes instead of waiting for the whole transaction timeout."""
+
+SAFE_OPTIONS = SAFE_CLIENT_OPTIONS | {
+    "topic",
+    "transactionalidprefix",
+    "flushtimeoutseconds",
+    "inittimeoutseconds",
+    "requesttimeoutseconds",
+    RESOLVED_TIMEOUT_OPTION.lower(),
+}
+"""Options (lower-case) that never hold a secret and that the committer may need."""
+
+_PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+_FORBIDDEN_PRODUCER_OPTIONS = {
+    "transactional.id": "the sink sets it per task; choose its prefix with option "
+    "transactionalIdPrefix",
+    "enable.idempotence": "transactions need the idempotent producer",
+    "transaction.timeout.ms.default": "set kafka.transaction.timeout.ms",
+}
+
+_PRODUCER_DEFAULTS = {
+    # Java's default partitioner (murmur2 of the key), as Spark's Kafka sink uses; librdkafka's
+    # own default (CRC32) would send keyed records to other partitions.
+    "partitioner": "murmur2_random",
+    # Memory per task: at most 64 MiB of records waiting for the broker.
+    "queue.buffering.max.kbytes": "65536",
+}
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """The Kafka sink's options, parsed and checked once (``KafkaSettings.fromOptions``).
+
+    - ``kafka.bootstrap.servers`` (required) and any other ``kafka.<name>``: librdkafka
+      producer properties (Java names Spark users know are translated or refused clearly).
+    - ``topic``: the topic of every row; overrides a ``topic`` column (as in Spark).
+    - ``transactionalIdPrefix``: transactional ids are ``<prefix>-<partition>`` (default
+      ``twophase-<sinkId>``). The principal needs WRITE and DESCRIBE on ids with this prefix.
+    - ``kafka.transaction.timeout.ms``: default: the broker's ``transaction.max.timeout.ms``.
+    - ``flushTimeoutSeconds``: how long a task waits for its records' acknowledgements
+      (default: ``kafka.message.timeout.ms`` + 30 s).
+    - ``initTimeoutSeconds``: bound of ``init_transactions`` (default 120 s).
+    - ``requestTimeoutSeconds``: bound of each request to the cluster outside tasks: reaching
+      it, reading its settings, ending and listing transactions (default 30 s).
+    """
+
+    producerConfig: dict[str, str] = field(hash=False, repr=False)  # may hold secrets
+    topic: str | None
+    transactionalIdPrefix: str | None
+    transactionTimeoutMs: int | None
+    flushTimeoutSeconds: float
+    initTimeoutSeconds: float
+    requestTimeoutSeconds: float
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> KafkaSettings:
+        config = dict(_PRODUCER_DEFAULTS)
+        config.update(librdkafkaConfig(options, forbidden=_FORBIDDEN_PRODUCER_OPTIONS))
+        timeout = _intConfig(config, "transaction.timeout.ms")
+        config.pop("transaction.timeout.ms", None)
+        if timeout is None:
+            resolved = optionOf(options, RESOLVED_TIMEOUT_OPTION)
+            timeout = int(resolved) if resolved else None
+        messageTimeout = (
+            _intConfig(config, "delivery.timeout.ms")
+            or _intConfig(config, "message.timeout.ms")
+            or DEFAULT_MESSAGE_TIMEOUT_MS
+        )
+        prefix = optionOf(options, "transactionalIdPrefix")
+        if prefix is not None and not _PREFIX_PATTERN.match(prefix):
+            raise TwoPhaseConfigError(
+                f"option transactionalIdPrefix={prefix!r} must be 1-200 letters, digits, '_', "
+                "'.', '-', starting with a letter or digit"
+            )
+        topic = (optionOf(options, "topic") or "").strip() or None
+        return cls(
+            producerConfig=config,
+            topic=topic,
+            transactionalIdPrefix=prefix,
+            transactionTimeoutMs=timeout,
+            flushTimeoutSeconds=floatOption(
+                options, "flushTimeoutSeconds", messageTimeout / 1000 + 30
+            ),
+            initTimeoutSeconds=floatOption(options, "initTimeoutSeconds", 120.0),
+            requestTimeoutSeconds=floatOption(options, "requestTimeoutSeconds", 30.0),
+        )
+
+    @property
+    def bootstrapServers(self) -> str:
+        return self.producerConfig["bootstrap.servers"]
+
+    def prefixFor(self, sinkId: str) -> str:
+        """The transactional id prefix of the sink ``sinkId``."""
+        return self.transactionalIdPrefix or f"twophase-{sinkId}"
+
+    def resolvedTransactionTimeoutMs(self) -> int:
+        """``kafka.transaction.timeout.ms``, else the brokers' maximum (cached per process)."""
+        if self.transactionTimeoutMs is not None:
+            return self.transactionTimeoutMs
+        return brokerTransactionMaxTimeoutMs(self.producerConfig, self.requestTimeoutSeconds)
+
+
+def _intConfig(config: Mapping[str, str], name: str) -> int | None:
+    raw = config.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise TwoPhaseConfigError(f"option kafka.{name}={raw!r} is not an integer") from None
+
+
+def transactionalIdFor(prefix: str, partitionId: int, attemptNumber: int) -> str:
+    """``<prefix>-<partition>`` for a first attempt, ``<prefix>-<partition>-a<n>`` for others.
+
+    Stable per partition, so the next batch's task fences whatever an earlier one left open,
+    and the ids of a sink stay few. A retried or speculative attempt gets an id of its own: a
+    speculative copy that began later must never fence (and so abort) the transaction of the
+    attempt whose result Spark keeps; the zombie it leaves is swept after the batch commits.
+    """
+    if attemptNumber <= 0:
+        return f"{prefix}-{partitionId}"
+    return f"{prefix}-{partitionId}-a{attemptNumber}"
+
+
+def ownedIds(prefix: str) -> re.Pattern[str]:
+    """The transactional ids ``transactionalIdFor`` makes with ``prefix``, and no other."""
+    return re.compile(rf"^{re.escape(prefix)}-\d+(?:-a\d+)?$")

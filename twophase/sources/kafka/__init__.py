@@ -1,0 +1,45 @@
+"""The Kafka source: topics as a replayable stream, ``read_committed`` by default.
+
+Spark-free: ``KafkaSourceSettings`` parses Spark's Kafka source options, ``KafkaPlanner``
+chooses each micro-batch's offset ranges on the driver, ``readRange`` reads one range into
+Arrow batches. The Spark data source (``spark.readStream.format("twophase.kafka")``) is
+``twophase.spark.kafka``; verify reads Kafka through the same pieces. See docs/kafka.md.
+"""
+
+from twophase.sources.kafka.errors import KafkaSourceError
+from twophase.sources.kafka.offsets import (
+    EARLIEST,
+    LATEST,
+    KafkaRange,
+    Offsets,
+    Positions,
+    cappedEnd,
+    offsetsOf,
+    parseOffsetsJson,
+    rowsOf,
+    splitRanges,
+)
+from twophase.sources.kafka.planner import KafkaPlanner
+from twophase.sources.kafka.reader import RecordBatchBuilder, readRange, recordSchema
+from twophase.sources.kafka.settings import BASE_SCHEMA, HEADERS_SCHEMA, KafkaSourceSettings
+
+__all__ = [
+    "BASE_SCHEMA",
+    "EARLIEST",
+    "HEADERS_SCHEMA",
+    "LATEST",
+    "KafkaPlanner",
+    "KafkaRange",
+    "KafkaSourceError",
+    "KafkaSourceSettings",
+    "Offsets",
+    "Positions",
+    "RecordBatchBuilder",
+    "cappedEnd",
+    "offsetsOf",
+    "parseOffsetsJson",
+    "readRange",
+    "recordSchema",
+    "rowsOf",
+    "splitRanges",
+]

@@ -1,0 +1,169 @@
+"""``twophase.kafka`` as a Spark data source: the Kafka sink's writer and committer, bound, and
+the Kafka source's stream reader.
+
+PySpark keeps one data source per name, and Spark's own ``kafka`` format both reads and writes,
+so :class:`KafkaSink` serves both directions. Everything the sink and the source do lives in
+:mod:`twophase.sinks.kafka` and :mod:`twophase.sources.kafka`; this module only builds them
+from options and adapts the source's planner to PySpark's stream reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import NullType, StructField, StructType
+
+from twophase.settings import TwoPhaseConfigError, optionOf
+from twophase.sinks.kafka import (
+    RESOLVED_TIMEOUT_OPTION,
+    SAFE_OPTIONS,
+    KafkaCommitter,
+    KafkaSettings,
+    KafkaWriter,
+    brokerTransactionMaxTimeoutMs,
+    checkColumns,
+)
+from twophase.sources.kafka import (
+    KafkaPlanner,
+    KafkaRange,
+    KafkaSourceSettings,
+    Offsets,
+    readRange,
+)
+from twophase.spark.datasource import TwoPhaseDataSource
+from twophase.spark.schema import arrowSchemaOf
+from twophase.spark.worker import freezeWorkerHeap
+
+_SINK_COLUMNS = frozenset({"value", "key", "topic", "partition", "headers"})
+"""The input columns the Kafka sink reads (any case); others are ignored, as Spark does."""
+
+
+class KafkaSink(TwoPhaseDataSource):
+    """``twophase.kafka``: exactly-once into Kafka, and ``read_committed`` out of it.
+
+    ``df.writeStream.format("twophase.kafka").option("kafka.bootstrap.servers", ...)
+    .option("topic", ...).option("checkpointLocation", ...).start()`` after
+    ``twophase.register(spark)``; input columns as Spark's Kafka sink (``value``, optional
+    ``key``, ``topic``, ``partition``, ``headers``); options as
+    :class:`twophase.sinks.kafka.KafkaSettings`. ``sink.json`` keeps the cluster, the
+    non-secret ``kafka.*`` settings and the transactional id prefix (``SAFE_OPTIONS``);
+    passwords, JAAS lines, OAUTHBEARER settings and PEM keys never go there, so ``twophase
+    recover`` takes them from ``TWOPHASE_KAFKA_OPTIONS``.
+
+    Like Spark's ``kafka`` format, the one name reads as well: ``spark.readStream
+    .format("twophase.kafka")`` with the options of Spark's Kafka source
+    (:class:`twophase.sources.kafka.KafkaSourceSettings`).
+    """
+
+    safeOptions: ClassVar[frozenset[str]] = SAFE_OPTIONS
+
+    @classmethod
+    def name(cls) -> str:
+        return "twophase.kafka"
+
+    def settings(self) -> KafkaSettings:
+        """The sink's parsed options; ``TwoPhaseConfigError`` names a bad option."""
+        return KafkaSettings.fromOptions(self.options)
+
+    def createWriter(self) -> KafkaWriter:
+        return KafkaWriter(self.settings())
+
+    def createCommitter(self) -> KafkaCommitter:
+        return KafkaCommitter(self.settings())
+
+    def validate(self, schema: StructType) -> None:
+        """Driver: check options and columns, reach the cluster, fix the transaction timeout.
+
+        The timeout read from the brokers is left in the options, so executors use the same
+        value without asking the brokers again.
+        """
+        settings = self.settings()
+        # Columns the sink ignores keep their names (for the messages) but not their types:
+        # a type Arrow cannot hold must not fail a query that never writes it.
+        columns = StructType(
+            [
+                f if f.name.lower() in _SINK_COLUMNS else StructField(f.name, NullType())
+                for f in schema.fields
+            ]
+        )
+        checkColumns(arrowSchemaOf(columns, self.name()), settings.topic)
+        brokerMax = brokerTransactionMaxTimeoutMs(
+            settings.producerConfig, settings.requestTimeoutSeconds
+        )
+        chosen = settings.transactionTimeoutMs
+        if chosen is not None and optionOf(self.options, RESOLVED_TIMEOUT_OPTION) is None:
+            if chosen > brokerMax:
+                raise TwoPhaseConfigError(
+                    f"option kafka.transaction.timeout.ms={chosen} is larger than the brokers' "
+                    f"transaction.max.timeout.ms={brokerMax}: lower it, or raise the broker "
+                    "setting"
+                )
+            return
+        self.options[RESOLVED_TIMEOUT_OPTION] = str(chosen if chosen is not None else brokerMax)
+
+    def schema(self) -> str:
+        """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source)."""
+        freezeWorkerHeap()
+        return KafkaSourceSettings.fromOptions(self.options).schema()
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        """The source: ``spark.readStream.format("twophase.kafka")``."""
+        freezeWorkerHeap()
+        return KafkaStreamReader(KafkaSourceSettings.fromOptions(self.options))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """PySpark's stream reader over ``KafkaPlanner`` (driver) and ``readRange`` (executors).
+
+    Offsets live in Spark's checkpoint; the source joins no consumer group and commits nothing.
+    """
+
+    def __init__(self, settings: KafkaSourceSettings) -> None:
+        self.settings = settings
+        self.planner = KafkaPlanner(settings)
+
+    def initialOffset(self) -> Offsets:
+        return self.planner.initialOffset()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.settings.maxOffsetsPerTrigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepareForTriggerAvailableNow()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        maxOffsets = int(limit.max_rows) if isinstance(limit, ReadMaxRows) else None
+        return self.planner.latestOffset(start, maxOffsets)
+
+    def reportLatestOffset(self) -> Offsets | None:
+        return self.planner.reportLatestOffset()
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        """One input partition per range the planner chose; its ``value`` is the range."""
+        return [InputPartition(r) for r in self.planner.partitions(start, end)]
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to release: offsets live in Spark's checkpoint, never in a consumer group."""
+
+    def stop(self) -> None:
+        self.planner.close()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executor: the records of one range of one topic partition, as Arrow batches."""
+        freezeWorkerHeap()
+        r = partition.value
+        assert isinstance(r, KafkaRange)
+        yield from readRange(self.settings, r)
+
+
+__all__ = ["KafkaSink", "KafkaStreamReader"]
