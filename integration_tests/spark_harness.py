@@ -27,33 +27,9 @@ Modes (``MODES``)
                    ``hasAttemptOnHost``), and in ``local[...]`` and ``local-cluster[...]`` every
                    executor reports the same host.
 
-Running pip-installed PySpark this way (what we found, PySpark 4.3 from PyPI)
-------------------------------------------------------------------------------
-- ``SPARK_HOME``: PySpark finds its own home (the ``pyspark`` package directory) when unset,
-  and local-cluster works with it, but the in-driver Worker then creates its work directory at
-  ``$SPARK_HOME/work/app-*`` *inside the virtualenv* (executor stdout/stderr land there). The
-  harness therefore gives every work directory a private ``spark-home/`` holding two symlinks
-  into the package, ``bin`` (``spark-submit``, which PySpark launches) and ``jars`` (the
-  driver's and executors' class path), and sets ``SPARK_HOME`` to it. Executor logs are then
-  under ``<workdir>/spark-home/work/``.
-- ``python/lib/pyspark.zip`` is deliberately not linked: Spark puts
-  ``$SPARK_HOME/python/lib/pyspark.zip`` first on every Python worker's ``PYTHONPATH``, and
-  ``zipimport`` never caches bytecode, so each Python worker daemon (about eight per query:
-  data source lookup, creation, stream reader, planning, writer, tasks, commit) recompiles
-  PySpark, 1.5-2 s of CPU each. Without the zip the workers import the installed ``pyspark``
-  package: the same files (we diffed them) with cached bytecode. On this 2-core machine that
-  takes a 6-batch run from ~38 s to ~28 s. Set ``TWOPHASE_IT_PYSPARK_ZIP=1`` to link
-  ``python/`` too and run the stock layout.
-- JVMs start with ``-XX:TieredStopAtLevel=1`` (C1 only): short runs spend most of their time
-  starting up, and this cut another ~25 % here. It changes nothing Spark does.
-- ``PYSPARK_PYTHON`` is this interpreter (the venv's). Executors of local-cluster and
-  standalone mode get it, ``PYTHONPATH`` (the repository root, so workers can import sink
-  classes defined in test modules: cloudpickle pickles them by reference) and the
-  ``TWOPHASE_CRASH_*``/``TWOPHASE_LOG_LEVEL`` variables through ``spark.executorEnv.*``.
-  (local-cluster executors would also inherit the driver's environment through the in-driver
-  Worker; the standalone workers, started before the query, would not.)
-- ``SPARK_LOCAL_IP=127.0.0.1``: the machine's hostname resolves to a loopback address and Spark
-  otherwise picks an interface address and warns.
+How the child processes are set up (SPARK_HOME, JVM flags, environment) is
+``integration_tests.spark_processes``'s business; the standalone cluster is in
+``spark_cluster``, how each sink's output is read and checked in ``sink_outputs``.
 """
 
 from __future__ import annotations
@@ -61,25 +37,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-
+from integration_tests.sink_outputs import FILES_SINK
+from integration_tests.spark_processes import (
+    REPO_ROOT,
+    childEnvironment,
+    killSession,
+    lastCommittedOffset,
+    makeSparkHome,
+    sessionBuilder,
+)
 from twophase.coordinator import DecisionLog
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 MODES: dict[str, str] = {
     "local": "local[2,4]",
@@ -87,18 +63,13 @@ MODES: dict[str, str] = {
 }
 """Test id -> Spark master, for the modes a test can run in without starting servers."""
 
-FAST_JVM = "-XX:TieredStopAtLevel=1"
-QUERY_FAILED = 3
-"""Exit status of a child whose query failed (as opposed to drained, 0, or killed)."""
 RUN_TIMEOUT = 300.0
 """Seconds one child run may take before the harness kills its session and fails."""
 
-FILES_SINK = "twophase.sinks.files:FilesSink"
 FOREACH_BATCH = "foreachBatch"
 """``--via``: write through ``twophase.foreachBatch`` instead of ``writeStream.format``."""
 
 
-# ---------------------------------------------------------------------------------------------
 # The child: one query start.
 
 
@@ -127,7 +98,7 @@ def childMain(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
 
     import twophase
-    from twophase.sources.sequence import SequenceSource
+    from twophase.spark.sequence import SequenceSource
 
     sinkClass = loadSinkClass(args.sink)
     builder = sessionBuilder(args.master, f"twophase-it-{workdir.name}", args.partitions)
@@ -231,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     return childMain(args)
 
 
-# ---------------------------------------------------------------------------------------------
 # The parent: start, crash, restart, verify.
 
 
@@ -433,295 +403,6 @@ class Harness:
 
     def describeRuns(self) -> str:
         return "\n\n".join(r.describe() for r in self.runs)
-
-
-def makeSparkHome(home: Path) -> Path:
-    """A private ``SPARK_HOME``: symlinks to the pip package's ``bin`` and ``jars`` (see top)."""
-    import pyspark
-
-    package = Path(pyspark.__file__).resolve().parent
-    home.mkdir(parents=True, exist_ok=True)
-    links = ["bin", "jars"]
-    if os.environ.get("TWOPHASE_IT_PYSPARK_ZIP") == "1":
-        links.append("python")
-    for name in links:
-        link = home / name
-        if not link.exists():
-            link.symlink_to(package / name, target_is_directory=True)
-    return home
-
-
-def childEnvironment(workdir: Path, sparkHome: Path, crash: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a query's child process: this one without crash settings, plus
-    ``crash`` (``TWOPHASE_CRASH_*``), this interpreter, the private ``SPARK_HOME``, loopback,
-    local dirs in ``workdir`` and the repository on ``PYTHONPATH``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWOPHASE_CRASH_")}
-    env.update(crash)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["SPARK_HOME"] = str(sparkHome)
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    env["SPARK_LOCAL_DIRS"] = str(workdir / "spark-local")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    return env
-
-
-def sessionBuilder(master: str, appName: str, partitions: int) -> Any:
-    """A SparkSession builder as every test child wants it: no UI, C1-only JVMs, this
-    interpreter and the repository on the executors, the ``TWOPHASE_*`` fault and log
-    variables passed to them (local-cluster and standalone executors need them in
-    ``executorEnv``)."""
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(appName)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.driver.extraJavaOptions", FAST_JVM)
-        .config("spark.executor.extraJavaOptions", FAST_JVM)
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
-    )
-    for name, value in os.environ.items():
-        if (
-            name.startswith("TWOPHASE_CRASH_")
-            and name != "TWOPHASE_CRASH_PGID"
-            or (name == "TWOPHASE_LOG_LEVEL")
-        ):
-            builder = builder.config(f"spark.executorEnv.{name}", value)
-    return builder
-
-
-def awaitDrained(spark: Any, query: Any) -> int:
-    """Wait for an ``availableNow`` query; 0 when it drained its source, ``QUERY_FAILED`` (its
-    error on stderr) when it failed. Stops the session either way."""
-    try:
-        query.awaitTermination()
-    except Exception as exc:  # the query's error, for the test to read
-        sys.stderr.write(f"QUERY FAILED: {exc}\n")
-        sys.stderr.flush()
-        return QUERY_FAILED
-    finally:
-        spark.stop()
-    return 0
-
-
-def lastCommittedOffset(checkpoint: Path) -> int | None:
-    """The sequence source's end offset of the last batch in ``commits/`` (Spark's own log)."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
-    if not commits:
-        return None
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    return int(json.loads(lines[-1])["offset"])
-
-
-def sessionProcesses(sid: int) -> list[int]:
-    """Pids of the processes in session ``sid`` (a child started with ``start_new_session``)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) == sid:  # fields after ``(comm)``: state ppid pgrp session
-            pids.append(int(entry.name))
-    return pids
-
-
-def killSession(sid: int) -> int:
-    """SIGKILL every process left in session ``sid`` (the child's); returns how many."""
-    killed = 0
-    for pid in sessionProcesses(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            pass
-    return killed
-
-
-# ---------------------------------------------------------------------------------------------
-# A standalone cluster on distinct loopback hosts (for speculation).
-
-
-def freePort(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-class StandaloneCluster:
-    """A master and ``workers`` worker JVMs (1 core each), on 127.0.0.1, .2, .3 ...
-
-    Started from the harness's private ``SPARK_HOME`` in a session of its own; ``stop`` kills
-    that session. Worker work directories are under ``<workdir>/standalone``.
-    """
-
-    def __init__(self, workdir: Path, workers: int = 2, memory: str = "1g") -> None:
-        self.workdir = workdir / "standalone"
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.sparkHome = makeSparkHome(workdir / "spark-home")
-        self.port = freePort()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.workers = workers
-        self.memory = memory
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def _start(self, name: str, args: list[str], host: str) -> None:
-        env = dict(os.environ, SPARK_HOME=str(self.sparkHome), SPARK_LOCAL_IP=host)
-        env["SPARK_LOCAL_DIRS"] = str(self.workdir / f"{name}-local")
-        env["SPARK_WORKER_DIR"] = str(self.workdir / f"{name}-work")
-        env["SPARK_DAEMON_JAVA_OPTS"] = FAST_JVM
-        log = (self.workdir / f"{name}.log").open("w")
-        self.processes.append(
-            subprocess.Popen(
-                [str(self.sparkHome / "bin" / "spark-class"), *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        log.close()
-
-    def start(self, timeout: float = 120.0) -> StandaloneCluster:
-        self._start(
-            "master",
-            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
-            + ["--port", str(self.port), "--webui-port", str(freePort())],
-            "127.0.0.1",
-        )
-        for n in range(self.workers):
-            host = f"127.0.0.{n + 2}"
-            self._start(
-                f"worker-{n}",
-                ["org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", "1"]
-                + ["--memory", self.memory, "--webui-port", str(freePort(host)), self.url],
-                host,
-            )
-        deadline = time.monotonic() + timeout
-        master = self.workdir / "master.log"
-        while time.monotonic() < deadline:
-            registered = master.read_text(errors="replace").count("Registering worker")
-            if registered >= self.workers:
-                return self
-            if any(p.poll() is not None for p in self.processes):
-                break
-            time.sleep(0.5)
-        logs = "\n".join(
-            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
-            for p in sorted(self.workdir.glob("*.log"))
-        )
-        self.stop()
-        raise AssertionError(f"the standalone cluster did not come up:\n{logs}")
-
-    def stop(self) -> None:
-        for process in self.processes:
-            killSession(process.pid)
-            process.wait()
-        self.processes.clear()
-
-
-# ---------------------------------------------------------------------------------------------
-# What a sink under test is, and how its committed output is read.
-
-
-@dataclass(frozen=True)
-class SinkUnderTest:
-    """A sink as the tests see it: how the child loads it, how a reader sees its output.
-
-    ``read(output)`` returns the committed rows (``id``, ``payload``) as a reader that skips
-    uncommitted data would; ``visibleFiles(output)`` lists committed data files;
-    ``prepared(output, batch)`` lists what uncommitted transactions left on disk (one entry per
-    attempt: a staging directory, a pending file), of one batch or, for ``None``, anything.
-    """
-
-    id: str
-    spec: str
-    read: Callable[[Path], pa.Table]
-    visibleFiles: Callable[[Path], list[Path]]
-    prepared: Callable[[Path, int | None], list[Path]]
-
-    def __str__(self) -> str:
-        return self.id
-
-
-STAGING = ("_twophase", "staging")
-
-
-def readFilesOutput(output: Path) -> pa.Table:
-    """Committed Parquet rows of the files sink; pyarrow skips ``_``- and ``.``-prefixed paths."""
-    files = filesVisible(output)
-    if not files:
-        return pa.table({"id": pa.array([], pa.int64()), "payload": pa.array([], pa.string())})
-    return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["id", "payload"])
-
-
-def filesVisible(output: Path) -> list[Path]:
-    if not output.exists():
-        return []
-    return sorted(Path(f) for f in ds.dataset(str(output), format="parquet").files)
-
-
-def filesPrepared(output: Path, batch: int | None = None) -> list[Path]:
-    """Attempt directories under ``_twophase/staging/<sink>/<batch>/``; for ``batch=None``
-    everything below the per-sink directories (batch directories and stray files too)."""
-    staging = output.joinpath(*STAGING)
-    if not staging.exists():
-        return []
-    if batch is not None:
-        return sorted(staging.glob(f"*/{batch}/*"))
-    return sorted(staging.glob("*/*")) + sorted(p for p in staging.glob("*") if p.is_file())
-
-
-FILES = SinkUnderTest("files", FILES_SINK, readFilesOutput, filesVisible, filesPrepared)
-
-
-def exactlyOnceReport(table: pa.Table, rows: int) -> dict[str, int]:
-    """Rows, duplicates, missing ids, unexpected ids and wrong payloads against ``[0, rows)``."""
-    ids = table.column("id").to_numpy() if len(table) else np.array([], dtype=np.int64)
-    unique = np.unique(ids)
-    expected = np.arange(rows, dtype=np.int64)
-    wrong = 0
-    if len(table):
-        want = pc.binary_join_element_wise("row-", pc.cast(table.column("id"), pa.string()), "")
-        wrong = len(table) - int(pc.sum(pc.equal(table.column("payload"), want)).as_py() or 0)
-    return {
-        "rows": len(table),
-        "duplicates": len(ids) - len(unique),
-        "missing": len(np.setdiff1d(expected, unique, assume_unique=True)),
-        "unexpected": len(np.setdiff1d(unique, expected, assume_unique=True)),
-        "wrongPayloads": wrong,
-    }
-
-
-def assertExactlyOnce(sink: SinkUnderTest, harness: Harness) -> None:
-    """Every id in ``[0, rows)`` exactly once with its payload, and no debris left behind."""
-    report = exactlyOnceReport(sink.read(harness.output), harness.rows)
-    want = {
-        "rows": harness.rows,
-        "duplicates": 0,
-        "missing": 0,
-        "unexpected": 0,
-        "wrongPayloads": 0,
-    }
-    assert report == want, f"{sink} output is not exactly-once: {report}\n" + (
-        harness.describeRuns()
-    )
-    left = sink.prepared(harness.output, None)
-    assert not left, f"{sink} left uncommitted debris after the final run: {left}"
-
-
-def visibleIds(sink: SinkUnderTest, output: Path) -> np.ndarray:
-    table = sink.read(output)
-    return np.sort(table.column("id").to_numpy()) if len(table) else np.array([], np.int64)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,9 @@ from kafka import KafkaAdminClient
 from pyspark.sql.types import StringType, StructField, StructType
 
 from integration_tests.conftest import ServiceControl
-from integration_tests.spark_harness import (
-    FAST_JVM,
-    REPO_ROOT,
-    Harness,
-    exactlyOnceReport,
-    killSession,
-    makeSparkHome,
-)
+from integration_tests.sink_outputs import exactlyOnceReport
+from integration_tests.spark_harness import Harness
+from integration_tests.spark_processes import FAST_JVM, REPO_ROOT, killSession, makeSparkHome
 from integration_tests.test_kafka_helpers import (
     Record,
     createTopic,
@@ -50,7 +46,8 @@ from integration_tests.test_kafka_helpers import (
 )
 from twophase.coordinator import DecisionLog
 from twophase.settings import optionOf
-from twophase.sinks.kafka import KafkaSink
+from twophase.sinks.kafka import KafkaSettings, KafkaWriter
+from twophase.spark.kafka import KafkaSink
 
 SINK_SPEC = "integration_tests.test_kafka_spark:SequenceKafkaSink"
 
@@ -71,6 +68,17 @@ class SequenceKafkaSink(KafkaSink):
         super().validate(
             StructType([StructField("key", StringType()), StructField("value", StringType())])
         )
+
+    def createWriter(self) -> SequenceKafkaWriter:
+        return SequenceKafkaWriter(self.settings(), self.options)
+
+
+class SequenceKafkaWriter(KafkaWriter):
+    """``KafkaWriter`` of sequence rows, and the test-only SIGKILL of its executor."""
+
+    def __init__(self, settings: KafkaSettings, options: Mapping[str, str]) -> None:
+        super().__init__(settings)
+        self.options = dict(options)
 
     def write(self, txn: Any, batch: pa.RecordBatch) -> None:
         converted = pa.RecordBatch.from_arrays(

@@ -25,23 +25,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from integration_tests.spark_harness import (
-    FILES,
-    FOREACH_BATCH,
-    Harness,
-    StandaloneCluster,
-    assertExactlyOnce,
-)
+from integration_tests.sink_outputs import FILES, assertExactlyOnce
+from integration_tests.spark_cluster import StandaloneCluster
+from integration_tests.spark_harness import FOREACH_BATCH, Harness
 from twophase.protocol import TransactionContext
 from twophase.settings import optionOf
-from twophase.sinks.files import FilesSink, FilesTransaction
+from twophase.sinks.files import FilesTransaction, FilesWriter
+from twophase.spark.files import FilesSink
 
 ATTEMPTS_DIR = "it.attemptsDir"
 """Sink option: where each attempt records what it did (one JSON file per event)."""
 
 
-def record(sink: FilesSink, txn: FilesTransaction, event: str, **extra: Any) -> None:
-    directory = optionOf(sink.options, ATTEMPTS_DIR)
+def record(writer: ProbedWriter, txn: FilesTransaction, event: str, **extra: Any) -> None:
+    directory = writer.attemptsDir
     if not directory:
         return
     ctx = txn.ctx
@@ -62,12 +59,14 @@ def attempts(directory: Path, event: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(directory.glob(f"{event}-*.json"))]
 
 
-class FailingAttemptFilesSink(FilesSink):
-    """Attempt 0 of partition 0 in batch 1 raises after its first write (a staged file open)."""
+class ProbedWriter(FilesWriter):
+    """The files sink's writer, with the directory its attempts record their events in."""
 
-    @classmethod
-    def name(cls) -> str:
-        return "it.failingAttemptFiles"
+    attemptsDir: str | None = None
+
+
+class FailingAttemptWriter(ProbedWriter):
+    """Attempt 0 of partition 0 in batch 1 raises after its first write (a staged file open)."""
 
     def write(self, txn: FilesTransaction, batch: Any) -> None:
         super().write(txn, batch)
@@ -82,13 +81,9 @@ SLOW_BATCH = 1
 SLOW_SECONDS = 15.0
 
 
-class SlowAttemptFilesSink(FilesSink):
+class SlowAttemptWriter(ProbedWriter):
     """Attempt 0 of partition 0 in batch ``SLOW_BATCH`` stalls after preparing, so Spark runs a
     speculative copy; the stalled attempt's prepared transaction is never reported."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "it.slowAttemptFiles"
 
     def beginTransaction(self, ctx: TransactionContext) -> FilesTransaction:
         txn = super().beginTransaction(ctx)
@@ -104,12 +99,8 @@ class SlowAttemptFilesSink(FilesSink):
         return handle
 
 
-class MemoryProbeFilesSink(FilesSink):
+class MemoryProbeWriter(ProbedWriter):
     """Puts the writing worker's address-space limit and peak RSS into every handle."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "it.memoryProbeFiles"
 
     def preCommit(self, txn: FilesTransaction) -> dict[str, Any]:
         handle = super().preCommit(txn)
@@ -119,6 +110,42 @@ class MemoryProbeFilesSink(FilesSink):
             "rows": txn.rows,
         }
         return handle
+
+
+class ProbedFilesSink(FilesSink):
+    """The files sink with a probed writer (``writerClass``)."""
+
+    writerClass: type[ProbedWriter] = ProbedWriter
+
+    def createWriter(self) -> FilesWriter:
+        writer = self.writerClass.fromOptions(self.options)
+        assert isinstance(writer, ProbedWriter)
+        writer.attemptsDir = optionOf(self.options, ATTEMPTS_DIR)
+        return writer
+
+
+class FailingAttemptFilesSink(ProbedFilesSink):
+    writerClass = FailingAttemptWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.failingAttemptFiles"
+
+
+class SlowAttemptFilesSink(ProbedFilesSink):
+    writerClass = SlowAttemptWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.slowAttemptFiles"
+
+
+class MemoryProbeFilesSink(ProbedFilesSink):
+    writerClass = MemoryProbeWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.memoryProbeFiles"
 
 
 def spec(cls: type) -> str:

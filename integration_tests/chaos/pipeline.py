@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from integration_tests.spark_harness import QUERY_FAILED, awaitDrained, sessionBuilder
+from integration_tests.spark_processes import QUERY_FAILED, awaitDrained, sessionBuilder
 from twophase import faults
 
 PIPELINES = ("files", "postgres", "kafka", "kafka-kafka")

@@ -34,7 +34,7 @@ from typing import Any
 
 from integration_tests.chaos.pipeline import PipelineSpec
 from integration_tests.conftest import SERVICES_DIR, ServiceControl
-from integration_tests.spark_harness import (
+from integration_tests.spark_processes import (
     REPO_ROOT,
     childEnvironment,
     killSession,
