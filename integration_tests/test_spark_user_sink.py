@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pytest
 
-from integration_tests.spark_harness import SinkUnderTest
+from integration_tests.sink_outputs import SinkUnderTest
 from twophase import (
     RecoveryScope,
     TransactionContext,
@@ -60,6 +60,8 @@ def _fsyncDir(path: Path) -> None:
 
 class JsonDirSink(TwoPhaseCommitSink[JsonDirTxn]):
     """Exactly-once JSON lines by pending-file-rename; option ``path`` (a local directory)."""
+
+    safeOptions = frozenset({"path"})
 
     @classmethod
     def name(cls) -> str:
@@ -218,3 +220,57 @@ def test_json_dir_sink_commit_of_a_lost_transaction_fails_loudly(tmp_path: Path)
     sink.abort(handle)
     with pytest.raises(TransactionLostError, match=re.escape(handle["pending"])):
         sink.commit(handle)
+
+
+# -- a user's sink that returns the wrong thing, under real Spark ----------------------------
+
+
+class NoneSweepingJsonDirSink(JsonDirSink):
+    """Returns ``None`` from ``recoverAndAbort``: accepted as "aborted nothing"."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.jsondirNoneSweep"
+
+    def recoverAndAbort(self, scope: RecoveryScope) -> list[dict[str, Any]]:
+        super().recoverAndAbort(scope)
+        return None  # type: ignore[return-value]
+
+
+class SetHandleJsonDirSink(JsonDirSink):
+    """Puts a set into its handle, which the decision log (JSON) cannot hold."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.jsondirSetHandle"
+
+    def preCommit(self, txn: JsonDirTxn) -> dict[str, Any]:
+        handle = super().preCommit(txn)
+        handle["ids"] = {1, 2}
+        return handle
+
+
+def test_a_sink_whose_recover_and_abort_returns_none_runs_exactly_once(tmp_path: Path) -> None:
+    from integration_tests.sink_outputs import assertExactlyOnce
+    from integration_tests.spark_harness import Harness
+
+    query = Harness(tmp_path, "local", sink=f"{__name__}:NoneSweepingJsonDirSink", rows=4000)
+    run = query.run()
+    assert run.succeeded, run.describe()
+    assertExactlyOnce(USER_SINK, query)
+
+
+def test_a_handle_json_cannot_hold_fails_the_query_naming_the_sink_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    from integration_tests.spark_harness import Harness
+
+    query = Harness(
+        tmp_path, "local", sink=f"{__name__}:SetHandleJsonDirSink", rows=2000, rowsPerBatch=2000
+    )
+    run = query.run()
+    assert not run.succeeded
+    text = run.error + run.tail(400)
+    assert "SinkContractError" in text, run.describe()
+    assert "SetHandleJsonDirSink.preCommit returned a handle that JSON cannot hold" in text
+    assert readJsonDir(query.output).num_rows == 0

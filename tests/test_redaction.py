@@ -48,6 +48,12 @@ def test_redact_keeps_what_is_not_secret() -> None:
     assert redact(text) == text
 
 
+def test_a_user_named_like_a_secret_keeps_the_host_and_database() -> None:
+    text = "postgresql://tp_secret_app:pw-13@db:5432/x"
+    assert redact(text) == "postgresql://tp_secret_app:***@db:5432/x"
+    assert redact("clientSecret: pw-14 and token:x") == "clientSecret: *** and token:x"
+
+
 def test_public_options_is_an_allow_list() -> None:
     options = {
         "checkpointLocation": "/ckpt",

@@ -37,10 +37,11 @@ _MIN_SECRET_LENGTH = 4
 
 # scheme://user:password@host -> scheme://user:***@host (a password may itself hold '@').
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][\w+.-]*://)(?P<userinfo>[^/\s?#]*)@")
-# password=..., sslpassword=..., clientSecret=..., in URLs' queries, conninfo and JAAS text.
+# password=..., sslpassword=..., clientSecret=..., in URLs' queries, conninfo and JAAS text;
+# 'key: value' only with a space, so a user name such as secret_app in user:pw@host stays.
 _SECRET_PARAM = re.compile(
     r"(?P<key>\b[\w.-]*(?:password|passwd|secret|token|credential|apikey|api_key|"
-    r"access_key|secret_key|private_key)[\w.-]*\s*[=:]\s*)"
+    r"access_key|secret_key|private_key)[\w.-]*(?:\s*=\s*|:\s+))"
     r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s&;,}]+)",
     re.IGNORECASE,
 )

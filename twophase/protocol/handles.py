@@ -30,7 +30,8 @@ class TransactionContext:
     partitionId: int
     attemptNumber: int
     runId: str = ""
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """The sink's options as Spark passed them, secrets included: never shown or persisted."""
 
     @property
     def transactionTag(self) -> str:
@@ -55,7 +56,7 @@ class RecoveryScope:
     sinkId: str
     keep: tuple[Handle, ...] = ()
     batchId: int | None = None
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def keeps(self, predicate_key: str, value: Any) -> bool:
         """True if some kept handle has ``handle[predicate_key] == value``."""

@@ -1,0 +1,200 @@
+"""No secret reaches the checkpoint or a log line, and ``twophase recover`` still finishes.
+
+Each test runs a real query (real Spark, real PostgreSQL or Kafka) with options that carry
+recognisable secrets, SIGKILLs the driver right after it decided a batch, finishes that batch
+with ``twophase recover`` (secrets from the environment, never from the checkpoint), then
+searches every file under the checkpoint location, the run's output (the driver's, Spark's and
+the Python workers' log lines, at DEBUG) and recover's output for the secrets. What a restart
+does after ``recover`` is the crash-window suites' business, not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from integration_tests.postgres_harness import QuerySpec, runChild
+
+PG_SECRET = "Tp-S3cret-pg-9f4e@x"
+"""The role's password: with an '@', which a URL must percent-encode."""
+PG_MARK = "S3cret-pg-9f4e"
+"""What the password and its percent-encoded form share: never to be found."""
+ROWS, ROWS_PER_BATCH = 400, 100
+
+
+def _secretsIn(root: Path, marks: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        text = path.read_bytes().decode("utf-8", "replace")
+        found += [f"{path}: {mark}" for mark in marks if mark in text]
+    return found
+
+
+def _recover(
+    checkpoint: Path, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twophase", "recover", "--checkpoint", str(checkpoint), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def secretRole(pg_url: str) -> Iterator[tuple[str, str]]:
+    """A login role with a recognisable password and an empty table it may write: (role, table)."""
+    role, table = f"tp_secret_{uuid.uuid4().hex[:8]}", f"it_secret_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(PG_SECRET)
+            )
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(table))
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(
+                sql.Identifier(table), sql.Identifier(role)
+            )
+        )
+    yield role, table
+    where = urlsplit(pg_url)
+    asRole = {"host": where.hostname, "port": where.port, "dbname": where.path.lstrip("/")}
+    with psycopg.connect(**asRole, user=role, password=PG_SECRET, autocommit=True) as conn:
+        # Only the role that prepared a transaction (or a superuser) may roll it back.
+        for (gid,) in conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE owner = %s", (role,)
+        ).fetchall():
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def _urlForms(pg_url: str, role: str) -> dict[str, dict[str, str]]:
+    where = urlsplit(pg_url)
+    place = f"{where.hostname}:{where.port}{where.path}"
+    encoded = quote(PG_SECRET, safe="")
+    return {
+        "password-without-user": {"url": f"postgresql://:{encoded}@{place}", "user": role},
+        "password-as-query-parameter": {
+            "url": f"postgresql://{role}@{place}?password={encoded}&sslmode=disable"
+        },
+        "password-with-an-at-sign": {"url": f"postgresql://{role}:{encoded}@{place}"},
+        "password-option": {"url": f"postgresql://{role}@{place}", "password": PG_SECRET},
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "form",
+    [
+        "password-without-user",
+        "password-as-query-parameter",
+        "password-with-an-at-sign",
+        "password-option",
+    ],
+)
+def test_postgres_passwords_stay_out_of_the_checkpoint_and_the_logs(
+    pg_url: str, secretRole: tuple[str, str], tmp_path: Path, form: str
+) -> None:
+    role, table = secretRole
+    checkpoint, logs = tmp_path / "checkpoint", tmp_path / "logs"
+    options = {**_urlForms(pg_url, role)[form], "table": table}
+    spec = QuerySpec(
+        checkpoint=str(checkpoint), options=options, rows=ROWS, rowsPerBatch=ROWS_PER_BATCH
+    )
+    env = {**os.environ, "TWOPHASE_LOG_LEVEL": "DEBUG"}
+    env.pop("PGPASSWORD", None)
+    crashed = runChild(spec, logs, crashAt="driver.afterDecision:1", env=env)
+    assert crashed.killed, f"expected a SIGKILL after batch 1's decision:\n{crashed.tail()}"
+
+    recovered = _recover(checkpoint, {**env, "PGPASSWORD": PG_SECRET})
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "committed 2 transactions of 1 decided batches [1]" in recovered.stdout
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        ids = [
+            r[0] for r in conn.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(table)))
+        ]
+    assert sorted(ids) == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+
+    runLogs = [leak for leak in _secretsIn(logs, (PG_MARK,)) if ".log:" in leak]  # not specs
+    leaks = _secretsIn(checkpoint, (PG_MARK,)) + runLogs
+    output = recovered.stdout + recovered.stderr
+    assert not leaks and PG_MARK not in output, leaks or output
+    description = json.loads(next(checkpoint.glob("twophase/*/sink.json")).read_text())
+    assert description["options"]["table"] == table
+
+
+KAFKA_SECRETS = {
+    "oauthbearer-and-pem-key": {
+        "kafka.sasl.oauthbearer.config": "clientId=tp-app clientSecret=Tp-S3cret-oauth-71c2",
+        "kafka.ssl.key.pem": "-----BEGIN PRIVATE KEY-----\nTpS3cretPemKey5b2a\n"
+        "-----END PRIVATE KEY-----",
+    },
+    "java-keystore-key-and-password": {
+        "kafka.ssl.keystore.key": "-----BEGIN PRIVATE KEY-----\nTpS3cretKeystoreKey8d1e\n"
+        "-----END PRIVATE KEY-----",
+        "kafka.ssl.key.password": "Tp-S3cret-keypass-3a9b",
+    },
+}
+KAFKA_MARKS = (
+    "S3cret-oauth-71c2",
+    "S3cretPemKey5b2a",
+    "S3cretKeystoreKey8d1e",
+    "S3cret-keypass-3a9b",
+)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", sorted(KAFKA_SECRETS))
+def test_kafka_client_secrets_stay_out_of_the_checkpoint_and_the_logs(
+    kafka_bootstrap: str, tmp_path: Path, case: str
+) -> None:
+    from integration_tests.spark_harness import Harness
+    from integration_tests.test_kafka_helpers import createTopic, readTopic
+
+    topic = createTopic(kafka_bootstrap, partitions=2, prefix="it-secrets")
+    secrets = KAFKA_SECRETS[case]
+    query = Harness(
+        tmp_path / "query",
+        "local",
+        sink="twophase.spark.kafka:KafkaSink",
+        rows=ROWS,
+        rowsPerBatch=ROWS_PER_BATCH,
+        columns={"key": "CAST(id AS STRING)", "value": "payload"},
+        options={"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, **secrets},
+    )
+    env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
+    crashed = query.run("driver.afterDecision:1", env=env)
+    assert crashed.killed, crashed.describe()
+
+    recoverEnv = {**os.environ, **env, "TWOPHASE_KAFKA_OPTIONS": json.dumps(secrets)}
+    recovered = _recover(query.checkpoint, recoverEnv)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "of 1 decided batches [1]" in recovered.stdout
+
+    keys = sorted(int(r.key or b"-1") for r in readTopic(kafka_bootstrap, topic))
+    assert keys == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+
+    leaks = _secretsIn(query.workdir, KAFKA_MARKS)
+    output = recovered.stdout + recovered.stderr
+    assert not leaks and not any(m in output for m in KAFKA_MARKS), leaks or output
+    description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
+    assert description["options"]["topic"] == topic
+    assert not set(secrets) & {k.lower() for k in description["options"]}
