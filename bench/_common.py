@@ -87,9 +87,10 @@ def commitPercentiles(ckpt: str) -> tuple[float, float, int]:
     """Driver commit time per batch from the decision log(s): p50 ms, p95 ms, batches."""
     from twophase import cli
     from twophase.coordinator import DecisionLog
+    from twophase.coordinator.paths import sinkLogLocations
 
     times: list[float] = []
-    for _, url in cli.sinkLogs(ckpt):
+    for _, url in sinkLogLocations(ckpt):
         times += cli.commitTimes(DecisionLog(url))
     if not times:
         return float("nan"), float("nan"), 0

@@ -155,7 +155,8 @@ def pySpy(outDir: Path, tag: str) -> Iterator[list[Path]]:
 
 
 def frameName(frame: str) -> tuple[str, str]:
-    """``"write (/x/twophase/sinks/files.py:123)"`` -> ``("sinks/files.py:write", "twophase")``."""
+    """``"write (/x/twophase/sinks/files/writer.py:123)"`` ->
+    ``("files/writer.py:write", "twophase")``."""
     func, _, where = frame.partition(" (")
     path = where.rsplit(":", 1)[0]
     package = next((name for name, marker in PACKAGES if marker in path), "")

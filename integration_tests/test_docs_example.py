@@ -14,16 +14,17 @@ import pytest
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
 
 
-def exampleCode() -> str:
+def exampleCode(index: int) -> str:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
-    assert blocks, f"{DOC} has no python example"
-    return blocks[0]
+    assert len(blocks) == 2, f"{DOC} should hold two python examples (one class; two halves)"
+    return blocks[index]
 
 
 @pytest.mark.timeout(300)
-def test_the_documented_sink_runs_and_commits_every_row_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", [0, 1], ids=["one-class", "writer-and-committer"])
+def test_the_documented_sink_runs_and_commits_every_row_once(tmp_path: Path, example: int) -> None:
     script = tmp_path / "jsonl_sink.py"
-    script.write_text(exampleCode())
+    script.write_text(exampleCode(example))
     env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
     for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
         run = subprocess.run(

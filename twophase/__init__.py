@@ -9,7 +9,7 @@ and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.kafka``, ``twop
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twophase.protocol import (
     Committer,
@@ -24,11 +24,32 @@ from twophase.protocol import (
     TwoPhaseParticipant,
 )
 from twophase.settings import SinkSettings, TwoPhaseConfigError
-from twophase.spark.datasource import TwoPhaseCommitSink, TwoPhaseDataSource
-from twophase.spark.foreach_batch import foreachBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from twophase.spark.datasource import TwoPhaseCommitSink, TwoPhaseDataSource
+    from twophase.spark.foreach_batch import foreachBatch
+
+_SPARK_NAMES = {
+    "TwoPhaseCommitSink": "twophase.spark.datasource",
+    "TwoPhaseDataSource": "twophase.spark.datasource",
+    "foreachBatch": "twophase.spark.foreach_batch",
+}
+"""Names of the Spark binding, imported on first use so that ``twophase.sinks.*``,
+``twophase.clients.*`` and ``twophase.verify`` import without pyspark."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _SPARK_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'twophase' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Committer",

@@ -1,4 +1,4 @@
-"""The two errors a committer raises on purpose: try again later, or the transaction is gone."""
+"""The protocol's errors: try again later, a transaction gone, a sink that broke its contract."""
 
 from __future__ import annotations
 

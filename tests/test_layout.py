@@ -1,0 +1,112 @@
+"""The layout's rules, checked: pyspark only in the binding, no private names across packages.
+
+docs/architecture.md draws the layout; these tests keep the code to it.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import twophase
+
+PACKAGE = Path(twophase.__file__).resolve().parent
+SPARK_FREE_EXCEPTIONS = {"twophase.cli", "twophase.demo", "twophase.__main__"}
+"""Entry points that start or drive Spark on purpose."""
+
+
+def _modules() -> list[str]:
+    return sorted(
+        m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="twophase.") if not m.ispkg
+    )
+
+
+def _sourceOf(module: str) -> Path:
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+
+
+def _imports(module: str) -> list[tuple[str, list[str]]]:
+    tree = ast.parse(_sourceOf(module).read_text())
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _systemModules() -> list[str]:
+    return [
+        m
+        for m in _modules()
+        if not m.startswith("twophase.spark.") and m not in SPARK_FREE_EXCEPTIONS
+    ]
+
+
+def test_only_the_spark_binding_imports_pyspark() -> None:
+    offenders = [
+        f"{m} imports {name}"
+        for m in _systemModules()
+        for name, _ in _imports(m)
+        if name == "pyspark" or name.startswith("pyspark.")
+    ]
+    assert not offenders, offenders
+
+
+def test_system_code_imports_without_pyspark_installed() -> None:
+    modules = _systemModules()
+    code = (
+        "import sys\n"
+        "sys.modules['pyspark'] = None  # any import of pyspark now fails\n"
+        f"for name in {modules!r}:\n"
+        "    __import__(name)\n"
+        "print('imported', len(sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_no_module_imports_a_private_name_of_another_package() -> None:
+    offenders = []
+    for module in _modules():
+        package = module.rsplit(".", 1)[0]
+        for name, names in _imports(module):
+            if not name.startswith("twophase."):
+                continue
+            target = (
+                name
+                if (PACKAGE / "/".join(name.split(".")[1:])).is_dir()
+                else (name.rsplit(".", 1)[0])
+            )
+            privateModule = any(part.startswith("_") for part in name.split(".")[1:])
+            privateNames = [n for n in names if n.startswith("_") and n != "__version__"]
+            if target != package and (privateModule or privateNames):
+                offenders.append(f"{module}: from {name} import {', '.join(names)}")
+    assert not offenders, offenders
+
+
+def test_every_module_says_its_role_in_a_first_docstring_line() -> None:
+    missing = []
+    for module in _modules():
+        doc = ast.get_docstring(ast.parse(_sourceOf(module).read_text()))
+        if module.endswith("__main__"):
+            continue
+        if not doc or not doc.splitlines()[0].strip():
+            missing.append(module)
+    assert not missing, missing
+
+
+def test_sinks_and_sources_do_not_import_each_other() -> None:
+    offenders = [
+        f"{m} imports {name}"
+        for m in _modules()
+        for name, _ in _imports(m)
+        if (m.startswith("twophase.sinks.") and name.startswith("twophase.sources"))
+        or (m.startswith("twophase.sources.") and name.startswith("twophase.sinks"))
+    ]
+    assert not offenders, offenders
