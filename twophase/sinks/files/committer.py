@@ -9,7 +9,6 @@ the final file without its staging file and does nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
 from twophase.redaction import getLogger
@@ -50,13 +49,6 @@ class FilesCommitter(Committer):
     def fromOptions(cls, options: Mapping[str, str]) -> FilesCommitter:
         """Build from Spark-style string options (see :class:`FilesSettings`)."""
         return cls(FilesSettings.fromOptions(options))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.settings = state["settings"]
-        self._storages = Storages(self.settings.storageOptions)
 
     def __repr__(self) -> str:
         return f"FilesCommitter(path={self.settings.path!r})"

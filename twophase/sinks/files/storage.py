@@ -215,13 +215,19 @@ class Storages:
     """The :class:`Storage` of each base path a process touches, opened lazily, once each.
 
     A committer may meet handles naming its output path as a URL (``file:///out``) or as the
-    user wrote it (``out``): both keys lead to one ``Storage``. Holds open filesystems, so it
-    is never pickled; the writer and the committer build theirs after unpickling.
+    user wrote it (``out``): both keys lead to one ``Storage``. Pickled (to a task) as its
+    options only: the open filesystems are opened again where it lands.
     """
 
     def __init__(self, storageOptions: Mapping[str, Any]) -> None:
         self.storageOptions = dict(storageOptions)
         self._byPath: dict[str, Storage] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"storageOptions": self.storageOptions}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["storageOptions"])  # type: ignore[misc]
 
     def get(self, path: str) -> Storage:
         """The storage of base directory ``path`` (any fsspec URL or local path)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 import pyarrow as pa
 
@@ -91,13 +91,6 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
     def fromOptions(cls, options: Mapping[str, str]) -> FilesWriter:
         """Build from Spark-style string options (see :class:`FilesSettings`)."""
         return cls(FilesSettings.fromOptions(options))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.settings = state["settings"]
-        self._storages = Storages(self.settings.storageOptions)
 
     def __repr__(self) -> str:
         s = self.settings
