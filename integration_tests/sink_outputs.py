@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-
-if TYPE_CHECKING:
-    from integration_tests.spark_harness import Harness
 
 FILES_SINK = "twophase.spark.files:FilesSink"
 
@@ -85,23 +81,6 @@ def exactlyOnceReport(table: pa.Table, rows: int) -> dict[str, int]:
         "unexpected": len(np.setdiff1d(unique, expected, assume_unique=True)),
         "wrongPayloads": wrong,
     }
-
-
-def assertExactlyOnce(sink: SinkUnderTest, harness: Harness) -> None:
-    """Every id in ``[0, rows)`` exactly once with its payload, and no debris left behind."""
-    report = exactlyOnceReport(sink.read(harness.output), harness.rows)
-    want = {
-        "rows": harness.rows,
-        "duplicates": 0,
-        "missing": 0,
-        "unexpected": 0,
-        "wrongPayloads": 0,
-    }
-    assert report == want, f"{sink} output is not exactly-once: {report}\n" + (
-        harness.describeRuns()
-    )
-    left = sink.prepared(harness.output, None)
-    assert not left, f"{sink} left uncommitted debris after the final run: {left}"
 
 
 def visibleIds(sink: SinkUnderTest, output: Path) -> np.ndarray:

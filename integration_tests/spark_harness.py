@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from integration_tests.sink_outputs import FILES_SINK
+from integration_tests.sink_outputs import FILES_SINK, SinkUnderTest, exactlyOnceReport
 from integration_tests.spark_processes import (
     REPO_ROOT,
     childEnvironment,
@@ -403,6 +403,23 @@ class Harness:
 
     def describeRuns(self) -> str:
         return "\n\n".join(r.describe() for r in self.runs)
+
+
+def assertExactlyOnce(sink: SinkUnderTest, harness: Harness) -> None:
+    """Every id in ``[0, rows)`` exactly once with its payload, and no debris left behind."""
+    report = exactlyOnceReport(sink.read(harness.output), harness.rows)
+    want = {
+        "rows": harness.rows,
+        "duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "wrongPayloads": 0,
+    }
+    assert report == want, f"{sink} output is not exactly-once: {report}\n" + (
+        harness.describeRuns()
+    )
+    left = sink.prepared(harness.output, None)
+    assert not left, f"{sink} left uncommitted debris after the final run: {left}"
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from integration_tests.sink_outputs import FILES, assertExactlyOnce
+from integration_tests.sink_outputs import FILES
 from integration_tests.spark_cluster import StandaloneCluster
-from integration_tests.spark_harness import FOREACH_BATCH, Harness
+from integration_tests.spark_harness import FOREACH_BATCH, Harness, assertExactlyOnce
 from twophase.protocol import TransactionContext
 from twophase.settings import optionOf
 from twophase.sinks.files import FilesTransaction, FilesWriter

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from integration_tests.sink_outputs import FILES, SinkUnderTest, assertExactlyOnce, visibleIds
-from integration_tests.spark_harness import Harness
+from integration_tests.sink_outputs import FILES, SinkUnderTest, visibleIds
+from integration_tests.spark_harness import Harness, assertExactlyOnce
 from integration_tests.test_spark_user_sink import USER_SINK
 from twophase.coordinator.records import BatchStatus
 

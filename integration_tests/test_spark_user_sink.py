@@ -251,8 +251,7 @@ class SetHandleJsonDirSink(JsonDirSink):
 
 
 def test_a_sink_whose_recover_and_abort_returns_none_runs_exactly_once(tmp_path: Path) -> None:
-    from integration_tests.sink_outputs import assertExactlyOnce
-    from integration_tests.spark_harness import Harness
+    from integration_tests.spark_harness import Harness, assertExactlyOnce
 
     query = Harness(tmp_path, "local", sink=f"{__name__}:NoneSweepingJsonDirSink", rows=4000)
     run = query.run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic
 
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
@@ -20,10 +20,8 @@ from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
 from twophase.spark.driver import beforeBatch
+from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner
 from twophase.spark.worker import freezeWorkerHeap
-
-if TYPE_CHECKING:
-    from twophase.spark.stream_writer import TwoPhaseStreamWriter
 
 
 class TwoPhaseDataSource(DataSource):
@@ -61,8 +59,6 @@ class TwoPhaseDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         """Driver: build the writer; when planning a batch, claim the log and recover first."""
-        from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner
-
         freezeWorkerHeap()
         rememberSecrets(self.options, self.safeOptions)
         settings = SinkSettings.fromOptions(self.options, self.name())

@@ -12,28 +12,38 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from twophase.coordinator import CommitOutcome
-from twophase.protocol import TaskResult, TransactionContext
+from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.driver import openCoordinator
 from twophase.spark.task import runTask
 from twophase.spark.worker import ensureLogging, freezeWorkerHeap
 
-if TYPE_CHECKING:
-    from twophase.spark.datasource import TwoPhaseDataSource
-
 LATE_TASK_GRACE_SECONDS = 5.0
 """How long a Spark abort waits before sweeping the failed batch again (see ``abort``)."""
 
 _COMMIT_RUNNER_FILE = "python_streaming_sink_runner.py"
+
+
+class BoundSink(Protocol):
+    """What the stream writer needs of its data source (a ``TwoPhaseDataSource``)."""
+
+    safeOptions: ClassVar[frozenset[str]]
+
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+    def createWriter(self) -> TransactionWriter[Any]: ...
+
+    def createCommitter(self) -> Committer: ...
 
 
 @dataclass
@@ -52,7 +62,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(
         self,
-        sink: TwoPhaseDataSource,
+        sink: BoundSink,
         settings: SinkSettings,
         lastDecided: int | None,
         runId: str,
