@@ -433,6 +433,7 @@ def benchSession(master: str, partitions: int) -> Any:
         .appName("twophase-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.jars", kb.sparkKafkaJar())
         .config("spark.jars.packages", f"{kb.SPARK_KAFKA_PACKAGES},{pb.JDBC_DRIVER}")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")

@@ -23,12 +23,15 @@ first on a small run so JVM start-up, jar download and Python worker start are n
 Prints rows/s and ratios, then the driver commit time per batch of (a) (p50, p95) as
 ``twophase status --checkpoint`` reports it from the decision log.
 
-Spark's Kafka connector is ``org.apache.spark:spark-sql-kafka-0-10_<scala>:<spark>`` with the
-Scala and Spark versions of the installed PySpark (read from its ``spark-core`` jar), so the
-connector always matches the Spark that runs it; Spark's dependency resolution brings its
-dependencies (token provider, kafka-clients, commons-pool2). ``--spark-kafka-packages``
-chooses other coordinates, ``--spark-jars-repositories`` other repositories than Spark's
-default ones. The coordinates are printed with the results.
+Spark's Kafka connector is resolved by Maven coordinates, never a download URL. The one for the
+installed PySpark (4.3.0) is not in Maven Central, nor is the 4.2.0 connector's own dependency
+spark-token-provider-kafka-0-10_2.13 4.2.0 as this machine sees Central, so
+``spark.jars.packages`` cannot resolve the connector with its dependencies. The bench therefore
+asks Maven for the connector alone (``SPARK_KAFKA_CONNECTOR``, into
+``$TWOPHASE_CACHE/spark-kafka/``; ``--spark-kafka-connector`` chooses others) and hands it to
+Spark as ``spark.jars``, with the dependencies that work with it through ``spark.jars.packages``
+(token provider 4.0.0, kafka-clients, commons-pool2; ``--spark-kafka-packages``). The 4.2.0
+connector reads and writes on Spark 4.3. The coordinates are printed with the results.
 
 Needs the broker: ``make services`` (TWOPHASE_KAFKA_BOOTSTRAP from the environment or
 .services.env).
@@ -38,8 +41,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,23 +65,32 @@ from bench._common import (
 )
 from twophase.spark.worker import freezeWorkerHeap
 
+SPARK_KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+"""Spark's Kafka connector for (b), resolved alone by Maven (see the module's docstring)."""
 
-def sparkKafkaPackage() -> str:
-    """Maven coordinates of Spark's Kafka connector for the installed PySpark.
-
-    The Scala and Spark versions come from PySpark's own ``spark-core_<scala>-<spark>.jar``.
-    """
-    import pyspark
-
-    for jar in sorted((Path(pyspark.__file__).parent / "jars").glob("spark-core_*.jar")):
-        found = re.fullmatch(r"spark-core_(\d+\.\d+)-(.+)\.jar", jar.name)
-        if found:
-            return f"org.apache.spark:spark-sql-kafka-0-10_{found[1]}:{found[2]}"
-    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+SPARK_KAFKA_PACKAGES = ",".join(
+    [
+        "org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0",
+        "org.apache.kafka:kafka-clients:3.9.2",
+        "org.apache.commons:commons-pool2:2.13.1",
+    ]
+)
+"""The connector's dependencies, through ``spark.jars.packages``."""
 
 
-SPARK_KAFKA_PACKAGES = sparkKafkaPackage()
-"""``spark.jars.packages`` of (b): the connector matching the installed PySpark."""
+def sparkKafkaJar(coordinates: str = SPARK_KAFKA_CONNECTOR) -> str:
+    """The connector jar of ``coordinates``, copied by Maven into the cache once; its path."""
+    group, artifact, version = coordinates.split(":")
+    cache = Path(os.environ.get("TWOPHASE_CACHE", Path.home() / ".cache" / "twophase"))
+    jar = cache / "spark-kafka" / f"{artifact}-{version}.jar"
+    if not jar.exists():
+        subprocess.run(
+            ["mvn", "-q", "dependency:copy", f"-Dartifact={group}:{artifact}:{version}:jar",
+             f"-DoutputDirectory={jar.parent}"],
+            check=True,
+            cwd=cache,
+        )  # fmt: skip
+    return str(jar)
 
 
 class DropWriter(DataSourceStreamArrowWriter):
@@ -280,9 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--master", default="local[*]")
     p.add_argument(
+        "--spark-kafka-connector",
+        default=SPARK_KAFKA_CONNECTOR,
+        help="Maven coordinates of Spark's Kafka connector for (b)",
+    )
+    p.add_argument(
         "--spark-kafka-packages",
         default=SPARK_KAFKA_PACKAGES,
-        help="Maven coordinates of Spark's Kafka connector for (b)",
+        help="Maven coordinates of the connector's dependencies",
     )
     p.add_argument(
         "--spark-jars-repositories",
@@ -304,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master(args.master)
         .appName("twophase-bench-kafka")
         .config("spark.ui.enabled", "false")
+        .config("spark.jars", sparkKafkaJar(args.spark_kafka_connector))
         .config("spark.jars.packages", args.spark_kafka_packages)
         .config("spark.sql.shuffle.partitions", str(args.partitions))
     )
@@ -377,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(f) / (b) = {results['f'].rate / b.rate:.2f}  (no Python sink can beat this)")
         print(f"(a) / (f) = {a.rate / results['f'].rate:.2f}  (the Kafka sink's own cost)")
         print(f"(d) / (e) = {results['ra'].rate / results['rb'].rate:.2f}  (source)")
-        print(f"Spark's Kafka connector: {args.spark_kafka_packages} on PySpark {spark.version}")
+        print(
+            f"Spark's Kafka connector: {args.spark_kafka_connector} with "
+            f"{args.spark_kafka_packages} on PySpark {spark.version}"
+        )
         p50, p95, batches = commitPercentiles(str(work / "a"))
         print(
             f"(a) driver commit time per batch, {args.partitions} partitions: p50 {p50:.0f} ms, "
