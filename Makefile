@@ -92,6 +92,15 @@ bench-kafka: .venv
 bench: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.bench --sweep $(BENCH_ARGS)
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
+
+# Seconds per micro-batch of every sink against Spark's own path and Spark's noop sink, with a
+# JVM source (rate-micro-batch) at 8 and 200 partitions and the Python source at 200
+# (after `make services`); bench/results/shapes.md. See docs/performance.md.
+.PHONY: bench-shapes
+bench-shapes: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
 
 # Where each twophase sink's time goes: wall and CPU by role against Spark's noop sink, a Python
 # sink that drops its input and Spark's own path, then py-spy over the Python workers;
