@@ -212,11 +212,18 @@ stop_server() {
     as_pg "$PG_BIN/pg_ctl" stop -w -t 60 -m "$mode" -D "$(state_dir)/data" >/dev/null
 }
 
+# The role the tests use may create roles (the secret tests log in as one of their own); a
+# cluster initialised by an older version of this script gets the attribute here.
+ensure_role() {
+    psql_admin -c "ALTER ROLE $PG_USER CREATEROLE"
+}
+
 cmd_up() {
     require_pg_bin
     if is_running; then
         load_port
         log "already running"
+        ensure_role
         check_login
         return 0
     fi
@@ -226,6 +233,7 @@ cmd_up() {
         if port_is_free "$PORT"; then
             log "resuming the stopped server in $STATE"
             start_server
+            ensure_role
             check_login
             return 0
         fi
