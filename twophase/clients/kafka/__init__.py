@@ -8,7 +8,12 @@ from twophase.clients.kafka.admin import (
     brokerTransactionMaxTimeoutMs,
     connectionConfig,
 )
-from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, librdkafkaError
+from twophase.clients.kafka.errors import (
+    KafkaUnreachableError,
+    errorText,
+    librdkafkaError,
+    newClient,
+)
 from twophase.clients.kafka.kafkapython import (
     SECRET_ARGUMENTS,
     kafkaPythonConfig,
@@ -43,6 +48,7 @@ __all__ = [
     "kafkaPythonConfig",
     "librdkafkaConfig",
     "librdkafkaError",
+    "newClient",
     "protectKafkaPythonLogs",
     "shownArguments",
     "shownConfig",

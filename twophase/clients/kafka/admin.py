@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, librdkafkaError
+from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
 from twophase.redaction import getLogger, redact
 
 log = getLogger(__name__)
@@ -54,16 +54,9 @@ def adminClient(config: Mapping[str, Any]) -> Any:
 
     Properties librdkafka refuses raise ``TwoPhaseConfigError`` naming the option.
     """
-    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    try:
-        return AdminClient(connectionConfig(config))
-    except KafkaException as exc:
-        problem = librdkafkaError(exc, "admin client")
-        if problem is not None:
-            raise problem from None
-        raise
+    return newClient(AdminClient, connectionConfig(config), "admin client")
 
 
 def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: float = 30) -> int:

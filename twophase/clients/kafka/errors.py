@@ -9,7 +9,8 @@ a configuration value. Every message twophase builds from them goes through ``er
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from twophase.clients.kafka.options import isSafeProperty
 from twophase.redaction import REDACTED, redact
@@ -71,3 +72,22 @@ def librdkafkaError(exc: BaseException, what: str) -> TwoPhaseConfigError | None
             f"the kafka.* options were refused by librdkafka ({what}): {redact(text)}"
         )
     return None
+
+
+_Client = TypeVar("_Client")
+
+
+def newClient(
+    make: Callable[[dict[str, Any]], _Client], config: Mapping[str, Any], what: str
+) -> _Client:
+    """``make(config)`` (a librdkafka Producer, Consumer or AdminClient); a property librdkafka
+    refuses raises ``TwoPhaseConfigError`` naming the ``kafka.*`` option (``librdkafkaError``)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return make(dict(config))
+    except KafkaException as exc:
+        problem = librdkafkaError(exc, what)
+        if problem is not None:
+            raise problem from None
+        raise

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from twophase.clients.kafka import errorText, librdkafkaError
+from twophase.clients.kafka import errorText, newClient
 from twophase.protocol import (
     Committer,
     Handle,
@@ -179,13 +179,7 @@ class KafkaCommitter(Committer):
 
         config: dict[str, Any] = withTimeouts(self.settings.producerConfig, timeoutMs)
         config["transactional.id"] = transactionalId
-        try:
-            producer = Producer(config)
-        except KafkaException as exc:
-            problem = librdkafkaError(exc, "fencing producer")
-            if problem is not None:
-                raise problem from None
-            raise
+        producer = newClient(Producer, config, "fencing producer")
         try:
             producer.init_transactions(self.settings.initTimeoutSeconds)
         except KafkaException as exc:

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from twophase.clients.kafka import errorText, librdkafkaError, shownConfig
+from twophase.clients.kafka import errorText, newClient, shownConfig
 from twophase.protocol import TransactionContext
 from twophase.redaction import getLogger, redact
 from twophase.sinks.kafka.columns import ColumnLayout
@@ -228,13 +228,7 @@ def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
             "on_delivery": txn.deliveries,
         }
     )
-    try:
-        producer = Producer(producerConfig)
-    except KafkaException as exc:
-        problem = librdkafkaError(exc, "producer")
-        if problem is not None:
-            raise problem from None
-        raise
+    producer = newClient(Producer, producerConfig, "producer")
     log.debug("kafka: producer %s with %s", txn.transactionalId, shownConfig(txn.config))
     txn.startedAtMs = int(time.time() * 1000)
     try:

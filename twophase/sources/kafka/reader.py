@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from twophase.clients.kafka import librdkafkaError
+from twophase.clients.kafka import newClient
 from twophase.redaction import getLogger, redact
 from twophase.sources.kafka.errors import KafkaSourceError
 from twophase.sources.kafka.offsets import KafkaRange
@@ -44,20 +44,14 @@ def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.Recor
     the partition at or after ``r.end`` (the trailing offsets can be transaction markers or
     aborted records, which a ``read_committed`` consumer never receives).
     """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     config: dict[str, Any] = dict(settings.consumerConfig)
     config.setdefault("group.id", f"twophase-kafka-source-{uuid.uuid4().hex[:12]}")
     config.update(
         {"enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "error"}
     )
-    try:
-        consumer = Consumer(config)
-    except KafkaException as exc:
-        problem = librdkafkaError(exc, "consumer")
-        if problem is not None:
-            raise problem from None
-        raise
+    consumer = newClient(Consumer, config, "consumer")
     where = f"{r.topic}-{r.partition} [{r.start}, {r.end})"
     try:
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
