@@ -34,22 +34,29 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from bench._common import Result, commitLine, pgUrl, sequenceStream
+from twophase.sinks.postgres.staging import MARKERS_SUFFIX, STAGING_SUFFIX
 
 JDBC_DRIVER = "org.postgresql:postgresql:42.7.14"
 TABLE_DDL = "CREATE TABLE {} (id bigint, payload text, value double precision, ts timestamptz)"
 COLUMNS = ["id", "payload", "double(id) * 1.5 AS value", "timestamp_seconds(id) AS ts"]
 
 
+def _dropWithStaging(conn: psycopg.Connection[Any], name: str) -> None:
+    """Drop a table and the staging and marker tables twophase.postgres made beside it."""
+    for table in (name, *(name + suffix for suffix in (STAGING_SUFFIX, MARKERS_SUFFIX))):
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
 def resetTable(url: str, name: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        _dropWithStaging(conn, name)
         conn.execute(sql.SQL(TABLE_DDL).format(sql.Identifier(name)))
 
 
 def dropTables(url: str, names: list[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for name in names:
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+            _dropWithStaging(conn, name)
 
 
 def countRows(url: str, name: str) -> int:
@@ -206,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-            with psycopg.connect(url, autocommit=True) as conn:
-                for name in tables.values():
-                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+            dropTables(url, list(tables.values()))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -45,10 +47,12 @@ from twophase.sinks.postgres import (
     PostgresSinkError,
     PostgresUnavailableError,
     PostgresWriter,
+    PreparedLimitError,
     RowRejectedError,
     publicOptionValue,
     validateTarget,
 )
+from twophase.sinks.postgres.sessions import TASK_SESSIONS
 from twophase.sinks.postgres.xid import sinkPrefix
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -69,7 +73,13 @@ def table(pg_url: str) -> Iterator[str]:
         ).fetchall():
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        for dropped in (name, *stagingTables(name)):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))
+
+
+def stagingTables(table: str) -> tuple[str, str]:
+    """The staging and marker tables the sink creates next to ``table`` (documented names)."""
+    return f"{table}_twophase_staging", f"{table}_twophase_commits"
 
 
 def sinkIdOf(table: str) -> str:
@@ -542,7 +552,7 @@ def test_max_prepared_transactions_zero_is_refused_with_how_to_set_it(
     server_without_2pc: str,
 ) -> None:
     settings = PostgresSettings.fromOptions(
-        {"url": server_without_2pc, "table": "t", "createTable": "true"}
+        {"url": server_without_2pc, "table": "t", "createTable": "true", "commitMode": "prepared"}
     )
     with pytest.raises(TwoPhaseConfigError) as info:
         validateTarget(settings, idsBatch([1]).schema)
@@ -550,3 +560,383 @@ def test_max_prepared_transactions_zero_is_refused_with_how_to_set_it(
     assert "max_prepared_transactions = 0" in message
     assert "ALTER SYSTEM SET max_prepared_transactions" in message
     assert "number of partitions" in message and "restart" in message
+    assert "commitMode=auto" in message
+
+
+def test_max_prepared_transactions_zero_in_auto_mode_stages_every_partition(
+    server_without_2pc: str,
+) -> None:
+    """Many managed servers allow no prepared transactions: ``auto`` stages everything."""
+    w, c = sink(server_without_2pc, "t0", createTable="true")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handles = [writeAndPrepare(w, context("t0", part=p), idsBatch([p])) for p in range(2)]
+    assert [h.get("path") for h in handles] == ["staged", "staged"]
+    for h in handles:
+        c.commit(h)
+    assert execute(server_without_2pc, "SELECT id FROM t0 ORDER BY id") == [(0,), (1,)]
+
+
+# -- the staged path (commitMode staged, and auto beyond maxPreparedPartitions) ----------------
+
+
+def staged(pg_url: str, table: str) -> dict[str, int]:
+    """Rows per token in the staging table (committed, invisible in the target)."""
+    rows = execute(
+        pg_url,
+        sql.SQL("SELECT __tp_token, count(*) FROM {} GROUP BY 1")
+        .format(sql.Identifier(stagingTables(table)[0]))
+        .as_string(),
+    )
+    return {str(token): int(n) for token, n in rows}
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_staged_every_type_round_trips_invisible_until_moved_and_a_second_commit_is_a_noop(
+    pg_url: str, table: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = {"keyColumns": "id"} if mode == "upsert" else {}
+    w, c = sink(pg_url, table, mode=mode, createTable="true", commitMode="staged", **keys)
+    validateTarget(w.settings, TYPED.schema)  # creates the target, staging and marker tables
+    handle = writeAndPrepare(w, context(table), TYPED.slice(0, 2), TYPED.slice(2))
+
+    assert handle["path"] == "staged" and "gid" not in handle
+    assert staged(pg_url, table) == {handle["token"]: 4}
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert prepared(pg_url, table) == []
+    assert json.loads(json.dumps(handle)) == handle and "password" not in json.dumps(handle)
+
+    c.commit(handle)
+    with caplog.at_level(logging.INFO, logger="twophase.sinks.postgres"):
+        c.recoverAndCommit(handle)  # idempotent: the marker says it was moved
+    assert "marker found" in caplog.text
+    assert staged(pg_url, table) == {}
+
+    rows = readTyped(pg_url, table)
+    expected = TYPED.to_pylist()
+    assert len(rows) == len(expected)
+    for got, want in zip(rows, expected, strict=True):
+        for name, value in want.items():
+            assert sameValue(value, got[name], name == "f4"), (name, value, got[name])
+
+
+def test_staged_abort_is_idempotent_and_a_commit_after_it_is_a_loud_loss(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2]))
+    c.abort(handle)
+    c.abort(handle)
+    assert staged(pg_url, table) == {}
+    with pytest.raises(TransactionLostError, match="staged rows are gone"):
+        c.commit(handle)
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+
+
+def test_staged_sweep_removes_unkept_tokens_keeps_kept_ones_and_spares_other_sinks(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    decided = writeAndPrepare(w, context(table, batch=1, part=0), idsBatch([1]))
+    straggler = writeAndPrepare(w, context(table, batch=1, part=0, attempt=1), idsBatch([2]))
+    other = writeAndPrepare(w, context(table, batch=2, part=0), idsBatch([3]))
+    foreign = writeAndPrepare(
+        w, TransactionContext(sinkIdOf(table) + "x", "q", 1, 0, 0, "run1"), idsBatch([4])
+    )
+    scope = RecoveryScope(sinkIdOf(table), keep=(decided,), batchId=1)
+    assert [(h["token"], h["rows"]) for h in c.recoverAndAbort(scope)] == [(straggler["token"], 1)]
+    aborted = c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,)))
+    assert [(h["token"], h["batchId"]) for h in aborted] == [(other["token"], 2)]
+    assert c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(decided,))) == []
+    assert staged(pg_url, table) == {decided["token"]: 1, foreign["token"]: 1}
+    c.recoverAndCommit(decided)
+    assert execute(pg_url, f"SELECT id FROM {table}") == [(1,)]
+    with pytest.raises(TransactionLostError):
+        c.commit(straggler)  # never decided, swept: committing it can only be a loud loss
+
+
+def test_markers_are_pruned_to_the_last_two_batches_and_commits_stay_no_ops_there(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    # batch 9 of an earlier query that used the same sink id, then batches 0-3 of this one
+    earlier = writeAndPrepare(w, context(table, batch=9), idsBatch([9]))
+    c.commit(earlier)
+    handles = [writeAndPrepare(w, context(table, batch=b), idsBatch([b])) for b in range(4)]
+    for h in handles:
+        c.commit(h)
+    c.recoverAndAbort(RecoveryScope(sinkIdOf(table)))  # a start: prunes nothing
+    assert len(execute(pg_url, f"SELECT 1 FROM {stagingTables(table)[1]}")) == 5
+    c.recoverAndAbort(RecoveryScope(sinkIdOf(table), keep=(handles[3],), batchId=3))
+    markers = execute(pg_url, f"SELECT batch_id FROM {stagingTables(table)[1]} ORDER BY 1")
+    assert markers == [(2,), (3,)]
+    c.commit(handles[3])
+    c.commit(handles[2])
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(5,)]
+
+
+CHILD_WRITER = """
+import os, signal, sys
+import pyarrow as pa
+from twophase.protocol import TransactionContext
+from twophase.sinks.postgres import PostgresWriter
+url, table, sinkId, where = sys.argv[1:]
+w = PostgresWriter.fromOptions({"url": url, "table": table, "commitMode": "staged"})
+txn = w.beginTransaction(TransactionContext(sinkId, "q", 5, 0, 0, where))
+w.write(txn, pa.record_batch({"id": pa.array(range(100), pa.int64()),
+                              "payload": pa.array([str(i) for i in range(100)])}))
+if where == "afterPreCommit":
+    w.preCommit(txn)
+print("ready", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_writer_killed_mid_copy_stages_nothing_and_killed_after_staging_is_swept(
+    pg_url: str, table: str
+) -> None:
+    """SIGKILLed writers: mid-COPY the server rolls the staging transaction back; after the
+    staging COMMIT (before Spark hears of the handle) the rows stay staged, invisible, until
+    the sweep of the next recovery removes them."""
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    for where in ("midCopy", "afterPreCommit"):
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD_WRITER, pg_url, table, sinkIdOf(table), where],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.returncode == -9 and "ready" in child.stdout, child.stderr[-2000:]
+    [(token, rows)] = staged(pg_url, table).items()
+    assert ":a0:rafterPreCommit:" in token and rows == 100
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    [swept] = c.recoverAndAbort(RecoveryScope(sinkIdOf(table)))
+    assert swept["token"] == token and staged(pg_url, table) == {}
+
+
+def test_staged_upsert_last_row_per_key_wins_across_chunks_and_updates_existing_keys(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    execute(pg_url, f"INSERT INTO {table} VALUES (1, 'old'), (9, 'untouched')")
+    w, c = sink(
+        pg_url, table, mode="upsert", keyColumns="id", commitMode="staged", upsertBatchRows="2"
+    )
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2, 1], "a"), idsBatch([2, 3, 1], "b"))
+    assert handle["rows"] == 6 and handle["keys"] == ["id"]
+    c.commit(handle)
+    c.commit(handle)
+    assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
+        (1, "b1"),
+        (2, "b2"),
+        (3, "b3"),
+        (9, "untouched"),
+    ]
+
+
+def test_a_staged_row_the_target_refuses_at_the_move_fails_loudly_and_commits_after_the_fix(
+    pg_url: str, table: str
+) -> None:
+    """Unique keys are checked at the move, after the decision: the commit names the
+    constraint, the rows stay staged (nothing visible), and commit succeeds once fixed."""
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2]))
+    execute(pg_url, f"INSERT INTO {table} VALUES (2, 'someone else')")
+    with pytest.raises(PostgresSinkError, match=f"constraint {table}_pkey"):
+        c.commit(handle)
+    assert staged(pg_url, table) == {handle["token"]: 2}
+    execute(pg_url, f"DELETE FROM {table} WHERE id = 2")
+    c.commit(handle)
+    assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
+        (1, "row-1"),
+        (2, "row-2"),
+    ]
+
+
+def test_a_staged_row_breaking_not_null_fails_the_task_before_anything_is_decided(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    w, _ = sink(pg_url, table, commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    bad = pa.record_batch(
+        {"id": pa.array([1], pa.int64()), "payload": pa.array([None], pa.string())}
+    )
+    with pytest.raises(RowRejectedError, match="column payload"):
+        writeAndPrepare(w, context(table), bad)
+    assert staged(pg_url, table) == {}
+
+
+def test_auto_mode_mixes_prepared_and_staged_partitions_in_one_batch(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, maxPreparedPartitions="1")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handles = [writeAndPrepare(w, context(table, part=p), idsBatch([p, 10 + p])) for p in range(3)]
+    assert [h.get("path", "prepared") for h in handles] == ["prepared", "staged", "staged"]
+    assert prepared(pg_url, table) == [handles[0]["gid"]]
+    scope = RecoveryScope(sinkIdOf(table), keep=tuple(handles), batchId=0)
+    assert c.recoverAndAbort(scope) == []
+    for h in handles:
+        c.commit(h)
+        c.commit(h)
+    assert execute(pg_url, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(6, 6)]
+    assert prepared(pg_url, table) == [] and staged(pg_url, table) == {}
+
+
+def test_prepared_mode_refuses_a_partition_beyond_the_servers_limit_before_writing(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    [(limit,)] = execute(pg_url, "SELECT current_setting('max_prepared_transactions')::int")
+    w, _ = sink(pg_url, table, commitMode="prepared")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    with pytest.raises(PreparedLimitError) as info:
+        writeAndPrepare(w, context(table, part=limit), idsBatch([1, 2]))
+    message = str(info.value)
+    assert f"max_prepared_transactions = {limit}" in message
+    assert f"partition {limit}" in message and "Nothing was written" in message
+    assert "commitMode=auto" in message and "fewer partitions" in message
+    assert prepared(pg_url, table) == []
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert execute(pg_url, "SELECT to_regclass(%s)", stagingTables(table)[0]) == [(None,)]
+
+
+def test_a_worker_reuses_its_session_between_tasks_and_replaces_a_broken_one(
+    pg_url: str, table: str
+) -> None:
+    createIdTable(pg_url, table)
+    app = unique("tp_sessions")
+    w, c = sink(pg_url, table, applicationName=app, maxPreparedPartitions="1")
+    validateTarget(w.settings, idsBatch([1]).schema)
+
+    def backends() -> list[int]:
+        rows = execute(pg_url, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", app)
+        return sorted(r[0] for r in rows)
+
+    try:
+        driver = backends()  # validateTarget's pooled connection
+        handles = [writeAndPrepare(w, context(table, part=p % 2), idsBatch([p])) for p in range(4)]
+        [task] = [pid for pid in backends() if pid not in driver]  # one session, four tasks
+        execute(pg_url, "SELECT pg_terminate_backend(%s, 10000)", task)  # waits for the exit
+        handles.append(writeAndPrepare(w, context(table, part=1), idsBatch([4])))
+        [replaced] = [pid for pid in backends() if pid not in driver]
+        assert replaced != task
+        for h in handles:
+            c.commit(h)
+        assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(5,)]
+    finally:
+        TASK_SESSIONS.clear()
+
+
+CHILD_COMMITTER = """
+import json, sys
+from twophase.sinks.postgres import PostgresCommitter
+url, table, handle = sys.argv[1:]
+PostgresCommitter.fromOptions({"url": url, "table": table}).commit(json.loads(handle))
+"""
+
+
+def test_a_move_cut_short_by_a_killed_driver_or_a_dropped_connection_is_redone_once(
+    pg_url: str, table: str
+) -> None:
+    """The move is one transaction: a driver SIGKILLed in it, or its session ended by the
+    server, leaves the rows staged and no marker; the next commit moves them exactly once.
+    The move is held mid-way (staged rows deleted, the upsert waiting) by a row lock."""
+    createIdTable(pg_url, table)
+    execute(pg_url, f"INSERT INTO {table} VALUES (1, 'old')")
+    w, c = sink(pg_url, table, mode="upsert", keyColumns="id", commitMode="staged")
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handle = writeAndPrepare(w, context(table), idsBatch([1, 2, 3]))
+
+    def waitingMove() -> int:
+        for _ in range(300):
+            rows = execute(
+                pg_url,
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                f"%{stagingTables(table)[0]}%",
+            )
+            if rows:
+                return int(rows[0][0])
+            time.sleep(0.05)
+        raise AssertionError("the move never waited for the row lock")
+
+    for cut in ("driver SIGKILL", "backend terminated"):
+        with psycopg.connect(pg_url) as locker:  # holds row 1 until the end of the block
+            locker.execute(f"SELECT * FROM {table} WHERE id = 1 FOR UPDATE")
+            child = subprocess.Popen(
+                [sys.executable, "-c", CHILD_COMMITTER, pg_url, table, json.dumps(handle)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            backend = waitingMove()
+            if cut == "driver SIGKILL":
+                child.kill()  # the move finishes once the lock goes, then finds no COMMIT
+            else:
+                execute(pg_url, "SELECT pg_terminate_backend(%s, 10000)", backend)
+            _, stderr = child.communicate(timeout=60)
+            assert child.returncode != 0
+            if cut == "backend terminated":
+                assert "TransientCommitError" in stderr, stderr[-2000:]
+        for _ in range(200):  # the orphaned backend notices its client is gone and rolls back
+            if not execute(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", backend):
+                break
+            time.sleep(0.05)
+        assert staged(pg_url, table) == {handle["token"]: 3}
+        assert execute(pg_url, f"SELECT id, payload FROM {table}") == [(1, "old")]
+    c.commit(handle)
+    c.commit(handle)
+    assert execute(pg_url, f"SELECT id, payload FROM {table} ORDER BY id") == [
+        (1, "row-1"),
+        (2, "row-2"),
+        (3, "row-3"),
+    ]
+
+
+def test_staging_tables_without_create_privilege_fail_with_the_ddl_and_the_alternatives(
+    pg_url: str, table: str
+) -> None:
+    """``staged`` refuses to start; ``auto`` starts (its prepared partitions need no staging
+    table) and a partition that would stage fails before writing, naming the fixes."""
+    schema = f"s_{table}"
+    execute(pg_url, f"CREATE SCHEMA {schema}")
+    try:
+        execute(pg_url, f"CREATE TABLE {schema}.{table} (id bigint, payload text)")
+        execute(pg_url, f"REVOKE CREATE ON SCHEMA {schema} FROM CURRENT_USER")
+        staged = settingsOf(pg_url, f"{schema}.{table}", commitMode="staged")
+        with pytest.raises(TwoPhaseConfigError) as info:
+            validateTarget(staged, idsBatch([1]).schema)
+        message = str(info.value)
+        assert f"{schema}.{table}_twophase_staging" in message and "permission denied" in message
+        assert (
+            f"Grant CREATE on schema {schema}" in message
+            and "CREATE TABLE IF NOT EXISTS" in message
+        )
+        assert "commitMode=prepared" in message
+        validateTarget(
+            settingsOf(pg_url, f"{schema}.{table}", commitMode="prepared"), idsBatch([1]).schema
+        )
+        w, c = sink(pg_url, f"{schema}.{table}", maxPreparedPartitions="1")
+        validateTarget(w.settings, idsBatch([1]).schema)
+        kept = writeAndPrepare(w, context(table, part=0), idsBatch([1]))
+        with pytest.raises(PostgresSinkError) as refused:
+            writeAndPrepare(w, context(table, part=1), idsBatch([2]))
+        message = str(refused.value)
+        assert "Nothing was written" in message and "maxPreparedPartitions = 1" in message
+        assert f"CREATE on schema {schema}" in message and "coalesce" in message
+        c.commit(kept)
+        assert execute(pg_url, f"SELECT id FROM {schema}.{table}") == [(1,)]
+    finally:
+        execute(pg_url, f"DROP SCHEMA {schema} CASCADE")

@@ -71,13 +71,20 @@ def table(pg_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        for dropped in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))
 
 
 def query(pg_url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         cur = conn.execute(statement, params or None)
         return cur.fetchall() if cur.description else []
+
+
+def stagedOf(pg_url: str, table: str) -> int:
+    """Rows waiting in the staging table next to ``table`` (commitMode auto or staged)."""
+    [(rows,)] = query(pg_url, f"SELECT count(*) FROM {table}_twophase_staging")
+    return int(rows)
 
 
 def preparedOf(pg_url: str, sinkId: str, batch: int | None = None) -> list[str]:
@@ -116,7 +123,13 @@ def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     total, perBatch = 1000, 100
     spec = QuerySpec(
         checkpoint=str(tmp_path / "checkpoint"),
-        options={"url": pg_url, "table": table, "createTable": "true", "sinkId": sinkId},
+        options={
+            "url": pg_url,
+            "table": table,
+            "createTable": "true",
+            "sinkId": sinkId,
+            "maxPreparedPartitions": "1",  # partition 0 prepares, partition 1 stages
+        },
         rows=total,
         rowsPerBatch=perBatch,
         partitions=2,
@@ -124,10 +137,11 @@ def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     )
     logs = tmp_path / "logs"
 
-    # Tasks prepared batch 0, nobody decided: invisible, rolled back on restart.
+    # Tasks prepared (partition 0) and staged (partition 1) batch 0, nobody decided:
+    # invisible, rolled back and swept on restart.
     assertCrashed(runChild(spec, logs, crashAt="driver.beforeDecision:0"))
     assert counts(pg_url, table) == (0, 0)
-    assert len(preparedOf(pg_url, sinkId, 0)) == 2
+    assert len(preparedOf(pg_url, sinkId, 0)) == 1 and stagedOf(pg_url, table) == 50
 
     # Batch 1 decided, not committed; then PostgreSQL crashes too: its prepared transactions
     # survive the server's crash recovery, still invisible, and the next start commits them.
@@ -135,10 +149,10 @@ def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     assert counts(pg_url, table) == (100, 100)
     assert preparedOf(pg_url, sinkId, 0) == []  # recovery rolled back the undecided batch 0
     decided = preparedOf(pg_url, sinkId, 1)
-    assert len(decided) == 2
+    assert len(decided) == 1 and stagedOf(pg_url, table) == 50  # batch 0's staged rows swept
     postgres_server.kill()
     postgres_server.start()
-    assert preparedOf(pg_url, sinkId, 1) == decided
+    assert preparedOf(pg_url, sinkId, 1) == decided and stagedOf(pg_url, table) == 50
     assert counts(pg_url, table) == (100, 100)
 
     # Recovery itself killed after rolling batch 1 forward, before its sweep.
@@ -180,6 +194,7 @@ def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     assertDone(final)
 
     assertExactlyOnce(pg_url, table, sinkId, total)
+    assert stagedOf(pg_url, table) == 0
     [(wrong,)] = query(pg_url, f"SELECT count(*) FROM {table} WHERE NOT ({TYPED_CHECK})")
     assert wrong == 0
 
@@ -194,7 +209,13 @@ def test_executor_python_worker_killed_mid_copy_is_retried_exactly_once(
     sinkId = f"tp-{table[-10:]}"
     spec = QuerySpec(
         checkpoint=str(tmp_path / "checkpoint"),
-        options={"url": pg_url, "table": table, "createTable": "true", "sinkId": sinkId},
+        options={
+            "url": pg_url,
+            "table": table,
+            "createTable": "true",
+            "sinkId": sinkId,
+            "maxPreparedPartitions": "1",  # partition 0 prepares, partition 1 stages
+        },
         rows=400,
         rowsPerBatch=100,
         partitions=2,
@@ -205,6 +226,7 @@ def test_executor_python_worker_killed_mid_copy_is_retried_exactly_once(
     assertDone(run)
     assert (tmp_path / "logs" / "crash-0.once").exists(), "the task was never killed"
     assertExactlyOnce(pg_url, table, sinkId, 400)
+    assert stagedOf(pg_url, table) == 0
 
 
 # -- upsert under replays ----------------------------------------------------------------------
@@ -224,6 +246,7 @@ def test_upsert_replayed_after_a_crash_keeps_the_latest_value_per_key(
             "mode": "upsert",
             "keyColumns": "k",
             "sinkId": sinkId,
+            "maxPreparedPartitions": "1",  # partition 0 prepares, partition 1 stages
         },  # fmt: skip
         rows=500,
         rowsPerBatch=100,
@@ -233,13 +256,14 @@ def test_upsert_replayed_after_a_crash_keeps_the_latest_value_per_key(
     )
     assertCrashed(runChild(spec, tmp_path / "logs", crashAt="driver.beforeDecision:2"))
     assert query(pg_url, f"SELECT count(*), min(v), max(v) FROM {table}") == [(100, 100, 199)]
+    assert len(preparedOf(pg_url, sinkId, 2)) == 1 and stagedOf(pg_url, table) == 50
     assertDone(runChild(spec, tmp_path / "logs"))
     assert query(pg_url, f"SELECT count(*) FROM {table}") == [(100,)]
     [(wrong,)] = query(
         pg_url, f"SELECT count(*) FROM {table} WHERE v <> 400 + k OR payload <> 'row-' || v"
     )
     assert wrong == 0
-    assert preparedOf(pg_url, sinkId) == []
+    assert preparedOf(pg_url, sinkId) == [] and stagedOf(pg_url, table) == 0
 
 
 # -- bad input at the Spark level --------------------------------------------------------------
@@ -264,12 +288,21 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-def startQuery(spark: Any, options: dict[str, str], checkpoint: Path, columns: list[str]) -> Any:
+def startQuery(
+    spark: Any,
+    options: dict[str, str],
+    checkpoint: Path,
+    columns: list[str],
+    *,
+    rowsPerBatch: int = 100,
+    totalRows: int = 300,
+    partitions: int = 2,
+) -> Any:
     stream = (
         spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", 100)
-        .option("totalRows", 300)
-        .option("numPartitions", 2)
+        .option("rowsPerBatch", rowsPerBatch)
+        .option("totalRows", totalRows)
+        .option("numPartitions", partitions)
         .load()
         .selectExpr(*columns)
     )
@@ -314,3 +347,37 @@ def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_t
     startQuery(spark, options, checkpoint, columns).awaitTermination(240)
     assertExactlyOnce(pg_url, table, sinkId, 300)
     assert query(pg_url, f"SELECT id FROM {table} WHERE payload IS NULL") == [(150,)]
+
+
+# -- more partitions than the server's max_prepared_transactions --------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_twice_max_prepared_transactions_partitions_commit_exactly_once(
+    spark: Any, pg_url: str, table: str, tmp_path: Path
+) -> None:
+    """commitMode=auto (the default): partitions below half the server's limit prepare, the
+    others stage their rows; both kinds are committed by the driver in each batch."""
+    [(limit,)] = query(pg_url, "SELECT current_setting('max_prepared_transactions')::int")
+    partitions = 2 * limit
+    sinkId = f"tp-{table[-10:]}"
+    options = {"url": pg_url, "table": table, "createTable": "true", "sinkId": sinkId}
+    total = 2 * partitions  # one batch, two rows per partition
+    started = startQuery(
+        spark,
+        options,
+        tmp_path / "checkpoint",
+        ["id", "payload"],
+        rowsPerBatch=total,
+        totalRows=total,
+        partitions=partitions,
+    )
+    started.awaitTermination(400)
+    assert started.exception() is None, started.exception()
+    assertExactlyOnce(pg_url, table, sinkId, total)
+    assert query(pg_url, f"SELECT count(*) FROM {table}_twophase_staging") == [(0,)]
+    # both paths ran: staged partitions left commit markers, prepared ones did not
+    [(markers, batches)] = query(
+        pg_url, f"SELECT count(*), count(DISTINCT batch_id) FROM {table}_twophase_commits"
+    )
+    assert batches == 1 and markers == partitions - limit // 2

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import json
 import pickle
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from psycopg import sql
 
 import twophase
 from twophase.clients.postgres import ConnectionTarget, publicConninfo
@@ -30,6 +32,8 @@ from twophase.sinks.postgres import (
     publicOptionValue,
 )
 from twophase.sinks.postgres.encoding import arrayLiteral, byteaHex, csvChunk
+from twophase.sinks.postgres.handles import checkHandle, stagedHandle
+from twophase.sinks.postgres.staging import StagingNames, moveStatement
 from twophase.sinks.postgres.types import ColumnInfo, columnProblem, unsupportedProblem
 from twophase.sinks.postgres.xid import (
     MAX_GID_BYTES,
@@ -163,6 +167,12 @@ def test_conninfo_strings_work_too() -> None:
         ({"url": URL, "table": "t", "createTable": "maybe"}, ["createTable"]),
         ({"url": URL, "table": "t", "connectTimeout": "0"}, ["connectTimeout"]),
         ({"url": URL, "table": "t", "upsertBatchRows": "x"}, ["upsertBatchRows"]),
+        ({"url": URL, "table": "t", "commitMode": "xa"}, ["commitMode", "auto", "staged"]),
+        ({"url": URL, "table": "t", "maxPreparedPartitions": "-1"}, ["maxPreparedPartitions"]),
+        (
+            {"url": URL, "table": "t", "commitMode": "staged", "maxPreparedPartitions": "1"},
+            ["maxPreparedPartitions", "commitMode=auto"],
+        ),
     ],
 )
 def test_bad_options_name_the_option_and_the_fix(options: dict[str, str], words: list[str]) -> None:
@@ -424,3 +434,78 @@ def test_nested_types_are_refused_with_a_fix() -> None:
     problem = unsupportedProblem("tags", pa.list_(pa.string()))
     assert problem is not None and "tags" in problem and "to_json" in problem
     assert unsupportedProblem("d", pa.decimal128(5, 1)) is None
+
+
+# -- commit paths: which partitions prepare, staging names, staged handles ---------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "serverLimit", "budget"),
+    [
+        ({}, 100, 50),  # auto: half the server's limit
+        ({}, 1, 0),
+        ({}, 0, 0),  # no prepared transactions on the server: everything staged
+        ({"maxPreparedPartitions": "1"}, 100, 1),
+        ({"maxPreparedPartitions": "500"}, 100, 100),  # never beyond the server
+        ({"commitMode": "prepared"}, 100, 100),
+        ({"commitMode": "STAGED"}, 100, 0),
+    ],
+)
+def test_prepared_budget_follows_commit_mode_and_the_servers_limit(
+    options: dict[str, str], serverLimit: int, budget: int
+) -> None:
+    settings = PostgresSettings.fromOptions({"url": URL, "table": "t", **options})
+    assert settings.preparedBudget(serverLimit) == budget
+
+
+def test_commit_mode_options_are_kept_in_sink_json() -> None:
+    assert {"commitmode", "maxpreparedpartitions"} <= SAFE_OPTIONS
+
+
+def test_staging_tables_sit_next_to_the_target_and_long_names_stay_distinct() -> None:
+    short = StagingNames.of(PostgresSettings.fromOptions({"url": URL, "table": 'S."Orders"'}))
+    assert (short.schema, short.staging, short.markers) == (
+        "s",
+        "Orders_twophase_staging",
+        "Orders_twophase_commits",
+    )
+    assert short.stagingText == 's."Orders_twophase_staging"'
+    long1, long2 = (
+        StagingNames.of(PostgresSettings.fromOptions({"url": URL, "table": "x" * 60 + end}))
+        for end in ("a", "b")
+    )
+    for names in (long1, long2):
+        assert len(names.staging.encode()) <= 63 and names.staging.endswith("_twophase_staging")
+        assert len(names.markers.encode()) <= 63 and names.markers.endswith("_twophase_commits")
+    assert long1.staging != long2.staging and long1.markers != long2.markers
+
+
+def test_a_staged_handle_is_json_without_secrets_and_checked_before_use() -> None:
+    settings = PostgresSettings.fromOptions({"url": URL, "table": "t", "commitMode": "staged"})
+    names = StagingNames.of(settings)
+    token = str(GlobalXid.forContext(ctx()))
+    handle = stagedHandle(
+        ctx(), settings, token, ([names.schema, names.staging], [names.schema, names.markers]),
+        ["id", "payload"], 3,
+    )  # fmt: skip
+    assert checkHandle(handle) is handle and StagingNames.fromHandle(handle) == names
+    assert "s3cret" not in json.dumps(handle) and handle["keys"] == []
+    assert "staged as " + token in PostgresCommitter(settings).describe(handle)
+    for broken in (
+        {**handle, "token": "tp1:other"},
+        {**handle, "path": "elsewhere"},
+        {**handle, "columns": []},
+        {**handle, "staging": ["public"]},
+    ):
+        with pytest.raises(ValueError):
+            checkHandle(broken)
+            StagingNames.fromHandle(broken)
+
+
+def test_the_move_deletes_one_token_and_keeps_the_last_row_per_key_in_upsert() -> None:
+    names = StagingNames("public", "t_twophase_staging", "t_twophase_commits")
+    append = moveStatement(names, sql.Identifier("public", "t"), ["id", "v"], []).as_string()
+    assert "DELETE FROM" in append and "ON CONFLICT" not in append
+    upsert = moveStatement(names, sql.Identifier("public", "t"), ["id", "v"], ["id"]).as_string()
+    assert "DISTINCT ON" in upsert and '"__tp_seq" DESC' in upsert
+    assert 'ON CONFLICT ("id") DO UPDATE SET "v" = EXCLUDED."v"' in upsert

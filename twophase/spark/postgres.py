@@ -24,7 +24,8 @@ from twophase.spark.schema import arrowSchemaOf
 
 
 class PostgresSink(TwoPhaseDataSource):
-    """``twophase.postgres``: exactly-once into one PostgreSQL table via prepared transactions.
+    """``twophase.postgres``: exactly-once into one PostgreSQL table via prepared transactions,
+    or (``commitMode``) rows staged next to it and moved by the driver.
 
     Options are those of :class:`twophase.sinks.postgres.PostgresSettings`. ``sink.json`` keeps
     the ones the committer needs (``SAFE_OPTIONS``), the ``url`` without its password; the

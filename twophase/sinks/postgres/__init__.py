@@ -1,38 +1,46 @@
-"""The PostgreSQL sink: prepared transactions on executors, COMMIT PREPARED from the driver.
+"""The PostgreSQL sink: prepared or staged transactions on executors, committed by the driver.
 
 A ``PostgresWriter`` (executor) writes each task attempt's rows into one two-phase transaction
-and ``PREPARE TRANSACTION``s it; the handle it returns holds the gid, the transaction's id and
-where to reach the database (host, port, database, user and non-secret libpq options), never a
-password. A ``PostgresCommitter`` (driver, any process) runs ``COMMIT PREPARED`` /
-``ROLLBACK PREPARED``; a prepared transaction survives its session, the executor and a server
-restart. ``validateTarget`` checks the server and the table before a batch. Spark-free: the
-data source ``twophase.postgres`` is ``twophase.spark.postgres.PostgresSink``.
+and ``PREPARE TRANSACTION``s it, or (``commitMode``: partitions beyond the server's budget of
+prepared transactions) commits them into a staging table next to the target; the handle it
+returns holds the gid (or staging token), the transaction's id and where to reach the database
+(host, port, database, user and non-secret libpq options), never a password. A
+``PostgresCommitter`` (driver, any process) runs ``COMMIT PREPARED`` / ``ROLLBACK PREPARED``,
+or moves staged rows into the target with a marker in one transaction (``staging``); a prepared
+transaction survives its session, the executor and a server restart. ``validateTarget`` checks
+the server and the table before a batch. Spark-free: the data source ``twophase.postgres`` is
+``twophase.spark.postgres.PostgresSink``.
 
 Modules by role: ``settings`` (options), ``schema`` (table checks, ``createTable``),
 ``statements`` (COPY, upsert), ``encoding`` (Arrow to PostgreSQL text), ``types`` (column
-types), ``xid`` (gids), ``handles``, ``writer``, ``committer``, ``errors``; how to connect is
-``twophase.clients.postgres``.
+types), ``xid`` (gids), ``staging`` (the staged path's tables and statements), ``sessions``
+(task connections reused within a worker), ``handles``, ``writer``, ``committer``,
+``errors``; how to connect is ``twophase.clients.postgres``.
 """
 
 from twophase.sinks.postgres.committer import PostgresCommitter
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
     PostgresUnavailableError,
+    PreparedLimitError,
     RowRejectedError,
 )
 from twophase.sinks.postgres.handles import KIND
 from twophase.sinks.postgres.schema import validateTarget
 from twophase.sinks.postgres.settings import (
+    COMMIT_MODES,
     MODES,
     SAFE_OPTIONS,
     PostgresSettings,
     parseTableName,
     publicOptionValue,
 )
+from twophase.sinks.postgres.staging import StagingNames
 from twophase.sinks.postgres.statements import lastPerKey
 from twophase.sinks.postgres.writer import PostgresTransaction, PostgresWriter
 
 __all__ = [
+    "COMMIT_MODES",
     "KIND",
     "MODES",
     "SAFE_OPTIONS",
@@ -42,7 +50,9 @@ __all__ = [
     "PostgresTransaction",
     "PostgresUnavailableError",
     "PostgresWriter",
+    "PreparedLimitError",
     "RowRejectedError",
+    "StagingNames",
     "lastPerKey",
     "parseTableName",
     "publicOptionValue",

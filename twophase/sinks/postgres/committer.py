@@ -1,13 +1,15 @@
-"""The driver half of the postgres sink: ``COMMIT PREPARED`` / ``ROLLBACK PREPARED`` by gid.
+"""The driver half of the postgres sink: ``COMMIT PREPARED`` by gid, or the staged rows' move.
 
 A prepared transaction survives its session, the executor and a server restart, so any process
-with a handle (and the sink's options) can finish it, on a reused autocommit connection.
+with a handle (and the sink's options) can finish it, on a reused autocommit connection. A
+staged handle's rows are durable in the staging table; its commit moves them into the target
+with a marker in one transaction (``staging``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from psycopg import errors as pgerrors
 from psycopg import sql
@@ -19,12 +21,23 @@ from twophase.sinks.postgres.errors import PostgresSinkError
 from twophase.sinks.postgres.handles import (
     KIND,
     briefHandle,
+    briefStagedHandle,
     checkHandle,
     handleTarget,
+    isStaged,
     xactStatus,
 )
-from twophase.sinks.postgres.settings import PostgresSettings
-from twophase.sinks.postgres.xid import batchPrefix, sinkPrefix
+from twophase.sinks.postgres.settings import PostgresSettings, parseTableName
+from twophase.sinks.postgres.staging import (
+    StagingNames,
+    deleteToken,
+    markerExists,
+    markerInsert,
+    moveStatement,
+    pruneMarkers,
+    sweepStaged,
+)
+from twophase.sinks.postgres.xid import GlobalXid, batchPrefix, sinkPrefix
 
 log = getLogger(__name__)
 
@@ -64,6 +77,9 @@ class PostgresCommitter(Committer):
         ``TransientCommitError``.
         """
         h = checkHandle(handle)
+        if isStaged(h):
+            self._commitStaged(h)
+            return
         if h["gid"] is None:
             return
         target, secrets = handleTarget(h, self.settings)
@@ -93,9 +109,83 @@ class PostgresCommitter(Committer):
                 ) from None
         log.debug("postgres: committed %s", h["gid"])
 
+    def _commitStaged(self, h: Handle) -> None:
+        """Idempotent: move a token's staged rows into the target with a marker, at once.
+
+        No rows left and a marker: committed before, a no-op. No rows and no marker: the rows
+        were aborted or swept, ``TransactionLostError``. A constraint of the target that
+        refuses a row (a unique key, a foreign key) fails the commit with the constraint
+        named; the decided rows stay staged until the cause is fixed and the query restarts.
+        """
+        target, secrets = handleTarget(h, self.settings)
+        names = StagingNames.fromHandle(h)
+        token = str(h["token"])
+        parts = GlobalXid.parse(token)
+        assert parts is not None  # checkHandle
+        what = f"commit of {self.describe(h)}"
+        table = sql.Identifier(*_tableParts(str(h.get("table")), self.settings))
+        move = moveStatement(names, table, list(h["columns"]), list(h["keys"]))
+        with driverErrors(what, target), DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn:
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{int(self.settings.lockTimeoutSeconds * 1000)}ms",),
+                    )
+                    row = conn.execute(move, {"token": token}).fetchone()
+                    moved = int(row[0]) if row else 0
+                    if moved == 0:
+                        if markerExists(conn, names, token):
+                            log.info("postgres: %s: moved before (marker found): no-op", what)
+                            return
+                        if h["rows"] > 0:
+                            raise TransactionLostError(
+                                f"postgres: {what}: its staged rows are gone from "
+                                f"{names.stagingText} and {names.markersText} has no marker "
+                                "for it: they were aborted (by hand, or by another process's "
+                                "recovery), so its rows are lost; the batch is decided and "
+                                "cannot be written again"
+                            )
+                    if moved != h["rows"]:
+                        raise PostgresSinkError(
+                            f"postgres: {what}: found {moved} staged row(s) for the token, "
+                            f"the task reported {h['rows']}; nothing moved. Was "
+                            f"{names.stagingText} changed by hand?"
+                        )
+                    conn.execute(markerInsert(names), (token, parts.sinkId, parts.batchId, moved))
+            except (pgerrors.IntegrityError, pgerrors.DataError) as exc:
+                raise PostgresSinkError(
+                    f"postgres: {what}: the target refused a staged row: "
+                    f"{exc.diag.message_primary} (SQLSTATE {exc.sqlstate}"
+                    + (
+                        f", constraint {exc.diag.constraint_name}"
+                        if exc.diag.constraint_name
+                        else ""
+                    )
+                    + "). The batch is decided: its rows stay in the staging table, nothing of "
+                    "this handle is visible. Fix the conflicting rows of the target (or the "
+                    "constraint), then restart the query: recovery moves them."
+                ) from None
+            except pgerrors.InsufficientPrivilege as exc:
+                raise PostgresSinkError(
+                    f"postgres: {what}: {exc.diag.message_primary}; the committing user needs "
+                    f"DELETE on {names.stagingText}, SELECT and INSERT on {names.markersText} "
+                    "and INSERT (UPDATE in upsert mode) on the target"
+                ) from None
+        log.debug("postgres: moved %d staged row(s) of %s", h["rows"], token)
+
     def abort(self, handle: Handle) -> None:
-        """Idempotent: ``ROLLBACK PREPARED``; a gid that is gone is a no-op."""
+        """Idempotent: ``ROLLBACK PREPARED``, or delete the staged rows; gone is a no-op."""
         h = checkHandle(handle)
+        if isStaged(h):
+            target, secrets = handleTarget(h, self.settings)
+            what = f"abort of {self.describe(h)}"
+            with (
+                driverErrors(what, target),
+                DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn,
+            ):
+                deleteToken(conn, StagingNames.fromHandle(h), str(h["token"]))
+            return
         if h["gid"] is None:
             return
         target, secrets = handleTarget(h, self.settings)
@@ -122,7 +212,7 @@ class PostgresCommitter(Committer):
             if scope.batchId is None
             else batchPrefix(scope.sinkId, scope.batchId)
         )
-        keep = {h.get("gid") for h in scope.keep if h.get("kind") == KIND}
+        keep = {h.get("gid") for h in scope.keep if h.get("kind") == KIND and not isStaged(h)}
         aborted: list[Handle] = []
         what = f"recoverAndAbort of postgres sink {scope.sinkId}"
         with (
@@ -150,14 +240,30 @@ class PostgresCommitter(Committer):
                 except pgerrors.UndefinedObject:
                     continue  # finished meanwhile by someone else
                 aborted.append(briefHandle(gid, s))
+            aborted.extend(self._sweepStaged(conn, scope))
         if aborted:
             log.info(
-                "postgres: recoverAndAbort rolled back %d prepared transaction(s) of sink %s: %s",
+                "postgres: recoverAndAbort rolled back %d prepared or staged transaction(s) of "
+                "sink %s: %s",
                 len(aborted),
                 scope.sinkId,
-                ", ".join(str(h["gid"]) for h in aborted),
+                ", ".join(str(h.get("gid") or h.get("token")) for h in aborted),
             )
         return aborted
+
+    def _sweepStaged(self, conn: Any, scope: RecoveryScope) -> list[Handle]:
+        """Delete this sink's staged rows that no kept handle names; after a batch's decision
+        (``scope.batchId``), prune the markers no commit can ask for any more."""
+        s = self.settings
+        names = StagingNames.of(s)
+        keep = {str(h["token"]) for h in scope.keep if h.get("kind") == KIND and isStaged(h)}
+        swept = sweepStaged(conn, names, scope.sinkId, scope.batchId, keep)
+        pruned = (
+            0 if scope.batchId is None else pruneMarkers(conn, names, scope.sinkId, scope.batchId)
+        )
+        if pruned:
+            log.debug("postgres: pruned %d commit marker(s) of sink %s", pruned, scope.sinkId)
+        return [briefStagedHandle(token, rows, s) for token, rows in swept]
 
     def describe(self, handle: Handle) -> str:
         """``postgres batch N partition p attempt a: r row(s) into <table> as <gid> at <where>``."""
@@ -166,8 +272,16 @@ class PostgresCommitter(Committer):
         except ValueError:
             where = "?"
         rows = f"{handle['rows']} row(s)" if "rows" in handle else "a prepared transaction"
+        how = f"staged as {handle.get('token')}" if isStaged(handle) else f"as {handle.get('gid')}"
         return (
             f"postgres batch {handle.get('batchId')} partition {handle.get('partitionId')} "
-            f"attempt {handle.get('attempt')}: {rows} into {handle.get('table')} as "
-            f"{handle.get('gid')} at {where}"
+            f"attempt {handle.get('attempt')}: {rows} into {handle.get('table')} {how} "
+            f"at {where}"
         )
+
+
+def _tableParts(text: str, s: PostgresSettings) -> tuple[str, str]:
+    """The handle's target table (schema, name); the settings' when it names the same."""
+    if text == s.qualifiedName:
+        return s.schema, s.table
+    return parseTableName(text)

@@ -7,6 +7,14 @@ Format (JSON, in the decision log)::
      "attempt": a, "rows": n, "table": "<schema>.<table>",
      "connection": {"host": ..., "port": ..., "dbname": ..., "user": ..., ...}}
 
+A task that staged its rows (commit path ``staged``, see ``staging``) returns instead::
+
+    {"kind": "postgres", "path": "staged", "token": <the attempt's gid-formatted token>,
+     "staging": [<schema>, <staging table>], "markers": [<schema>, <marker table>],
+     "columns": [<stream columns>], "keys": [<upsert keys, empty in append mode>],
+     "batchId": N, "partitionId": p, "attempt": a, "rows": n, "table": ...,
+     "connection": {...}}
+
 The ``connection`` is a password-free ``ConnectionTarget``, so any process can reach the server
 the transaction was prepared on; ``xid`` lets a committer ask the server what became of a
 transaction that is no longer prepared (``xactStatus``).
@@ -25,6 +33,45 @@ from twophase.sinks.postgres.xid import GlobalXid
 
 KIND = "postgres"
 """The ``kind`` of every handle of the postgres sink."""
+
+STAGED = "staged"
+"""The ``path`` of a handle whose rows wait in the staging table (absent: prepared)."""
+
+
+def isStaged(handle: Handle) -> bool:
+    return handle.get("path") == STAGED
+
+
+def stagedHandle(
+    ctx: TransactionContext,
+    s: PostgresSettings,
+    token: str,
+    names: tuple[list[str], list[str]],
+    columns: list[str],
+    rows: int,
+) -> Handle:
+    """The handle of a task attempt that committed ``rows`` staged rows under ``token``."""
+    return {
+        "kind": KIND,
+        "path": STAGED,
+        "token": token,
+        "staging": names[0],
+        "markers": names[1],
+        "columns": columns,
+        "keys": list(s.keyColumns) if s.mode == "upsert" else [],
+        "batchId": ctx.batchId,
+        "partitionId": ctx.partitionId,
+        "attempt": ctx.attemptNumber,
+        "rows": rows,
+        "table": s.qualifiedName,
+        "connection": s.target.toJson(),
+    }
+
+
+def briefStagedHandle(token: str, rows: int, s: PostgresSettings) -> Handle:
+    """A handle for staged rows found by recovery (swept): token, rows, no columns."""
+    handle: Handle = {"kind": KIND, "path": STAGED, "token": token, "rows": rows}
+    return _found(handle, token, s)
 
 
 def preparedHandle(
@@ -46,13 +93,13 @@ def preparedHandle(
 
 def briefHandle(gid: str, s: PostgresSettings) -> Handle:
     """A handle for a prepared transaction found on the server (by recovery): no rows, no xid."""
+    return _found({"kind": KIND, "gid": gid}, gid, s)
+
+
+def _found(handle: Handle, gid: str, s: PostgresSettings) -> Handle:
+    """``handle`` with the target, and the batch, partition and attempt its gid names."""
+    handle.update(table=s.qualifiedName, connection=s.target.toJson())
     parts = GlobalXid.parse(gid)
-    handle: Handle = {
-        "kind": KIND,
-        "gid": gid,
-        "table": s.qualifiedName,
-        "connection": s.target.toJson(),
-    }
     if parts is not None:
         handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
     return handle
@@ -62,6 +109,20 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed postgres handle before touching the server."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a postgres handle (kind={handle.get('kind')!r})")
+    if "path" in handle and handle["path"] != STAGED:
+        raise ValueError(f"postgres handle has an unknown path {handle['path']!r}")
+    if isStaged(handle):
+        token = handle.get("token")
+        if not isinstance(token, str) or GlobalXid.parse(token) is None:
+            raise ValueError(f"staged postgres handle has a bad token {token!r}")
+        for key in ("columns", "keys"):
+            value = handle.get(key)
+            if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+                raise ValueError(f"staged postgres handle has bad {key} {value!r}")
+        if not handle["columns"] or not isinstance(handle.get("rows"), int):
+            raise ValueError("staged postgres handle has no columns or no row count")
+        ConnectionTarget.fromJson(handle.get("connection"))
+        return handle
     gid = handle.get("gid")
     if gid is not None and (not isinstance(gid, str) or GlobalXid.parse(gid) is None):
         raise ValueError(f"postgres handle has a bad gid {gid!r}")

@@ -19,6 +19,7 @@ from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres.errors import PostgresSinkError
 from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.staging import ensureStagingTables
 from twophase.sinks.postgres.types import (
     ColumnInfo,
     columnProblem,
@@ -34,10 +35,11 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema) -> None:
     """Driver, before each batch: check the server, the table and the stream's columns.
 
     Fails with ``TwoPhaseConfigError`` naming the problem and the fix when
-    ``max_prepared_transactions`` is 0, the table is missing (and ``createTable`` is off),
-    a stream column is missing from the table or of a type it cannot hold exactly, a
-    NOT NULL column without default is not in the stream, or (upsert) no unique index
-    matches ``keyColumns``. Creates the table when ``createTable`` is on.
+    ``max_prepared_transactions`` is 0 under ``commitMode=prepared``, the table is missing (and
+    ``createTable`` is off), a stream column is missing from the table or of a type it cannot
+    hold exactly, a NOT NULL column without default is not in the stream, or (upsert) no unique
+    index matches ``keyColumns``. Creates the table when ``createTable`` is on, and the staging
+    and marker tables (``staging``) unless ``commitMode=prepared``.
     """
     s = settings
     for f in schema:
@@ -87,18 +89,22 @@ def _checkTarget(conn: psycopg.Connection[Any], s: PostgresSettings, schema: pa.
     _checkColumns(s, schema, columns)
     if s.mode == "upsert":
         _checkConflictIndex(conn, s)
+    if s.commitMode != "prepared":
+        ensureStagingTables(conn, s, schema.names)
 
 
 def checkPreparedTransactions(conn: psycopg.Connection[Any], s: PostgresSettings) -> None:
-    """Refuse a server with ``max_prepared_transactions = 0``, saying how to change it."""
+    """With ``commitMode=prepared``, refuse a server with ``max_prepared_transactions = 0``,
+    saying how to change it (``auto`` and ``staged`` then stage every partition)."""
     row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
     limit = int(row[0]) if row else 0
-    if limit > 0:
+    if limit > 0 or s.commitMode != "prepared":
         return
     raise TwoPhaseConfigError(
         f"PostgreSQL at {s.target.describe()} has max_prepared_transactions = 0, "
-        "so it cannot PREPARE TRANSACTION, which the twophase.postgres sink needs: every "
+        "so it cannot PREPARE TRANSACTION, which commitMode=prepared needs: every "
         "task of a micro-batch holds one prepared transaction until the driver commits. Set "
+        "commitMode=auto (the default) or staged, which stage the rows instead; or set "
         "max_prepared_transactions in postgresql.conf (or ALTER SYSTEM SET "
         "max_prepared_transactions = 100) to at least the number of partitions of a batch, "
         "plus what other clients prepare, then restart the server (the setting only "

@@ -24,6 +24,9 @@ from twophase.settings import TwoPhaseConfigError, boolOption, floatOption, intO
 
 MODES = ("append", "upsert")
 
+COMMIT_MODES = ("auto", "prepared", "staged")
+"""Values of option ``commitMode``: how a task's rows wait for the driver's decision."""
+
 SAFE_OPTIONS = frozenset(
     {
         "url",
@@ -43,6 +46,8 @@ SAFE_OPTIONS = frozenset(
         "connectretryseconds",
         "locktimeoutseconds",
         "upsertbatchrows",
+        "commitmode",
+        "maxpreparedpartitions",
     }
     | {f"pg.{keyword}" for keyword in PUBLIC_LIBPQ_KEYWORDS}
 )
@@ -139,6 +144,15 @@ class PostgresSettings:
     - ``lockTimeoutSeconds``: a task waiting longer than this for a row lock fails with an
       error naming the prepared transactions it waits for (default 60; 0 waits forever).
     - ``upsertBatchRows``: rows per ``INSERT ... ON CONFLICT`` statement (default 20000).
+    - ``commitMode``: ``auto`` (default), ``prepared`` or ``staged``. ``prepared``: every task
+      holds one prepared transaction until the driver commits, so a batch needs one slot of
+      the server's ``max_prepared_transactions`` per partition. ``staged``: every task commits
+      its rows into the staging table next to the target, and the driver moves them in one
+      transaction (see ``staging``). ``auto``: partitions below ``maxPreparedPartitions`` are
+      prepared, the others staged.
+    - ``maxPreparedPartitions``: in ``auto``, how many partitions (ids ``0..n-1``) use a
+      prepared transaction; default half the server's ``max_prepared_transactions`` (0 on a
+      server without prepared transactions: everything staged), never more than it.
     """
 
     target: ConnectionTarget
@@ -150,6 +164,8 @@ class PostgresSettings:
     connectRetrySeconds: float = 30.0
     lockTimeoutSeconds: float = 60.0
     upsertBatchRows: int = 20000
+    commitMode: str = "auto"
+    maxPreparedPartitions: int | None = None
     secrets: Secrets = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -161,6 +177,16 @@ class PostgresSettings:
             raise TwoPhaseConfigError(
                 "option mode=upsert needs option keyColumns: the comma-separated columns of the "
                 "table's primary key or unique index that identify a row"
+            )
+        if self.commitMode not in COMMIT_MODES:
+            raise TwoPhaseConfigError(
+                f"option commitMode={self.commitMode!r} is not supported; use auto (prepared "
+                "transactions up to a budget, staged beyond it), prepared or staged"
+            )
+        if self.maxPreparedPartitions is not None and self.commitMode != "auto":
+            raise TwoPhaseConfigError(
+                "option maxPreparedPartitions only applies to commitMode=auto; remove it, or "
+                "set commitMode=auto"
             )
         if self.mode == "append" and self.keyColumns:
             raise TwoPhaseConfigError(
@@ -176,6 +202,18 @@ class PostgresSettings:
     @property
     def tableIdentifier(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.table)
+
+    def preparedBudget(self, serverLimit: int) -> int:
+        """How many partitions (ids ``0..n-1``) use a prepared transaction on a server whose
+        ``max_prepared_transactions`` is ``serverLimit``."""
+        if self.commitMode == "staged":
+            return 0
+        if self.commitMode == "prepared":
+            return serverLimit
+        wanted = (
+            serverLimit // 2 if self.maxPreparedPartitions is None else self.maxPreparedPartitions
+        )
+        return max(0, min(wanted, serverLimit))
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> PostgresSettings:
@@ -199,5 +237,11 @@ class PostgresSettings:
             connectRetrySeconds=_nonNegative(options, "connectRetrySeconds", 30.0),
             lockTimeoutSeconds=_nonNegative(options, "lockTimeoutSeconds", 60.0),
             upsertBatchRows=intOption(options, "upsertBatchRows", 20000, minimum=1),
+            commitMode=(optionOf(options, "commitMode") or "auto").strip().lower(),
+            maxPreparedPartitions=(
+                intOption(options, "maxPreparedPartitions", 0, minimum=0)
+                if optionOf(options, "maxPreparedPartitions") is not None
+                else None
+            ),
             secrets=secrets,
         )

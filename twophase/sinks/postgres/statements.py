@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,17 +54,7 @@ def upsertStatement(
         sql.SQL("%s::{}[]").format(sql.SQL(types[n]))
         for n in names  # type from the catalog
     )
-    updates = [n for n in names if n not in s.keyColumns]
-    action = (
-        sql.SQL("DO UPDATE SET {}").format(
-            sql.SQL(", ").join(
-                sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(n), sql.Identifier(n))
-                for n in updates
-            )
-        )
-        if updates
-        else sql.SQL("DO NOTHING")
-    )
+    action = conflictAction(names, s.keyColumns)
     return sql.SQL(
         "INSERT INTO {table} ({cols}) SELECT * FROM unnest({arrays}) AS u({cols}) "
         "ON CONFLICT ({keys}) {action}"
@@ -104,3 +94,17 @@ def lastPerKey(batch: pa.RecordBatch, keys: tuple[str, ...]) -> pa.RecordBatch:
         return batch
     keepRows = np.sort(np.concatenate([last.column("__row_max").to_numpy(), index[~valid]]))
     return batch.take(pa.array(keepRows))
+
+
+def conflictAction(columns: Sequence[str], keys: Sequence[str]) -> sql.Composed | sql.SQL:
+    """``DO UPDATE SET`` every non-key column from ``EXCLUDED``, or ``DO NOTHING`` when the
+    keys are all the columns: what an upsert does with a row whose key exists."""
+    updates = [c for c in columns if c not in keys]
+    if not updates:
+        return sql.SQL("DO NOTHING")
+    return sql.SQL("DO UPDATE SET {}").format(
+        sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
+            for c in updates
+        )
+    )

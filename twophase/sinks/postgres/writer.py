@@ -1,12 +1,17 @@
-"""The executor half of the postgres sink: one prepared transaction per task attempt.
+"""The executor half of the postgres sink: one prepared or staged transaction per task attempt.
 
-Each attempt opens one connection at its first rows, starts a two-phase transaction (psycopg's
-``tpc_begin``) under a gid that names the sink, batch, partition, attempt and run (see
-``xid``), streams its Arrow record batches in (``statements``), and ``PREPARE TRANSACTION``s
-it. Nothing is visible before the driver's ``COMMIT PREPARED``; a failed attempt rolls back
-(its connection closes), a killed one leaves at most a prepared transaction that the
-committer's ``recoverAndAbort`` rolls back unless a decision keeps it. psycopg errors become
-errors that name the batch, the table and the fix.
+Each attempt takes a session at its first rows (reused from an earlier task of the worker
+process when one is free, see ``sessions``) and picks its commit path (``commitMode``):
+
+- prepared: the rows go into the target in a transaction that ``PREPARE TRANSACTION`` ends,
+  under a gid that names the sink, batch, partition, attempt and run (see ``xid``); nothing is
+  visible before the driver's ``COMMIT PREPARED``;
+- staged: the rows are ``COPY``ed into the staging table tagged with a token of the same form
+  and committed; nothing is visible before the driver moves them (see ``staging``).
+
+A failed attempt rolls back (its session closes); a killed one leaves at most a prepared
+transaction or staged rows that the committer's ``recoverAndAbort`` removes unless a decision
+keeps them. psycopg errors become errors that name the batch, the table and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import errors as pgerrors
@@ -29,10 +35,18 @@ from twophase.sinks.postgres.encoding import csvChunk
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
     PostgresUnavailableError,
+    PreparedLimitError,
     RowRejectedError,
 )
-from twophase.sinks.postgres.handles import KIND, currentXid, preparedHandle
-from twophase.sinks.postgres.settings import PostgresSettings
+from twophase.sinks.postgres.handles import KIND, currentXid, preparedHandle, stagedHandle
+from twophase.sinks.postgres.sessions import TASK_SESSIONS, TaskSession
+from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.staging import (
+    SEQ_COLUMN,
+    TOKEN_COLUMN,
+    StagingNames,
+    stagingCopyStatement,
+)
 from twophase.sinks.postgres.statements import copyStatement, upsertParameters, upsertStatement
 from twophase.sinks.postgres.xid import GlobalXid, sinkPrefix
 
@@ -41,15 +55,17 @@ log = getLogger(__name__)
 
 @dataclass(eq=False)
 class PostgresTransaction:
-    """One task attempt's two-phase transaction: its gid, connection and open COPY.
+    """One task attempt's transaction: its gid (the token when staged), session and COPY.
 
-    Lives in one executor task only (holds a connection); never pickled. The connection opens
-    at the first non-empty record batch, so an empty partition costs nothing.
+    Lives in one executor task only (holds a connection); never pickled. The session is taken
+    at the first non-empty record batch, so an empty partition costs nothing. ``path`` is
+    ``prepared`` or ``staged`` once the session is taken.
     """
 
     ctx: TransactionContext
     gid: str
-    conn: psycopg.Connection[Any] | None = None
+    session: TaskSession | None = None
+    path: str = ""
     stack: ExitStack = field(default_factory=ExitStack)
     copy: Any = None
     schema: pa.Schema | None = None
@@ -58,12 +74,16 @@ class PostgresTransaction:
     state: str = "open"
     handle: Handle | None = None
 
+    @property
+    def conn(self) -> psycopg.Connection[Any] | None:
+        return self.session.conn if self.session is not None else None
+
 
 class PostgresWriter(TransactionWriter[PostgresTransaction]):
-    """Executor, once per task attempt: rows into a prepared transaction, nothing visible.
+    """Executor, once per task attempt: rows into a prepared or staged transaction.
 
-    Memory per task is one record batch and its CSV text (append) or one chunk of
-    ``upsertBatchRows`` rows (upsert).
+    Nothing is visible before the driver commits. Memory per task is one record batch and its
+    CSV text (append, staged) or one chunk of ``upsertBatchRows`` rows (prepared upsert).
     """
 
     kind: ClassVar[str] = KIND
@@ -77,10 +97,13 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
 
     def __repr__(self) -> str:
         s = self.settings
-        return f"PostgresWriter(table={s.qualifiedName}, mode={s.mode}, at={s.target.describe()})"
+        return (
+            f"PostgresWriter(table={s.qualifiedName}, mode={s.mode}, "
+            f"commitMode={s.commitMode}, at={s.target.describe()})"
+        )
 
     def beginTransaction(self, ctx: TransactionContext) -> PostgresTransaction:
-        """Executor: name this attempt's transaction; the connection opens at the first rows."""
+        """Executor: name this attempt's transaction; the session is taken at the first rows."""
         gid = str(GlobalXid.forContext(ctx))
         log.debug("postgres: begin %s as %s", ctx.transactionTag, gid)
         return PostgresTransaction(ctx=ctx, gid=gid)
@@ -92,14 +115,16 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         if batch.num_rows == 0:
             return
         with self._taskErrors(txn):
-            if txn.conn is None:
+            if txn.session is None:
                 self._open(txn, batch.schema)
             elif not batch.schema.equals(txn.schema, check_metadata=False):
                 raise ValueError(
                     "postgres: the record batch schema changed within one transaction "
                     f"({txn.schema} -> {batch.schema}); all rows of a task must share one schema"
                 )
-            if self.settings.mode == "append":
+            if txn.path == "staged":
+                txn.copy.write(memoryview(csvChunk(self._tagged(txn, batch))))
+            elif self.settings.mode == "append":
                 txn.copy.write(memoryview(csvChunk(batch)))
             else:
                 self._upsert(txn, batch)
@@ -108,27 +133,52 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
     def _open(self, txn: PostgresTransaction, schema: pa.Schema) -> None:
         s = self.settings
         ctx = txn.ctx
-        conn = connect(
+        session = TASK_SESSIONS.take(
             s.target,
             s.secrets,
-            autocommit=True,
+            lockTimeoutMs=int(s.lockTimeoutSeconds * 1000),
             retrySeconds=s.connectRetrySeconds,
             what=f"batch {ctx.batchId} partition {ctx.partitionId}",
         )
-        txn.conn = conn
+        txn.session = session
         txn.schema = schema
-        # Instants travel as UTC wall-clock text (see encoding.utcWallClock).
-        conn.execute(
-            "SELECT set_config('lock_timeout', %s, false), set_config('TimeZone', 'UTC', false)",
-            (f"{int(s.lockTimeoutSeconds * 1000)}ms",),
-        )
-        conn.autocommit = False
-        conn.tpc_begin(txn.gid)
-        if s.mode == "append":
-            statement = copyStatement(s, schema.names)
+        limit = session.maxPreparedTransactions
+        if s.commitMode == "prepared" and ctx.partitionId >= limit:
+            raise PreparedLimitError(self._limitMessage(ctx, limit))
+        txn.path = "prepared" if ctx.partitionId < s.preparedBudget(limit) else "staged"
+        conn = session.conn
+        if txn.path == "staged":
+            statement = stagingCopyStatement(StagingNames.of(s), schema.names)
             txn.copy = txn.stack.enter_context(conn.cursor().copy(statement))
+        elif s.mode == "append":
+            txn.copy = txn.stack.enter_context(conn.cursor().copy(copyStatement(s, schema.names)))
         else:
             txn.upsertSql = upsertStatement(conn, s, schema)
+
+    def _limitMessage(self, ctx: TransactionContext, limit: int) -> str:
+        s = self.settings
+        return (
+            f"postgres sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId}, "
+            f"table {s.qualifiedName}: commitMode=prepared holds one prepared transaction per "
+            f"partition until the driver commits, and the server at {s.target.describe()} "
+            f"allows max_prepared_transactions = {limit}, so a batch with "
+            f"{ctx.partitionId + 1} or more partitions cannot be prepared at once. Nothing was "
+            "written. Fix one of: set commitMode=auto (the default: partitions beyond "
+            "maxPreparedPartitions, half the server's limit, stage their rows and commit "
+            "without a prepared transaction) or commitMode=staged; raise "
+            "max_prepared_transactions in postgresql.conf above the number of partitions and "
+            "restart the server; or write fewer partitions (df.coalesce(n) or "
+            "spark.sql.shuffle.partitions)."
+        )
+
+    def _tagged(self, txn: PostgresTransaction, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` plus the staging columns: the token and the row's position in the task."""
+        n = batch.num_rows
+        token = pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(n, dtype=np.int32)), pa.array([txn.gid])
+        )
+        seq = pa.array(np.arange(txn.rows, txn.rows + n, dtype=np.int64))
+        return batch.append_column(TOKEN_COLUMN, token).append_column(SEQ_COLUMN, seq)
 
     def _upsert(self, txn: PostgresTransaction, batch: pa.RecordBatch) -> None:
         assert txn.conn is not None and txn.upsertSql is not None
@@ -137,7 +187,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 cur.execute(txn.upsertSql, parameters)
 
     def preCommit(self, txn: PostgresTransaction) -> Handle:
-        """Executor: end the COPY, ``PREPARE TRANSACTION``, close the session; return the handle.
+        """Executor: end the COPY, then ``PREPARE TRANSACTION`` (prepared) or ``COMMIT`` into
+        the staging table (staged); free the session for the next task; return the handle.
 
         Nothing is visible yet. Calling it again returns the same handle (format in
         ``handles``); a task with no rows returns a handle whose gid is ``None``.
@@ -147,43 +198,74 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         if txn.state != "open":
             raise RuntimeError(f"postgres: preCommit of a {txn.state} transaction {txn.gid}")
         ctx = txn.ctx
-        xid: str | None = None
-        gid: str | None = None
-        if txn.conn is not None:
+        s = self.settings
+        session = txn.session
+        if session is not None and txn.path == "staged":
             with self._taskErrors(txn):
                 txn.stack.close()  # ends the COPY: the server checks the last rows here
                 txn.copy = None
-                xid = currentXid(txn.conn)
-                txn.conn.tpc_prepare()
-                gid = txn.gid
-            txn.conn.close()
-            txn.conn = None
-        handle = preparedHandle(ctx, self.settings, gid, xid, txn.rows)
+                session.conn.execute("COMMIT")
+            names = StagingNames.of(s)
+            handle = stagedHandle(
+                ctx,
+                s,
+                txn.gid,
+                ([names.schema, names.staging], [names.schema, names.markers]),
+                list(txn.schema.names) if txn.schema is not None else [],
+                txn.rows,
+            )
+        else:
+            xid: str | None = None
+            gid: str | None = None
+            if session is not None:
+                with self._taskErrors(txn):
+                    txn.stack.close()  # ends the COPY: the server checks the last rows here
+                    txn.copy = None
+                    xid = currentXid(session.conn)
+                    session.conn.execute(
+                        sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid))
+                    )
+                    gid = txn.gid
+            handle = preparedHandle(ctx, s, gid, xid, txn.rows)
+        if session is not None:
+            txn.session = None
+            TASK_SESSIONS.give(s.target, s.secrets, session)
         txn.state = "prepared"
         txn.handle = handle
-        log.debug("postgres: prepared %s: %d row(s) as %s", ctx.transactionTag, txn.rows, gid)
+        log.debug(
+            "postgres: %s %s: %d row(s) as %s",
+            txn.path or "empty",
+            ctx.transactionTag,
+            txn.rows,
+            txn.gid,
+        )
         return handle
 
     def abortTransaction(self, txn: PostgresTransaction) -> None:
-        """Executor, best effort: close the connection, which rolls an unprepared transaction
-        back. Never raises; what is left is found by ``recoverAndAbort``."""
-        prepared = txn.state == "prepared" and txn.handle is not None and txn.handle.get("gid")
+        """Executor, best effort: close the session, which rolls an unfinished transaction
+        back; undo a prepared or staged one. Never raises; what is left is found by
+        ``recoverAndAbort``."""
+        finished = txn.state == "prepared" and txn.handle is not None
         txn.state = "aborted"
         try:
             txn.stack.close()
         except Exception:  # the COPY failed or the server is gone: closing settles it
             log.debug("postgres: ending the COPY of %s during abort failed", txn.gid)
-        if txn.conn is not None:
+        if txn.session is not None:
             try:
-                txn.conn.close()
+                txn.session.conn.close()
             except Exception:
                 log.debug("postgres: closing %s during abort failed", txn.gid, exc_info=True)
-            txn.conn = None
-        if prepared and txn.handle is not None:
+            txn.session = None
+        if (
+            finished
+            and txn.handle is not None
+            and (txn.handle.get("gid") or txn.handle.get("token"))
+        ):
             try:
                 PostgresCommitter(self.settings).abort(txn.handle)
             except Exception:
-                log.warning("postgres: could not roll back prepared %s; recovery will", txn.gid)
+                log.warning("postgres: could not undo %s; recovery will", txn.gid)
 
     @contextmanager
     def _taskErrors(self, txn: PostgresTransaction) -> Iterator[None]:
@@ -233,6 +315,34 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 "mode repartition the DataFrame by keyColumns), and a task attempt that was "
                 "killed after PREPARE blocks its retry until the query restarts and recovery "
                 "rolls it back."
+            )
+        if exc.sqlstate == "53200" and "prepared transactions" in primary:
+            limit = txn.session.maxPreparedTransactions if txn.session is not None else "?"
+            return PreparedLimitError, (
+                f"{where}: PostgreSQL refused PREPARE TRANSACTION: {primary} "
+                f"(max_prepared_transactions = {limit}, held by this and other sinks and "
+                "clients; see pg_prepared_xacts). Nothing of this task is visible. Lower "
+                "maxPreparedPartitions (commitMode=auto) or set commitMode=staged so fewer "
+                "tasks hold a prepared transaction; or raise max_prepared_transactions and "
+                "restart the server; or finish the prepared transactions left by others."
+            )
+        if isinstance(exc, pgerrors.UndefinedTable) and txn.path == "staged":
+            names = StagingNames.of(s)
+            budget = (
+                s.preparedBudget(txn.session.maxPreparedTransactions)
+                if txn.session is not None
+                else "?"
+            )
+            return PostgresSinkError, (
+                f"{where}: this partition stages its rows (commitMode={s.commitMode}, "
+                f"maxPreparedPartitions = {budget}) and the staging table {names.stagingText} "
+                f"does not exist ({primary}). Nothing was written. The driver creates it "
+                f"before each batch when the sink's user has CREATE on schema "
+                f"{quoteIdent(s.schema)} (see the driver's warning for the statements an "
+                "administrator can run). Fix one of: grant that privilege or create the "
+                "tables; raise maxPreparedPartitions up to the server's "
+                "max_prepared_transactions if batches have no more partitions than that; or "
+                "write fewer partitions (df.coalesce(n) or spark.sql.shuffle.partitions)."
             )
         if isinstance(exc, psycopg.OperationalError) and (txn.conn is None or txn.conn.broken):
             return PostgresUnavailableError, (
