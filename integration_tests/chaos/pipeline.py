@@ -3,7 +3,8 @@
 ``python -m integration_tests.chaos.pipeline <spec.json>`` reads a :class:`PipelineSpec` and runs
 
 - ``files``:    twophase.sequence -> twophase.files (Parquet)
-- ``postgres``: twophase.sequence -> twophase.postgres
+- ``postgres``: twophase.sequence -> twophase.postgres (partition 0 in a prepared transaction,
+  the others staged: both commit paths)
 - ``kafka``:    twophase.sequence -> twophase.kafka (key = id, value = payload)
 - ``kafka-kafka``: twophase.kafka source (read_committed) -> twophase.kafka sink (key, value)
 
@@ -47,6 +48,8 @@ class PipelineSpec:
     inputTopic: str = ""
     outputTopic: str = ""
     sparkConf: dict[str, str] = field(default_factory=dict)
+    sinkOptions: dict[str, str] = field(default_factory=dict)
+    """Extra options of the sink, beside the ones the pipeline sets."""
 
     @property
     def checkpoint(self) -> str:
@@ -106,6 +109,8 @@ def run(spec: PipelineSpec) -> int:
             .option("url", spec.pgUrl)
             .option("table", spec.table)
             .option("createTable", "true")
+            # partition 0 prepares, the others stage: both commit paths in every batch
+            .option("maxPreparedPartitions", "1")
         )
     elif spec.pipeline in ("kafka", "kafka-kafka"):
         if spec.pipeline == "kafka":
@@ -117,7 +122,8 @@ def run(spec: PipelineSpec) -> int:
         )
     else:
         raise SystemExit(f"unknown pipeline {spec.pipeline!r}; one of {', '.join(PIPELINES)}")
-    query = writer.option("checkpointLocation", spec.checkpoint).trigger(availableNow=True).start()
+    writer = writer.options(**spec.sinkOptions).option("checkpointLocation", spec.checkpoint)
+    query = writer.trigger(availableNow=True).start()
     return awaitDrained(spark, query)
 
 
