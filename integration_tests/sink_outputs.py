@@ -11,6 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from twophase.sinks.files import defaultStagingPath
+from twophase.sinks.files.layout import AttemptName, attemptOfStagedFile
+
 FILES_SINK = "twophase.spark.files:FilesSink"
 
 
@@ -34,11 +37,18 @@ class SinkUnderTest:
         return self.id
 
 
-STAGING = ("_twophase", "staging")
+LEGACY_STAGING = ("_twophase", "staging")
+"""Where earlier releases staged, inside the output path."""
+
+
+def filesStaging(output: Path) -> Path:
+    """The files sink's default staging path for ``output``: beside it, outside it."""
+    return Path(defaultStagingPath(str(output)))
 
 
 def readFilesOutput(output: Path) -> pa.Table:
-    """Committed Parquet rows of the files sink; pyarrow skips ``_``- and ``.``-prefixed paths."""
+    """Rows of every Parquet file below the output, hidden directories included (as DuckDB's
+    and polars' ``**/*.parquet`` globs read them): a staged file there would count."""
     files = filesVisible(output)
     if not files:
         return pa.table({"id": pa.array([], pa.int64()), "payload": pa.array([], pa.string())})
@@ -46,20 +56,44 @@ def readFilesOutput(output: Path) -> pa.Table:
 
 
 def filesVisible(output: Path) -> list[Path]:
+    """Every ``*.parquet`` file below the output, ``_``- and ``.``-prefixed directories too."""
     if not output.exists():
         return []
-    return sorted(Path(f) for f in ds.dataset(str(output), format="parquet").files)
+    return sorted(output.rglob("*.parquet"))
 
 
 def filesPrepared(output: Path, batch: int | None = None) -> list[Path]:
-    """Attempt directories under ``_twophase/staging/<sink>/<batch>/``; for ``batch=None``
-    everything below the per-sink directories (batch directories and stray files too)."""
-    staging = output.joinpath(*STAGING)
-    if not staging.exists():
-        return []
-    if batch is not None:
-        return sorted(staging.glob(f"*/{batch}/*"))
-    return sorted(staging.glob("*/*")) + sorted(p for p in staging.glob("*") if p.is_file())
+    """One entry per staged attempt of ``batch`` (``None``: any batch, and stray files too):
+    ``<staging path>/<sink>/<attempt name>`` (the prefix of its staged files), and the
+    earlier layout's ``<output>/_twophase/staging/<sink>/<batch>/<attempt dir>``."""
+    found: set[Path] = set()
+    staging = filesStaging(output)
+    if staging.exists():
+        for file in staging.glob("*/*"):
+            attempt = attemptOfStagedFile(file.name)
+            parsed = AttemptName.parse(attempt) if attempt else None
+            if parsed is None:
+                if batch is None:
+                    found.add(file)
+            elif batch is None or parsed.batchId == batch:
+                found.add(file.parent / str(attempt))
+    legacy = output.joinpath(*LEGACY_STAGING)
+    if legacy.exists():
+        if batch is not None:
+            found.update(legacy.glob(f"*/{batch}/*"))
+        else:
+            found.update(legacy.glob("*/*"))
+            found.update(p for p in legacy.glob("*") if p.is_file())
+    return sorted(found)
+
+
+def filesStagedOf(output: Path, staging: str) -> list[Path]:
+    """The files still staged for one attempt: ``staging`` is its handle's (or open
+    transaction's) ``staging`` value, relative to the default staging path of ``output``."""
+    base = filesStaging(output)
+    if (base / staging).is_dir():  # the earlier layout: a directory per attempt
+        return sorted(p for p in (base / staging).rglob("*") if p.is_file())
+    return sorted(base.glob(f"{staging}-f*.staged"))
 
 
 FILES = SinkUnderTest("files", FILES_SINK, readFilesOutput, filesVisible, filesPrepared)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from integration_tests.sink_outputs import FILES
+from integration_tests.sink_outputs import FILES, filesStagedOf
 from integration_tests.spark_cluster import StandaloneCluster
 from integration_tests.spark_harness import FOREACH_BATCH, Harness, assertExactlyOnce
 from twophase.protocol import TransactionContext
@@ -153,7 +153,7 @@ def spec(cls: type) -> str:
 
 
 def stagingExists(query: Harness, staging: str) -> bool:
-    return (query.output / staging).exists()
+    return bool(filesStagedOf(query.output, staging))
 
 
 # -- (a) a failed task attempt ----------------------------------------------------------------

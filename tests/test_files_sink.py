@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.json as pajson
+import pyarrow.parquet as pq
 import pytest
 
 from twophase.protocol import (
@@ -40,12 +41,11 @@ from twophase.protocol import (
 )
 from twophase.redaction import publicOptions
 from twophase.sinks.files import (
-    STAGING_ROOT,
+    LEGACY_STAGING_ROOT,
     FilesCommitter,
     FilesSettings,
     FilesWriter,
     finalFileName,
-    stagingBatchDir,
 )
 from twophase.sinks.files.partitioning import escapePathName, partitionValueText
 from twophase.sinks.files.storage import Storage
@@ -60,23 +60,34 @@ _POOLS: list[pa.MemoryPool] = []
 
 @dataclass
 class Target:
-    """An output directory on one filesystem: the URL given to the sink and a reader's view."""
+    """An output directory on one filesystem: the URL given to the sink and a reader's view.
+
+    ``stagingRoot`` is the default staging path beside it, where handles' staging paths point.
+    """
 
     url: str
     fs: fsspec.AbstractFileSystem
     root: str
 
-    def files(self) -> list[str]:
-        """Every file below the root, relative, staging included."""
-        if not self.fs.exists(self.root):
+    @property
+    def stagingRoot(self) -> str:
+        parent, name = self.root.rstrip("/").rsplit("/", 1)
+        return f"{parent}/_twophase-staging/{name}"
+
+    def files(self, root: str | None = None) -> list[str]:
+        """Every file below the output root (or ``root``), relative; hidden ones included."""
+        root = root or self.root
+        if not self.fs.exists(root):
             return []
-        return sorted(p[len(self.root) + 1 :] for p in self.fs.find(self.root))
+        return sorted(p[len(root) + 1 :] for p in self.fs.find(root))
 
     def visibleFiles(self) -> list[str]:
-        return [f for f in self.files() if not f.startswith("_")]
+        """Every file below the output path: a DuckDB or polars ``**`` glob reads them all."""
+        return self.files()
 
     def stagingFiles(self) -> list[str]:
-        return [f for f in self.files() if f.startswith(STAGING_ROOT + "/")]
+        """Every file below the staging path, relative to it (as handles name them)."""
+        return self.files(self.stagingRoot)
 
     def dataset(self, format: str = "parquet") -> ds.Dataset:
         return ds.dataset(self.root, filesystem=self.fs, format=format, partitioning="hive")
@@ -91,8 +102,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
         name = f"twophase-test-{uuid.uuid4().hex[:8]}"
         fs = fsspec.filesystem("memory")
         yield Target(url=f"memory://{name}", fs=fs, root=f"/{name}")
-        if fs.exists(f"/{name}"):
-            fs.rm(f"/{name}", recursive=True)
+        for leftover in (f"/{name}", f"/_twophase-staging/{name}"):
+            if fs.exists(leftover):
+                fs.rm(leftover, recursive=True)
 
 
 @pytest.fixture
@@ -113,7 +125,9 @@ def sinkOf(target: Target, **options: Any) -> Sink:
     settings = FilesSettings.fromOptions(
         {"path": target.url, **{k: str(v) for k, v in options.items()}}
     )
-    return Sink(FilesWriter(settings), FilesCommitter(settings))
+    sink = Sink(FilesWriter(settings), FilesCommitter(settings))
+    sink.committer.checkStagingArea()  # as the driver's first recoverAndAbort does at start
+    return sink
 
 
 def context(
@@ -195,7 +209,17 @@ def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
     handle = prepare(sink.writer, [rows(0, 10)], context(batchId=12, partitionId=3, attempt=1))
 
     assert loadsHandle(dumpsHandle(handle)) == handle
-    assert set(handle) == {"kind", "path", "batchId", "partitionId", "attempt", "staging", "files"}
+    assert set(handle) == {
+        "kind",
+        "path",
+        "stagingPath",
+        "batchId",
+        "partitionId",
+        "attempt",
+        "staging",
+        "files",
+    }
+    assert handle["stagingPath"] == local.stagingRoot
     assert handle["kind"] == "files"
     assert (handle["path"], handle["batchId"], handle["partitionId"], handle["attempt"]) == (
         local.root,
@@ -203,10 +227,10 @@ def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
         3,
         1,
     )
-    assert handle["staging"].startswith(stagingBatchDir(SINK, 12) + "/run1-p00003-a1-")
+    assert handle["staging"].startswith(f"{SINK}/12-run1-p00003-a1-")
     assert handle["files"] == [
         {
-            "staging": f"{handle['staging']}/part-00000012-00003-0000-{SINK}.snappy.parquet",
+            "staging": f"{handle['staging']}-f0000.staged",
             "final": f"part-00000012-00003-0000-{SINK}.snappy.parquet",
             "rows": 10,
         }
@@ -242,7 +266,7 @@ def test_crash_midway_through_commit_then_commit_again_completes(target: Target)
     assert len(handle["files"]) == 5
     # The first commit renamed two files before the driver died.
     for entry in handle["files"][:2]:
-        target.fs.mv(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
+        target.fs.mv(f"{target.stagingRoot}/{entry['staging']}", f"{target.root}/{entry['final']}")
     assert target.dataset().count_rows() == 20
 
     sink.committer.commit(handle)
@@ -258,7 +282,7 @@ def test_crash_after_copy_before_delete_on_object_store_drops_the_staged_copy(
     handle = prepare(sink.writer, [rows(0, 30)])
     entry = handle["files"][0]
     # Object-store rename is copy + delete: the copy landed, the delete did not.
-    target.fs.copy(f"{target.root}/{entry['staging']}", f"{target.root}/{entry['final']}")
+    target.fs.copy(f"{target.stagingRoot}/{entry['staging']}", f"{target.root}/{entry['final']}")
 
     sink.committer.commit(handle)
 
@@ -269,7 +293,8 @@ def test_crash_after_copy_before_delete_on_object_store_drops_the_staged_copy(
 def test_commit_of_a_handle_whose_files_vanished_fails_loudly(target: Target) -> None:
     sink = sinkOf(target)
     handle = prepare(sink.writer, [rows(0, 5)])
-    target.fs.rm(f"{target.root}/{handle['staging']}", recursive=True)
+    for entry in handle["files"]:
+        target.fs.rm(f"{target.stagingRoot}/{entry['staging']}")
 
     with pytest.raises(TransactionLostError, match="batch 0 partition 0"):
         sink.committer.commit(handle)
@@ -282,7 +307,7 @@ def test_transient_filesystem_errors_become_TransientCommitError(
     handle = prepare(sink.writer, [rows(0, 5)])
     realMove = Storage.move
 
-    def flakyMove(self: Any, src: str, dst: str) -> None:
+    def flakyMove(self: Any, src: str, dst: str, into: Any = None) -> None:
         raise ConnectionResetError("connection reset by peer")
 
     monkeypatch.setattr(Storage, "move", flakyMove)
@@ -300,7 +325,7 @@ def test_permanent_errors_propagate_unchanged(
     sink = sinkOf(local)
     handle = prepare(sink.writer, [rows(0, 5)])
 
-    def deniedMove(self: Any, src: str, dst: str) -> None:
+    def deniedMove(self: Any, src: str, dst: str, into: Any = None) -> None:
         raise PermissionError("read-only filesystem")
 
     monkeypatch.setattr(Storage, "move", deniedMove)
@@ -316,6 +341,138 @@ def test_empty_task_prepares_and_commits_nothing(target: Target) -> None:
 
     assert handle["files"] == []
     assert target.visibleFiles() == []
+    assert target.stagingFiles() == []
+
+
+# -- durability: every fsync the protocol needs -------------------------------------------
+
+
+@dataclass
+class Syncs:
+    """The paths this process fsynced (files through ``fdatasync``/``fsync``, directories)."""
+
+    paths: list[str]
+
+    def since(self, mark: int) -> list[str]:
+        return self.paths[mark:]
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> Syncs:
+    import os
+
+    seen = Syncs([])
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def recording(fd: int, real: Any = real) -> None:
+            seen.paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+
+        monkeypatch.setattr(os, name, recording)
+    return seen
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name descriptors")
+def test_preCommit_syncs_each_staged_file_and_its_directory_and_what_is_above_once(
+    local: Target, syncs: Syncs
+) -> None:
+    """Once preCommit returned, a machine crash cannot lose a staged file or its entry."""
+    sink = sinkOf(local, partitionBy="bucket")
+    first = prepare(sink.writer, [rows(0, 30)], context(partitionId=0))
+    sinkDir = f"{local.stagingRoot}/{SINK}"
+    stagedPaths = {f"{local.stagingRoot}/{f['staging']}" for f in first["files"]}
+    above = [str(p) for p in Path(sinkDir).parents]
+
+    assert stagedPaths <= set(syncs.paths)
+    assert syncs.paths.index(sinkDir) > max(syncs.paths.index(p) for p in stagedPaths)
+    assert set(above) <= set(syncs.paths), "the sink's staging directory's entry is not durable"
+
+    mark = len(syncs.paths)
+    second = prepare(sink.writer, [rows(30, 3)], context(partitionId=1))
+    assert sorted(syncs.since(mark)) == sorted(
+        [f"{local.stagingRoot}/{f['staging']}" for f in second["files"]] + [sinkDir]
+    ), "a later task syncs its files and the sink's directory, nothing above it again"
+
+    mark = len(syncs.paths)
+    prepare(sink.writer, [rows(0, 0)], context(partitionId=2))
+    assert syncs.since(mark) == [], "a task without rows synced something"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name descriptors")
+def test_commit_syncs_every_final_directory_before_it_returns(local: Target, syncs: Syncs) -> None:
+    sink = sinkOf(local, partitionBy="bucket")
+    handle = prepare(sink.writer, [rows(0, 30)])
+    mark = len(syncs.paths)
+
+    sink.committer.commit(handle)
+
+    synced = syncs.since(mark)
+    finals = {str(Path(local.root, f["final"]).parent) for f in handle["files"]}
+    assert len(finals) == 3
+    assert finals | {local.root} <= set(synced)
+    assert max(synced.index(d) for d in finals) < synced.index(local.root), (
+        "a new partition directory's entry must be synced after its contents"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name descriptors")
+def test_a_resumed_commit_syncs_what_the_interrupted_one_renamed(
+    local: Target, syncs: Syncs
+) -> None:
+    sink = sinkOf(local, partitionBy="bucket")
+    handle = prepare(sink.writer, [rows(0, 30)])
+    first = handle["files"][0]
+    # The driver died after this rename, before it synced the directory.
+    Path(local.root, first["final"]).parent.mkdir(parents=True)
+    Path(local.stagingRoot, first["staging"]).rename(Path(local.root, first["final"]))
+    mark = len(syncs.paths)
+
+    sink.committer.commit(handle)
+
+    assert str(Path(local.root, first["final"]).parent) in syncs.since(mark)
+    assert idsOf(local.dataset().to_table()) == list(range(30))
+
+
+def test_threads_syncing_one_directory_share_fsyncs_that_began_after_their_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    from twophase.sinks.files import durability
+
+    runs: list[tuple[float, float]] = []
+
+    def slowFsync(path: str) -> None:
+        start = time.monotonic()
+        time.sleep(0.01)
+        runs.append((start, time.monotonic()))
+
+    monkeypatch.setattr(durability, "fsyncDirectory", slowFsync)
+    syncer = durability.DirectorySyncer()
+    calls: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    def caller() -> None:
+        for _ in range(5):
+            entered = time.monotonic()
+            syncer.sync(str(tmp_path))
+            with lock:
+                calls.append((entered, time.monotonic()))
+
+    threads = [threading.Thread(target=caller) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert len(calls) == 80
+    assert len(runs) < len(calls) / 2, "concurrent callers did not share fsyncs"
+    for entered, returned in calls:
+        assert any(entered <= start and end <= returned for start, end in runs), (
+            "a caller returned without an fsync that began after its change"
+        )
 
 
 # -- attempts, abort and recovery -----------------------------------------------------------
@@ -383,7 +540,7 @@ def test_recoverAndAbort_removes_an_attempt_that_never_prepared(target: Target) 
     }
     assert all(h["kind"] == "files" for h in aborted)
     assert sorted(target.stagingFiles()) == sorted(f["staging"] for f in kept["files"])
-    assert target.fs.exists(f"{target.root}/{stagingBatchDir(SINK, 3)}") is False
+    assert not [f for f in target.stagingFiles() if f.startswith(f"{SINK}/3-")]
     assert target.visibleFiles() == []
 
     sink.committer.commit(kept)  # the kept handle still commits
@@ -431,6 +588,151 @@ def test_commit_refuses_handles_that_point_outside_staging(local: Target) -> Non
         sink.committer.abort({**handle, "staging": "../elsewhere"})
     with pytest.raises(ValueError, match="not a files handle"):
         sink.committer.commit({**handle, "kind": "postgres"})
+
+
+# -- the staging path: outside the output, seen by no reader ------------------------------
+
+
+def readersSee(root: str) -> dict[str, list[int]]:
+    """The ids each reader of an output directory sees, the way users point them at it."""
+    import duckdb
+    import polars as pl
+
+    def duck(source: str) -> list[int]:
+        with duckdb.connect() as con:
+            return [
+                r[0] for r in con.execute(f"select id from read_parquet('{source}')").fetchall()
+            ]
+
+    def polars(source: str) -> list[int]:
+        return list(pl.scan_parquet(source).select("id").collect()["id"].to_list())
+
+    seen = {
+        "pyarrow": ds.dataset(root, format="parquet").to_table(columns=["id"])["id"].to_pylist(),
+        "duckdb glob": duck(f"{root}/**/*.parquet"),
+        "duckdb dir": duck(root),
+        "polars glob": polars(f"{root}/**/*.parquet"),
+        "polars dir": polars(root),
+    }
+    return {reader: sorted(ids) for reader, ids in seen.items()}
+
+
+def test_prepared_and_crashed_attempts_are_invisible_to_duckdb_and_polars(local: Target) -> None:
+    """Prepared-but-undecided and killed attempts stay outside the path every reader globs."""
+    sink = sinkOf(local, maxRecordsPerFile=7)
+    sink.committer.commit(prepare(sink.writer, [rows(0, 30)], context(batchId=0)))
+    prepare(sink.writer, [rows(100, 20)], context(batchId=1))  # preCommit, then the query died
+    crashed = sink.writer.beginTransaction(context(batchId=1, partitionId=1))
+    sink.writer.write(crashed, rows(200, 20))  # killed mid-task: files open, never prepared
+    assert len(local.stagingFiles()) == 6
+    assert not local.stagingRoot.startswith(local.root + "/")
+
+    assert readersSee(local.root) == dict.fromkeys(readersSee(local.root), list(range(30)))
+
+    aborted = sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK))
+
+    assert len(aborted) == 2
+    assert local.stagingFiles() == []
+    assert readersSee(local.root) == dict.fromkeys(readersSee(local.root), list(range(30)))
+
+
+def legacyLeftover(local: Target, batchId: int, ids: pa.RecordBatch) -> Handle:
+    """What an earlier release left: a prepared attempt under ``<path>/_twophase/staging``."""
+    final = finalFileName(SINK, batchId, 0, 0, ".snappy.parquet")
+    staging = f"{LEGACY_STAGING_ROOT}/{SINK}/{batchId}/run0-p00000-a0-0123456789ab"
+    Path(local.root, staging).mkdir(parents=True)
+    pq.write_table(pa.Table.from_batches([ids]), Path(local.root, staging, final))
+    return {
+        "kind": "files",
+        "path": local.root,
+        "batchId": batchId,
+        "partitionId": 0,
+        "attempt": 0,
+        "staging": staging,
+        "files": [{"staging": f"{staging}/{final}", "final": final, "rows": ids.num_rows}],
+    }
+
+
+def test_recovery_sweeps_what_the_earlier_layout_left_inside_the_output(local: Target) -> None:
+    sink = sinkOf(local)
+    sink.committer.commit(prepare(sink.writer, [rows(0, 10)], context(batchId=0)))
+    leftover = legacyLeftover(local, 1, rows(50, 5))
+    assert readersSee(local.root)["duckdb glob"] == [*range(10), *range(50, 55)]  # the defect
+
+    aborted = sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK))
+
+    assert [h["staging"] for h in aborted] == [leftover["staging"]]
+    assert "stagingPath" not in aborted[0]
+    assert not Path(local.root, "_twophase").exists()
+    assert readersSee(local.root) == dict.fromkeys(readersSee(local.root), list(range(10)))
+
+
+def test_a_handle_of_the_earlier_layout_decided_before_an_upgrade_still_commits(
+    local: Target,
+) -> None:
+    sink = sinkOf(local)
+    decided = legacyLeftover(local, 2, rows(0, 5))
+    stray = legacyLeftover(local, 3, rows(5, 5))
+
+    aborted = sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK, keep=(decided,)))
+    sink.committer.recoverAndCommit(decided)
+    sink.committer.commit(decided)  # idempotent
+
+    assert [h["staging"] for h in aborted] == [stray["staging"]]
+    assert readersSee(local.root) == dict.fromkeys(readersSee(local.root), list(range(5)))
+    assert sink.committer.recoverAndAbort(RecoveryScope(sinkId=SINK)) == []
+    assert not Path(local.root, "_twophase").exists()
+
+
+def test_a_staging_path_option_beside_the_output_is_used(tmp_path: Path) -> None:
+    local = Target(
+        url=str(tmp_path / "out"), fs=fsspec.filesystem("file"), root=str(tmp_path / "out")
+    )
+    elsewhere = tmp_path / "scratch" / "stage"
+    sink = sinkOf(local, stagingPath=str(elsewhere))
+    handle = prepare(sink.writer, [rows(0, 5)])
+
+    assert handle["stagingPath"] == str(elsewhere)
+    assert list(elsewhere.rglob("*.staged"))
+    sink.committer.commit(handle)
+    assert idsOf(local.dataset().to_table()) == list(range(5))
+    assert not list(elsewhere.rglob("*.staged"))
+
+
+@pytest.mark.parametrize(
+    ("path", "stagingPath", "message"),
+    [
+        ("/data/out", "/data/out/_stage", "overlap"),
+        ("/data/out", "/data", "overlap"),
+        ("memory://bucket/out", "/tmp/stage", "another filesystem"),
+        ("/", "", "root of its filesystem"),
+    ],
+)
+def test_a_staging_path_the_commit_cannot_use_is_refused(
+    path: str, stagingPath: str, message: str
+) -> None:
+    options = {"path": path, **({"stagingPath": stagingPath} if stagingPath else {})}
+    with pytest.raises(ValueError, match=message) as error:
+        FilesSettings.fromOptions(options)
+    assert "stagingPath" in str(error.value)
+
+
+@pytest.mark.skipif(
+    not Path("/dev/shm").is_dir() or Path("/dev/shm").stat().st_dev == Path("/tmp").stat().st_dev,
+    reason="needs /dev/shm on another filesystem than /tmp",
+)
+def test_a_staging_path_on_another_device_is_refused_before_any_data_is_written(
+    tmp_path: Path,
+) -> None:
+    stage = Path("/dev/shm") / f"twophase-test-{uuid.uuid4().hex[:8]}"
+    settings = FilesSettings.fromOptions({"path": str(tmp_path / "out"), "stagingPath": str(stage)})
+    try:
+        with pytest.raises(ValueError, match="another filesystem or mount.*stagingPath"):
+            FilesCommitter(settings).recoverAndAbort(RecoveryScope(sinkId=SINK))
+    finally:
+        if stage.exists():
+            stage.rmdir()
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 # -- layout: rolling, partitioning, open writers --------------------------------------------
@@ -637,8 +939,6 @@ def test_csv_round_trip(target: Target, compression: str) -> None:
 
 
 def test_parquet_compression_codecs(local: Target) -> None:
-    import pyarrow.parquet as pq
-
     for codec, extension, expected in [
         ("zstd", ".zstd.parquet", "ZSTD"),
         ("none", ".parquet", "UNCOMPRESSED"),

@@ -19,7 +19,7 @@ import pytest
 
 from twophase import cli
 from twophase.protocol import TransactionContext
-from twophase.sinks.files import FilesCommitter, FilesSettings, FilesWriter
+from twophase.sinks.files import FilesCommitter, FilesSettings, FilesWriter, defaultStagingPath
 from twophase.sources.sequence import SequenceSettings
 from twophase.spark.sequence import SequenceRange, SequenceReader
 from twophase.verify import (
@@ -234,7 +234,7 @@ def test_committed_files_are_verified_and_staged_files_ignored(
     writeBatch(sink, 0, [table.slice(0, 700), table.slice(700, 500)])
     writeBatch(sink, 1, [table.slice(1200, 800)])
     writeBatch(sink, 2, [table.slice(0, 900)], commit=False)  # prepared, never decided
-    assert any((out / "_twophase" / "staging").rglob("*.*"))
+    assert any(Path(defaultStagingPath(str(out))).rglob("*.staged"))
     sinkOptions = {"path": str(out), **options}
     names = ["f0", "f1"] if options.get("header") == "false" else None
     report = verify("sequence", {"end": "2000"}, "files", sinkOptions, sinkColumns=names)

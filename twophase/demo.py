@@ -27,6 +27,8 @@ import pyarrow.dataset as ds
 
 from twophase import faults
 from twophase.coordinator import DecisionLog
+from twophase.sinks.files import defaultStagingPath
+from twophase.sinks.files.layout import attemptOfStagedFile
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +127,15 @@ def _committedBatches(plan: DemoPlan) -> int:
 
 
 def _stagingAttempts(plan: DemoPlan) -> set[str]:
-    """Staged attempt directories on disk, relative to the output (``_twophase/staging/...``)."""
-    staging = plan.output / "_twophase" / "staging"
+    """Attempts with staged files on disk, as handles name them (``<sink tag>/<attempt>``)."""
+    staging = Path(defaultStagingPath(str(plan.output)))
     if not staging.exists():
         return set()
     return {
-        str(attempt.relative_to(plan.output))
+        f"{sink.name}/{attempt}"
         for sink in staging.iterdir()
-        for batch in sink.iterdir()
-        for attempt in batch.iterdir()
+        for staged in sink.iterdir()
+        if (attempt := attemptOfStagedFile(staged.name)) is not None
     }
 
 

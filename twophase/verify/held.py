@@ -1,7 +1,7 @@
 """What a sink holds: the committed rows of a files directory, a PostgreSQL table, Kafka topics.
 
 Readers see committed data only: pyarrow datasets skip ``_``/``.``-prefixed paths (the files
-sink's ``_twophase/staging``), a SQL session sees committed rows, and Kafka is read
+sink's staging path beside the output), a SQL session sees committed rows, and Kafka is read
 ``read_committed``. Reading is Arrow (datasets, pyarrow's CSV reader for PostgreSQL's
 ``COPY``), except where a client hands over one record per call: psycopg's ``COPY`` stream and
 base64 binary columns of JSON files.
@@ -45,9 +45,10 @@ def actualFromFiles(
 ) -> pa.Table:
     """The committed rows of a ``twophase.files`` output directory (any fsspec URL).
 
-    Staging files (``_twophase/``) and other ``_``/``.``-prefixed paths are skipped, as every
-    reader of the sink's output skips them. ``options`` are the sink's own (``partitionBy``,
-    ``header``, ``fs.*``...): Hive ``col=value`` directories come back as columns.
+    ``_``/``.``-prefixed paths are skipped, as Spark and pyarrow skip them (the sink stages its
+    files outside the output path, so no reader meets them there). ``options`` are the sink's
+    own (``partitionBy``, ``header``, ``fs.*``...): Hive ``col=value`` directories come back as
+    columns.
     ``columns`` limits what is read; ``schema`` gives the types to read JSON and CSV columns
     with (so ``"007"`` stays a string), e.g. the source's types of the identity columns.
     """

@@ -1,35 +1,44 @@
 """The files sink: Parquet, JSON lines or CSV files made visible by temp-file-rename.
 
-Each task attempt streams its rows into part files under a hidden staging directory of the
-output path (:class:`FilesWriter`); the driver renames them to their final names once the
-batch is decided (:class:`FilesCommitter`). Plain Python: no Spark here; ``twophase.spark.files``
-binds both as the data source ``twophase.files``.
+Each task attempt streams its rows into part files under a staging path outside the output
+path, beside it by default (:class:`FilesWriter`); the driver renames them to their final
+names once the batch is decided (:class:`FilesCommitter`), so no reader of the output path
+(DuckDB and polars ``**`` globs included) sees a staged row. Plain Python: no Spark here;
+``twophase.spark.files`` binds both as the data source ``twophase.files``.
 
 Modules by role: ``settings`` (options), ``formats`` (encoders), ``layout`` (staging and final
 names), ``partitioning`` (Hive directories), ``jsonlines`` (JSON encoding), ``storage`` (the
-filesystem), ``handles`` (what the decision log holds), ``writer`` and ``committer``.
+filesystem), ``durability`` (the fsyncs), ``handles`` (what the decision log holds),
+``writer`` and ``committer``.
 """
 
 from twophase.sinks.files.committer import FilesCommitter
 from twophase.sinks.files.formats import FORMATS
 from twophase.sinks.files.handles import KIND, StagedFile, stagedFiles
-from twophase.sinks.files.layout import STAGING_ROOT, finalFileName, sinkTag, stagingBatchDir
+from twophase.sinks.files.layout import (
+    LEGACY_STAGING_ROOT,
+    STAGING_DIR_NAME,
+    defaultStagingPath,
+    finalFileName,
+    sinkTag,
+)
 from twophase.sinks.files.settings import SAFE_OPTIONS, FilesSettings
 from twophase.sinks.files.writer import FilesTransaction, FilesWriter, checkWritable
 
 __all__ = [
     "FORMATS",
     "KIND",
+    "LEGACY_STAGING_ROOT",
     "SAFE_OPTIONS",
-    "STAGING_ROOT",
+    "STAGING_DIR_NAME",
     "FilesCommitter",
     "FilesSettings",
     "FilesTransaction",
     "FilesWriter",
     "StagedFile",
     "checkWritable",
+    "defaultStagingPath",
     "finalFileName",
     "sinkTag",
     "stagedFiles",
-    "stagingBatchDir",
 ]

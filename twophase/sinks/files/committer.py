@@ -1,24 +1,40 @@
 """The files sink's driver half: make staged files visible by rename, or delete them.
 
-``commit`` renames each staged file to a final name that is a pure function of (sink, batch,
-partition, part number, partition directory). Readers that skip ``_``-prefixed paths (Spark,
-pyarrow datasets, pandas, DuckDB) see nothing until the rename, and a second ``commit`` finds
-the final file without its staging file and does nothing.
+``commit`` renames each staged file from the staging path (outside the output path, see
+:mod:`twophase.sinks.files.layout`) to a final name that is a pure function of (sink, batch,
+partition, part number, partition directory). No reader of the output path (Spark, pyarrow,
+pandas, DuckDB and polars globs included) sees a row before the rename, and a second
+``commit`` finds the final file without its staging file and does nothing.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 
 from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
 from twophase.redaction import getLogger
-from twophase.sinks.files.handles import KIND, abortedHandle, checkHandle, describeHandle
-from twophase.sinks.files.layout import sinkStagingDir
+from twophase.sinks.files.handles import (
+    KIND,
+    abortedHandle,
+    checkHandle,
+    describeHandle,
+    stagingBase,
+)
+from twophase.sinks.files.layout import (
+    LEGACY_ROOT,
+    LEGACY_STAGING_ROOT,
+    AttemptName,
+    attemptOfStagedFile,
+    legacySinkStagingDir,
+    sinkStagingDir,
+)
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import (
     Storage,
     Storages,
     ancestorsOf,
+    checkStagingArea,
     parentOf,
     transientErrors,
 )
@@ -32,8 +48,9 @@ class FilesCommitter(Committer):
     - ``commit`` is idempotent and resumable: after a crash midway, calling it again renames
       what is left; a file found at its final name is done. A handle whose staged file and
       final file are both gone raises ``TransactionLostError``.
-    - ``abort`` and ``recoverAndAbort`` only ever delete below
-      ``<path>/_twophase/staging/<sinkTag>/``, never a committed file.
+    - ``abort`` and ``recoverAndAbort`` only ever delete below ``<stagingPath>/<sinkTag>/``
+      (and ``<path>/_twophase/staging/<sinkTag>/`` of the earlier layout), never a committed
+      file.
     - On the local filesystem the final directories are fsynced after the renames; on object
       stores a rename is copy + delete, so a final object still appears whole.
 
@@ -43,6 +60,7 @@ class FilesCommitter(Committer):
 
     def __init__(self, settings: FilesSettings) -> None:
         self.settings = settings
+        self._stagingPath = settings.staging
         self._storages = Storages(settings.storageOptions)
 
     @classmethod
@@ -58,84 +76,109 @@ class FilesCommitter(Committer):
         """The output directory's filesystem, opened lazily once per process."""
         return self._storages.get(self.settings.path)
 
+    @property
+    def stagingStorage(self) -> Storage:
+        """The staging path's filesystem, opened lazily once per process."""
+        return self._storages.get(self._stagingPath)
+
+    def checkStagingArea(self) -> None:
+        """Driver, before tasks write: ``ValueError`` if the commit cannot rename staged files.
+
+        Once per process (see :func:`twophase.sinks.files.storage.checkStagingArea`).
+        """
+        checkStagingArea(self.storage, self.stagingStorage)
+
     def commit(self, handle: Handle) -> None:
         """Idempotent and resumable: rename every staged file to its final name.
 
         Per file: staged and not final -> rename (parents created); final and not staged ->
         already done; both (a copy-then-delete rename interrupted on an object store) ->
         delete the staged copy after checking sizes match; neither -> ``TransactionLostError``.
-        Then the staging directory is removed. Transient filesystem errors raise
-        ``TransientCommitError``; a retry continues where this call stopped.
+        The final directories (of files renamed by an earlier call too) are synced before it
+        returns. (A handle of the earlier layout then has its staging directory removed.)
+        Transient filesystem errors raise ``TransientCommitError``; a retry continues where
+        this call stopped.
         """
         h = checkHandle(handle)
         storage = self._storages.get(h["path"])
+        stagingStore = self._storages.get(stagingBase(h))
+        legacy = "stagingPath" not in h
         what = f"commit of {self.describe(h)}"
         with transientErrors(what):
+            stagingStore.invalidateCache()
             storage.invalidateCache()
-            staged = storage.listFiles(h["staging"])
+            staged = stagingStore.listFiles(h["staging"]) if legacy else None
             touched: set[str] = set()
             madeDirs: set[str] = set()
             for entry in h["files"]:
                 source, target = entry["staging"], entry["final"]
-                if source in staged:
+                if source in staged if staged is not None else stagingStore.exists(source):
                     if storage.exists(target):
-                        _dropCopiedStagingFile(storage, source, target, what)
+                        _dropCopiedStagingFile(stagingStore, storage, source, target, what)
                     else:
                         parent = parentOf(target)
-                        if parent and parent not in madeDirs:
+                        if parent not in madeDirs:
                             storage.makedirs(parent)
                             madeDirs.add(parent)
-                        storage.move(source, target)
+                        _rename(stagingStore, source, storage, target, what)
                     touched.update(ancestorsOf(target))
-                elif not storage.exists(target):
+                elif storage.exists(target):
+                    # Renamed by an earlier call that may have stopped before syncing.
+                    touched.update(ancestorsOf(target))
+                else:
                     raise TransactionLostError(
                         f"files: {what}: neither the staged file {source!r} nor the final file "
                         f"{target!r} exists under {h['path']!r}; the batch's output for this "
                         "task is lost (was the staging area deleted by hand?)"
                     )
             storage.syncDirs(touched)
-            storage.removeTree(h["staging"])
-            storage.removeEmptyDir(parentOf(h["staging"]))
+            if touched:
+                storage.syncAncestorsOnce()
+            if legacy:  # the earlier layout: a directory per attempt, one per batch
+                stagingStore.removeTree(h["staging"])
+                stagingStore.removeEmptyDir(parentOf(h["staging"]))
         log.debug("files: committed %s", self.describe(h))
 
     def abort(self, handle: Handle) -> None:
-        """Idempotent: delete the handle's staging directory; never a final file."""
+        """Idempotent: delete the handle's staged files; never a final file."""
         h = checkHandle(handle)
-        storage = self._storages.get(h["path"])
+        stagingStore = self._storages.get(stagingBase(h))
         with transientErrors(f"abort of {self.describe(h)}"):
-            storage.invalidateCache()
-            removed = storage.removeTree(h["staging"])
-            storage.removeEmptyDir(parentOf(h["staging"]))
+            stagingStore.invalidateCache()
+            if "stagingPath" in h:
+                removed = sum(stagingStore.removeFile(f["staging"]) for f in h["files"]) > 0
+            else:  # the earlier layout: a directory per attempt, one per batch
+                removed = stagingStore.removeTree(h["staging"])
+                stagingStore.removeEmptyDir(parentOf(h["staging"]))
         log.debug("files: aborted %s (%s)", self.describe(h), "deleted" if removed else "gone")
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
         """Idempotent: delete this sink's staging attempts that no kept handle names.
 
-        Looks under ``<path>/_twophase/staging/<sinkTag>/`` (only ``<batchId>/`` when
-        ``scope.batchId`` is set): one listing of the batches plus one per batch found, so it
-        is cheap when there is nothing to do. Kept handles are matched by their ``staging``
-        key. Empty batch directories are removed. Returns one brief handle per deleted attempt
-        (same shape as a prepared handle, with ``files`` empty).
+        Lists ``<stagingPath>/<sinkTag>/`` once (attempts of batch ``scope.batchId`` only, when
+        set), so it is cheap when there is nothing to do. A full sweep (``batchId`` unset)
+        also sweeps the earlier layout's ``<path>/_twophase/staging/<sinkTag>/`` and removes
+        ``<path>/_twophase`` once empty, so nothing an earlier release staged stays visible,
+        and first checks that the staging path can be used (``ValueError`` otherwise). Kept
+        handles are matched by their ``staging`` key. Returns one brief handle per deleted
+        attempt (same shape as a prepared handle, with ``files`` empty).
         """
-        storage = self.storage
-        root = sinkStagingDir(scope.sinkId)
         keep = {h.get("staging") for h in scope.keep if h.get("kind") == KIND}
         aborted: list[Handle] = []
+        storage, stagingStore = self.storage, self.stagingStorage
         with transientErrors(f"recoverAndAbort of files sink {scope.sinkId} at {storage.url()}"):
-            storage.invalidateCache()
-            if scope.batchId is not None:
-                batches = [str(scope.batchId)]
-            else:
-                batches = [n for n in storage.listDirNames(root) if n.isdigit()]
-            for batch in batches:
-                batchDir = f"{root}/{batch}"
-                for name in storage.listDirNames(batchDir):
-                    staging = f"{batchDir}/{name}"
-                    if staging in keep:
-                        continue
-                    storage.removeTree(staging)
-                    aborted.append(abortedHandle(storage.url(), int(batch), staging, name))
-                storage.removeEmptyDir(batchDir)
+            if scope.batchId is None:
+                self.checkStagingArea()
+            stagingStore.invalidateCache()
+            aborted += _sweep(
+                stagingStore, sinkStagingDir(scope.sinkId), scope, keep, storage.url()
+            )
+            if scope.batchId is None:
+                storage.invalidateCache()
+                legacy = legacySinkStagingDir(scope.sinkId)
+                aborted += _sweepLegacy(storage, legacy, keep)
+                for directory in (legacy, LEGACY_STAGING_ROOT, LEGACY_ROOT):
+                    storage.removeEmptyDir(directory)
         if aborted:
             log.info(
                 "files: recoverAndAbort deleted %d lingering staging attempt(s) of sink %s: %s",
@@ -150,14 +193,71 @@ class FilesCommitter(Committer):
         return describeHandle(handle)
 
 
-def _dropCopiedStagingFile(storage: Storage, source: str, target: str, what: str) -> None:
+def _sweep(
+    storage: Storage, root: str, scope: RecoveryScope, keep: set[object], path: str
+) -> list[Handle]:
+    """Delete the staged files in ``root`` of attempts (of ``scope.batchId``, if set) not kept."""
+    byAttempt: dict[str, list[str]] = {}
+    for name in storage.listFileNames(root):
+        attempt = attemptOfStagedFile(name)
+        if attempt is not None:
+            byAttempt.setdefault(attempt, []).append(name)
+    aborted: list[Handle] = []
+    for name, files in sorted(byAttempt.items()):
+        parsed = AttemptName.parse(name)
+        if parsed is None or parsed.batchId is None:
+            continue
+        if scope.batchId is not None and parsed.batchId != scope.batchId:
+            continue
+        staging = f"{root}/{name}"
+        if staging in keep:
+            continue
+        for file in files:
+            storage.removeFile(f"{root}/{file}")
+        aborted.append(abortedHandle(path, storage.url(), parsed.batchId, staging, name))
+    return aborted
+
+
+def _sweepLegacy(storage: Storage, root: str, keep: set[object]) -> list[Handle]:
+    """The earlier layout inside the output path: ``root/<batch>/<attempt>``, not kept."""
+    aborted: list[Handle] = []
+    for batch in [n for n in storage.listDirNames(root) if n.isdigit()]:
+        batchDir = f"{root}/{batch}"
+        for name in storage.listDirNames(batchDir):
+            staging = f"{batchDir}/{name}"
+            if staging in keep:
+                continue
+            storage.removeTree(staging)
+            aborted.append(abortedHandle(storage.url(), None, int(batch), staging, name))
+        storage.removeEmptyDir(batchDir)
+    return aborted
+
+
+def _rename(source: Storage, src: str, target: Storage, dst: str, what: str) -> None:
+    """Rename a staged file into the output; a cross-device rename names the fix."""
+    try:
+        source.move(src, dst, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        raise OSError(
+            errno.EXDEV,
+            f"files: {what}: cannot rename {source.url()}/{src} into {target.url()}: the "
+            "staging path is on another filesystem; move it back where the handle names it "
+            "(its stagingPath) on the output's filesystem and commit again",
+        ) from exc
+
+
+def _dropCopiedStagingFile(
+    stagingStore: Storage, storage: Storage, source: str, target: str, what: str
+) -> None:
     """Both copies exist: an earlier rename copied but did not delete. Drop the staged copy."""
-    if storage.size(source) != storage.size(target):
+    if stagingStore.size(source) != storage.size(target):
         raise FileExistsError(
             f"files: {what}: final file {target!r} already exists with different content "
             f"than the staged {source!r}; another writer uses this output path and sink id"
         )
-    storage.removeFile(source)
+    stagingStore.removeFile(source)
 
 
 __all__ = ["FilesCommitter"]

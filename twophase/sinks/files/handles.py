@@ -1,11 +1,17 @@
 """The files sink's handles: what a prepared task leaves in the decision log, built and checked.
 
-A handle names the output path, the attempt's staging directory (relative to the path) and
-each staged file with its final name and row count::
+A handle names the output path, the staging path, the attempt (``<sinkTag>/<attempt name>``,
+relative to the staging path, the prefix of its staged files) and each staged file (relative
+to the staging path) with its final name (relative to the output path) and row count::
 
-    {"kind": "files", "path": <output path URL>, "batchId": N, "partitionId": p,
-     "attempt": a, "staging": <staging dir, relative to path>,
-     "files": [{"staging": <relative>, "final": <relative>, "rows": n}, ...]}
+    {"kind": "files", "path": <output path URL>, "stagingPath": <staging path URL>,
+     "batchId": N, "partitionId": p, "attempt": a, "staging": <sinkTag>/<attempt name>,
+     "files": [{"staging": <sinkTag>/<attempt name>-f0000.staged, "final": <relative>,
+                "rows": n}, ...]}
+
+A handle without ``stagingPath`` was written by an earlier release: ``staging`` is a directory
+relative to the output path below ``_twophase/staging/`` that holds its files; it still
+commits.
 
 It holds no option value and no storage credential: the committer takes those from its own
 settings. Before a committer touches a file, :func:`checkHandle` refuses any handle whose
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twophase.protocol import Handle, TransactionContext
-from twophase.sinks.files.layout import STAGING_ROOT, AttemptDir
+from twophase.sinks.files.layout import LEGACY_ROOT, LEGACY_STAGING_ROOT, AttemptName
 
 KIND = "files"
 """The ``kind`` of every files handle."""
@@ -38,12 +44,17 @@ class StagedFile:
 
 
 def preparedHandle(
-    ctx: TransactionContext, path: str, staging: str, files: Sequence[StagedFile]
+    ctx: TransactionContext,
+    path: str,
+    stagingPath: str,
+    staging: str,
+    files: Sequence[StagedFile],
 ) -> Handle:
     """The handle of a prepared attempt: everything ``commit`` needs, in any process."""
     return {
         "kind": KIND,
         "path": path,
+        "stagingPath": stagingPath,
         "batchId": ctx.batchId,
         "partitionId": ctx.partitionId,
         "attempt": ctx.attemptNumber,
@@ -52,11 +63,18 @@ def preparedHandle(
     }
 
 
-def abortedHandle(path: str, batchId: int, staging: str, attemptDirName: str) -> Handle:
-    """A brief handle for a staging attempt ``recoverAndAbort`` deleted (``files`` empty)."""
+def abortedHandle(
+    path: str, stagingPath: str | None, batchId: int, staging: str, attemptName: str
+) -> Handle:
+    """A brief handle for a staging attempt ``recoverAndAbort`` deleted (``files`` empty).
+
+    ``stagingPath`` is ``None`` for an attempt of the earlier layout inside the output path.
+    """
     handle: Handle = {"kind": KIND, "path": path, "batchId": batchId, "staging": staging}
-    attempt = AttemptDir.parse(attemptDirName)
-    if attempt is not None:
+    if stagingPath is not None:
+        handle["stagingPath"] = stagingPath
+    attempt = AttemptName.parse(attemptName)
+    if attempt is not None and (stagingPath is None or attempt.batchId == batchId):
         handle["partitionId"] = attempt.partitionId
         handle["attempt"] = attempt.attemptNumber
     handle["files"] = []
@@ -74,12 +92,27 @@ def isSafeRelative(rel: Any) -> bool:
     )
 
 
+def stagingBase(handle: Handle) -> str:
+    """The URL the handle's staging paths are relative to (the output path for old handles)."""
+    return str(handle.get("stagingPath") or handle["path"])
+
+
 def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed files handle before touching a file."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a files handle (kind={handle.get('kind')!r}): {handle!r}")
     staging = handle.get("staging")
-    if not (isSafeRelative(staging) and str(staging).startswith(STAGING_ROOT + "/")):
+    if "stagingPath" in handle:
+        base = handle["stagingPath"]
+        if not isinstance(base, str) or not base:
+            raise ValueError(f"files handle has a bad stagingPath: {handle!r}")
+        # <sinkTag>/<attempt name>; its files are <sinkTag>/<attempt name>-f<part>.staged
+        shaped = isSafeRelative(staging) and len(str(staging).split("/")) == 2
+        prefix = f"{staging}-f"
+    else:
+        shaped = isSafeRelative(staging) and str(staging).startswith(LEGACY_STAGING_ROOT + "/")
+        prefix = f"{staging}/"
+    if not shaped:
         raise ValueError(f"files handle has a bad staging directory {staging!r}")
     if not isinstance(handle.get("path"), str) or not handle["path"]:
         raise ValueError(f"files handle has no path: {handle!r}")
@@ -90,9 +123,9 @@ def checkHandle(handle: Handle) -> Handle:
         if not (
             isinstance(entry, dict)
             and isSafeRelative(entry.get("staging"))
-            and str(entry["staging"]).startswith(str(staging) + "/")
+            and str(entry["staging"]).startswith(prefix)
             and isSafeRelative(entry.get("final"))
-            and not str(entry["final"]).startswith(STAGING_ROOT.split("/")[0] + "/")
+            and not str(entry["final"]).startswith(LEGACY_ROOT + "/")
         ):
             raise ValueError(f"files handle has a bad file entry {entry!r}")
     return handle
@@ -124,4 +157,5 @@ __all__ = [
     "isSafeRelative",
     "preparedHandle",
     "stagedFiles",
+    "stagingBase",
 ]

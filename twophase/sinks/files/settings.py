@@ -20,6 +20,7 @@ from twophase.sinks.files.formats import (
     EXTENSIONS,
     FORMATS,
 )
+from twophase.sinks.files.layout import defaultStagingPath, strippedPath
 
 STORAGE_PREFIX = "fs."
 """Options named ``fs.<name>`` are passed to the fsspec filesystem as storage option ``<name>``."""
@@ -33,6 +34,7 @@ SAFE_OPTIONS = frozenset(
         "partitionby",
         "maxopenfiles",
         "header",
+        "stagingpath",
         # Storage options that address a store but cannot hold a credential. Keys, secrets,
         # tokens, passwords, connection strings and free-form ``fs.client_kwargs`` or
         # ``fs.config_kwargs`` never reach sink.json: the committer reads them from the
@@ -85,6 +87,9 @@ class FilesSettings:
     - ``maxOpenFiles``: open part files per task before the least recently used is closed
       (default 32).
     - ``header``: csv only, write a header line (``true``, default) or not.
+    - ``stagingPath``: where task attempts stage their files until the commit renames them,
+      outside ``path`` and on the same filesystem (default ``<parent>/_twophase-staging/<name>``
+      beside ``path``; see :mod:`twophase.sinks.files.layout`).
     - ``fs.<name>``: passed to the fsspec filesystem as storage option ``<name>``.
 
     Other options (the binding's own, Spark's ``checkpointLocation``...) are ignored.
@@ -97,6 +102,8 @@ class FilesSettings:
     partitionBy: tuple[str, ...] = ()
     maxOpenFiles: int = 32
     header: bool = True
+    stagingPath: str = ""
+    """Empty means the default beside ``path``; :attr:`staging` is the one in use."""
     storageOptions: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +131,12 @@ class FilesSettings:
                 f"option partitionBy={','.join(self.partitionBy)!r} must list distinct, "
                 "non-empty column names separated by commas"
             )
+        checkStagingPath(self.path, self.staging)
+
+    @property
+    def staging(self) -> str:
+        """The staging path in use: ``stagingPath`` or the default beside ``path``."""
+        return self.stagingPath or defaultStagingPath(self.path)
 
     @property
     def extension(self) -> str:
@@ -170,6 +183,10 @@ class FilesSettings:
         if headerText not in ("true", "false"):
             raise ValueError(f"option header={headerText!r} must be true or false")
 
+        stagingPath = lowered.get("stagingpath", "").strip()
+        if stagingPath:
+            checkProtocol(stagingPath, "stagingPath")
+
         return cls(
             path=path,
             format=fmt,
@@ -178,6 +195,7 @@ class FilesSettings:
             partitionBy=partitionBy,
             maxOpenFiles=maxOpen,
             header=headerText == "true",
+            stagingPath=stagingPath,
             storageOptions=storage,
         )
 
@@ -192,7 +210,38 @@ def _intOption(options: Mapping[str, str], key: str, name: str, default: int) ->
         raise ValueError(f"option {name}={text!r} must be an integer") from None
 
 
-def checkProtocol(path: str) -> None:
+def checkStagingPath(path: str, staging: str) -> None:
+    """Refuse a staging path the commit's rename cannot use: another protocol, or overlapping.
+
+    Staged files must stay outside ``path`` (DuckDB and polars read every file below it) and
+    ``path`` must not lie inside the staging path (recovery deletes there). Whether both are
+    on one local filesystem is checked at start by ``checkStagingArea``.
+    """
+    outProtocol = fsspec.core.split_protocol(path)[0] or "file"
+    stagingProtocol = fsspec.core.split_protocol(staging)[0] or "file"
+    if {outProtocol, stagingProtocol} <= {"file", "local"}:
+        pass
+    elif outProtocol != stagingProtocol:
+        raise ValueError(
+            redact(
+                f"option stagingPath={staging!r} is on another filesystem ({stagingProtocol}) "
+                f"than path={path!r} ({outProtocol}); the commit renames staged files into path, "
+                "so set stagingPath to a directory on the same filesystem outside path"
+            )
+        )
+    out = strippedPath(path).rstrip("/") + "/"
+    stage = strippedPath(staging).rstrip("/") + "/"
+    if stage.startswith(out) or out.startswith(stage):
+        raise ValueError(
+            redact(
+                f"option stagingPath={staging!r} and path={path!r} overlap; staged files must "
+                "live outside path (readers such as DuckDB and polars would see them) and path "
+                "must not be inside stagingPath: use a sibling directory on the same filesystem"
+            )
+        )
+
+
+def checkProtocol(path: str, option: str = "path") -> None:
     """Refuse a ``path`` whose URL protocol fsspec does not know or cannot load."""
     protocol, _ = fsspec.core.split_protocol(path)
     if protocol is None:
@@ -202,13 +251,13 @@ def checkProtocol(path: str) -> None:
     except ValueError:
         raise ValueError(
             redact(
-                f"option path={path!r}: fsspec knows no filesystem for protocol {protocol!r}; "
+                f"option {option}={path!r}: fsspec knows no filesystem for protocol {protocol!r}; "
                 "use a local path or a supported URL (file://, s3://, gs://, abfs://, hdfs://...)"
             )
         ) from None
     except ImportError as exc:
         raise ValueError(
-            redact(f"option path={path!r}: protocol {protocol!r} needs an extra package: {exc}")
+            redact(f"option {option}={path!r}: protocol {protocol!r} needs an extra package: {exc}")
         ) from None
 
 
@@ -217,5 +266,6 @@ __all__ = [
     "STORAGE_PREFIX",
     "FilesSettings",
     "checkProtocol",
+    "checkStagingPath",
     "decodeStorageOption",
 ]

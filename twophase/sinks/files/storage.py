@@ -2,16 +2,19 @@
 
 Paths handed to and returned by :class:`Storage` are relative to the base directory and use
 ``/`` on every filesystem, so a handle written on one machine means the same files on another.
-On the local filesystem, ``syncFile``/``syncDirs`` call ``os.fsync`` (file data, then the
-directory entries); on other filesystems closing a file is what makes it durable, and they are
-no-ops.
+On the local filesystem, ``close``/``syncDirs``/``syncAncestorsOnce`` call ``os.fsync`` (file
+data, then the directory entries, see :mod:`twophase.sinks.files.durability`); on other
+filesystems closing a file is what makes it durable, and they are no-ops.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import posixpath
+import shutil
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
@@ -21,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from twophase.protocol import TransientCommitError
 from twophase.redaction import redact
+from twophase.sinks.files.durability import DIRECTORIES, closeDurably, syncAncestorsOnce
 
 _TRANSIENT_ERRNOS = frozenset(
     {
@@ -73,8 +77,10 @@ class Storage:
     """A base directory on one fsspec filesystem; every method takes paths relative to it.
 
     Built from the user's ``path`` (any fsspec URL or local path) and fsspec storage options.
-    Not thread-safe and not meant to be pickled: build one per process (:class:`Storages` does
-    so lazily).
+    On the local filesystem the methods call ``os`` directly (fsspec's path handling costs more
+    than the system calls for a small task); elsewhere they go through fsspec. Safe to share
+    between the committer's threads; not meant to be pickled (:class:`Storages` opens one per
+    base directory and process).
     """
 
     def __init__(self, path: str, storageOptions: Mapping[str, Any]) -> None:
@@ -83,6 +89,8 @@ class Storage:
         self.isLocal = isinstance(fs, LocalFileSystem)
         stripped = root.rstrip("/")
         self.root: str = stripped if stripped or not root else "/"
+        self._url = str(self.fs.unstrip_protocol(self.root)) if not self.isLocal else self.root
+        self._made = False
 
     def full(self, rel: str) -> str:
         """The filesystem-native path of ``rel`` (no protocol), as fsspec methods expect."""
@@ -93,52 +101,62 @@ class Storage:
 
     def url(self) -> str:
         """The base directory as a URL another process can open (absolute for local paths)."""
-        return str(self.fs.unstrip_protocol(self.root)) if not self.isLocal else self.root
+        return self._url
 
     def makedirs(self, rel: str) -> None:
         """Create ``rel`` and its parents if missing (a no-op on most object stores)."""
-        self.fs.makedirs(self.full(rel), exist_ok=True)
+        if self.isLocal:
+            os.makedirs(self.full(rel), exist_ok=True)
+        else:
+            self.fs.makedirs(self.full(rel), exist_ok=True)
+
+    def makedirsOnce(self) -> None:
+        """Create the base directory if missing, once per :class:`Storage` (so per process)."""
+        if not self._made:
+            self.makedirs("")
+            self._made = True
 
     def create(self, rel: str) -> IO[bytes]:
         """Open ``rel`` for writing from scratch; its parent directory must exist."""
+        if self.isLocal:
+            return open(self.full(rel), "wb")  # noqa: SIM115 - the caller closes it
         f: IO[bytes] = self.fs.open(self.full(rel), "wb")
         return f
 
-    def syncFile(self, rel: str) -> None:
-        """Local filesystem: ``fsync`` the file's data (any descriptor of the inode will do)."""
-        if not self.isLocal:
-            return
-        fd = os.open(self.full(rel), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def close(self, raw: IO[bytes]) -> None:
+        """Close a file from :meth:`create`; locally its data is fsynced first."""
+        if self.isLocal:
+            closeDurably(raw)
+        else:
+            raw.close()
 
     def syncDirs(self, rels: Iterable[str]) -> None:
         """Local filesystem: ``fsync`` each directory so created or renamed entries persist.
 
         Missing directories are skipped. Sorted deepest first, so a new directory's entry in
-        its parent is synced after its own contents.
+        its parent is synced after its own contents. Threads syncing one directory at once
+        share the fsync (:data:`twophase.sinks.files.durability.DIRECTORIES`).
         """
         if not self.isLocal:
             return
-        for rel in sorted(set(rels), key=lambda r: (-r.count("/"), r)):
-            try:
-                fd = os.open(self.full(rel), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError as exc:  # some filesystems refuse fsync on directories
-                if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-                    raise
-            finally:
-                os.close(fd)
+        depth = {r: r.strip("/").count("/") + 1 if r.strip("/") else 0 for r in set(rels)}
+        for rel in sorted(depth, key=lambda r: (-depth[r], r)):
+            DIRECTORIES.sync(self.full(rel))
+
+    def syncAncestorsOnce(self, rel: str = "") -> None:
+        """Local filesystem: make ``rel`` (a directory the sink never deletes) and every
+        directory above it durable in their parents, once per process."""
+        if self.isLocal:
+            syncAncestorsOnce(self.full(rel))
 
     def exists(self, rel: str) -> bool:
+        if self.isLocal:
+            return os.path.exists(self.full(rel))
         return bool(self.fs.exists(self.full(rel)))
 
     def size(self, rel: str) -> int:
+        if self.isLocal:
+            return os.path.getsize(self.full(rel))
         return int(self.fs.size(self.full(rel)))
 
     def listFiles(self, rel: str) -> set[str]:
@@ -147,47 +165,84 @@ class Storage:
         One recursive listing on object stores.
         """
         base = self.full(rel)
-        try:
-            found = self.fs.find(base)
-        except FileNotFoundError:
-            return set()
         prefix = self.root.rstrip("/") + "/"
+        if self.isLocal:
+            found: list[str] = []
+            for directory, _, names in os.walk(base):
+                found.extend(f"{directory}/{name}" for name in names)
+        else:
+            try:
+                found = self.fs.find(base)
+            except FileNotFoundError:
+                return set()
         return {p[len(prefix) :] for p in found if p.startswith(prefix)}
+
+    def listFileNames(self, rel: str) -> list[str]:
+        """Names (not paths) of the files directly inside ``rel``; empty when missing."""
+        return self._listNames(rel, directories=False)
 
     def listDirNames(self, rel: str) -> list[str]:
         """Names (not paths) of the directories directly inside ``rel``; empty when missing."""
+        return self._listNames(rel, directories=True)
+
+    def _listNames(self, rel: str, *, directories: bool) -> list[str]:
+        """Sorted names of the files (or directories) directly inside ``rel``."""
+        if self.isLocal:
+            try:
+                with os.scandir(self.full(rel)) as entries:
+                    return sorted(
+                        e.name
+                        for e in entries
+                        if (e.is_dir if directories else e.is_file)(follow_symlinks=False)
+                    )
+            except (FileNotFoundError, NotADirectoryError):
+                return []
         try:
-            entries = self.fs.ls(self.full(rel), detail=True)
+            listed = self.fs.ls(self.full(rel), detail=True)
         except FileNotFoundError:
             return []
-        names = []
-        for entry in entries:
-            if entry.get("type") == "directory":
-                names.append(posixpath.basename(str(entry["name"]).rstrip("/")))
-        return sorted(names)
+        wanted = "directory" if directories else "file"
+        return sorted(
+            posixpath.basename(str(e["name"]).rstrip("/"))
+            for e in listed
+            if e.get("type") == wanted
+        )
 
     def invalidateCache(self) -> None:
         """Forget cached listings, so the next look reflects other processes' changes."""
-        self.fs.invalidate_cache()
+        if not self.isLocal:
+            self.fs.invalidate_cache()
 
-    def move(self, src: str, dst: str) -> None:
-        """Rename ``src`` to ``dst`` (atomic ``os.replace`` locally, copy + delete elsewhere)."""
+    def move(self, src: str, dst: str, target: Storage | None = None) -> None:
+        """Rename ``src`` to ``dst`` of ``target`` (default: this base directory).
+
+        Atomic ``os.replace`` locally, copy + delete elsewhere. Both bases must be on one
+        filesystem (:func:`checkStagingArea`); a cross-device rename raises ``OSError`` EXDEV.
+        """
+        into = target or self
         if self.isLocal:
-            os.replace(self.full(src), self.full(dst))
+            os.replace(self.full(src), into.full(dst))
         else:
-            self.fs.mv(self.full(src), self.full(dst))
+            self.fs.mv(self.full(src), into.full(dst))
 
-    def removeFile(self, rel: str) -> None:
-        """Delete one file; a missing file is not an error."""
+    def removeFile(self, rel: str) -> bool:
+        """Delete one file; a missing file is not an error (returns False)."""
         try:
-            self.fs.rm_file(self.full(rel))
+            if self.isLocal:
+                os.unlink(self.full(rel))
+            else:
+                self.fs.rm_file(self.full(rel))
         except FileNotFoundError:
-            pass
+            return False
+        return True
 
     def removeTree(self, rel: str) -> bool:
         """Delete ``rel`` and everything below it; returns False when it did not exist."""
         path = self.full(rel)
         try:
+            if self.isLocal:
+                shutil.rmtree(path)
+                return True
             if not self.fs.exists(path):
                 return False
             self.fs.rm(path, recursive=True)
@@ -199,9 +254,12 @@ class Storage:
         """Remove ``rel`` if it is an empty directory; anything else leaves it (returns False)."""
         path = self.full(rel)
         try:
-            if self.fs.ls(path, detail=False):
+            if not self.isLocal and self.fs.ls(path, detail=False):
                 return False
-            self.fs.rmdir(path)
+            if self.isLocal:
+                os.rmdir(path)
+            else:
+                self.fs.rmdir(path)
         except (FileNotFoundError, NotADirectoryError, FileExistsError):
             return False
         except OSError as exc:
@@ -211,17 +269,71 @@ class Storage:
         return True
 
 
+_CHECKED_STAGING: set[tuple[str, str]] = set()
+"""(output URL, staging URL) pairs this process has proven a rename can join."""
+
+
+def checkStagingArea(output: Storage, staging: Storage) -> None:
+    """Prove the commit's rename can move a staged entry into ``output``; once per process.
+
+    Creates both directories, then (local filesystem) renames an empty probe directory from
+    the staging path into the output path and removes it: a staging path on another device or
+    mount fails here with a ``ValueError`` naming option ``stagingPath``, before any data is
+    written, instead of at a commit after the batch is decided. Elsewhere (object stores,
+    where a rename is copy + delete within the store) it only creates the staging directory.
+    """
+    key = (output.url(), staging.url())
+    if key in _CHECKED_STAGING:
+        return
+    fix = (
+        "set option stagingPath to a writable directory on the same filesystem as path, "
+        "outside path"
+    )
+    try:
+        staging.makedirs("")
+        output.makedirs("")
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        raise ValueError(
+            redact(f"files: cannot create the staging path {staging.url()!r}: {exc}; {fix}")
+        ) from exc
+    if output.isLocal and staging.isLocal:
+        name = f".twophase-probe-{uuid.uuid4().hex[:12]}"
+        probe = staging.full(name)
+        os.mkdir(probe)
+        try:
+            os.rename(probe, output.full(name))
+        except OSError as exc:
+            os.rmdir(probe)
+            if exc.errno != errno.EXDEV:
+                raise
+            raise ValueError(
+                f"files: the staging path {staging.url()!r} is on another filesystem or mount "
+                f"than path {output.url()!r}, so the commit cannot rename staged files into "
+                f"place atomically; {fix}"
+            ) from exc
+        os.rmdir(output.full(name))
+    _CHECKED_STAGING.add(key)
+
+
+_OPEN: dict[tuple[str, str], Storage] = {}
+"""Every :class:`Storage` this process opened, by (path, storage options): a Python worker
+that runs many tasks opens each filesystem once. In memory only."""
+
+
 class Storages:
     """The :class:`Storage` of each base path a process touches, opened lazily, once each.
 
     A committer may meet handles naming its output path as a URL (``file:///out``) or as the
-    user wrote it (``out``): both keys lead to one ``Storage``. Pickled (to a task) as its
+    user wrote it (``out``): both keys lead to one ``Storage``, shared by every writer and
+    committer of the process with the same storage options. Pickled (to a task) as its
     options only: the open filesystems are opened again where it lands.
     """
 
     def __init__(self, storageOptions: Mapping[str, Any]) -> None:
         self.storageOptions = dict(storageOptions)
-        self._byPath: dict[str, Storage] = {}
+        self._key = json.dumps(self.storageOptions, sort_keys=True, default=repr)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"storageOptions": self.storageOptions}
@@ -231,11 +343,11 @@ class Storages:
 
     def get(self, path: str) -> Storage:
         """The storage of base directory ``path`` (any fsspec URL or local path)."""
-        storage = self._byPath.get(path)
+        storage = _OPEN.get((path, self._key))
         if storage is None:
             storage = Storage(path, self.storageOptions)
-            self._byPath[path] = storage
-            self._byPath.setdefault(storage.url(), storage)
+            _OPEN[(path, self._key)] = storage
+            _OPEN.setdefault((storage.url(), self._key), storage)
         return storage
 
 
@@ -256,4 +368,12 @@ def ancestorsOf(rel: str, stop: str = "") -> list[str]:
     return out
 
 
-__all__ = ["Storage", "Storages", "ancestorsOf", "isTransient", "parentOf", "transientErrors"]
+__all__ = [
+    "Storage",
+    "Storages",
+    "ancestorsOf",
+    "checkStagingArea",
+    "isTransient",
+    "parentOf",
+    "transientErrors",
+]

@@ -1,8 +1,8 @@
-"""The files sink's executor half: stream a task's rows into hidden staged part files.
+"""The files sink's executor half: stream a task's rows into staged part files.
 
-Each task attempt writes under its own staging directory of the output path (see
-:mod:`twophase.sinks.files.layout`); ``preCommit`` closes and syncs the files and returns a
-handle naming them. Nothing here makes a file visible: that is the committer's rename.
+Each task attempt writes under its own directory of the staging path, outside the output path
+(see :mod:`twophase.sinks.files.layout`); ``preCommit`` closes and syncs the files and returns
+a handle naming them. Nothing here makes a file visible: that is the committer's rename.
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
 from twophase.sinks.files.handles import StagedFile, preparedHandle
-from twophase.sinks.files.layout import attemptDirName, finalFileName, stagingBatchDir
+from twophase.sinks.files.layout import (
+    attemptName,
+    finalFileName,
+    sinkStagingDir,
+    stagedFileName,
+)
 from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartition
 from twophase.sinks.files.settings import FilesSettings
-from twophase.sinks.files.storage import Storage, Storages, ancestorsOf, parentOf
+from twophase.sinks.files.storage import Storage, Storages, parentOf
 
 log = getLogger(__name__)
 
@@ -59,6 +64,7 @@ class FilesTransaction:
 
     ctx: TransactionContext
     path: str
+    stagingPath: str
     staging: str
     schema: pa.Schema | None = None
     dataSchema: pa.Schema | None = None
@@ -69,22 +75,24 @@ class FilesTransaction:
     rows: int = 0
     state: str = "open"
     handle: Handle | None = None
-    madeDirs: set[str] = field(default_factory=set)
 
 
 class FilesWriter(TransactionWriter[FilesTransaction]):
     """Executor, once per task attempt: rows into staged files, invisible to readers.
 
-    - Nothing a transaction writes is visible to readers that skip ``_``-prefixed paths: it
-      all lands below ``<path>/_twophase/staging/<sinkTag>/``.
-    - On the local filesystem each staged file and its directories are fsynced in
-      ``preCommit``; elsewhere a closed file is as durable as the store makes it.
+    - Nothing a transaction writes is visible to any reader of the output path: it all lands
+      below ``<stagingPath>/<sinkTag>/``, outside it, in files named ``*.staged``.
+    - On the local filesystem each staged file is fsynced as it is closed, and ``preCommit``
+      fsyncs the attempt's directories and the sink's staging directory (the directories
+      above it once per process); elsewhere a closed file is as durable as the store makes it.
+    - A task with no rows creates, opens and syncs nothing.
     - Memory per task is bounded by a small multiple of one record batch: rows stream into
       at most ``maxOpenFiles`` open writers and are never accumulated.
     """
 
     def __init__(self, settings: FilesSettings) -> None:
         self.settings = settings
+        self._stagingPath = settings.staging
         self._storages = Storages(settings.storageOptions)
 
     @classmethod
@@ -101,15 +109,25 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         """The output directory's filesystem, opened lazily once per process."""
         return self._storages.get(self.settings.path)
 
-    def beginTransaction(self, ctx: TransactionContext) -> FilesTransaction:
-        """Executor: reserve a fresh staging directory for this attempt; writes nothing yet.
+    @property
+    def stagingStorage(self) -> Storage:
+        """The staging path's filesystem, opened lazily once per process."""
+        return self._storages.get(self._stagingPath)
 
-        The directory name carries run, partition and attempt plus a random suffix, so two
-        attempts (retries, speculation, a zombie of an earlier run) never share one.
+    def beginTransaction(self, ctx: TransactionContext) -> FilesTransaction:
+        """Executor: name this attempt's staged files; creates nothing yet.
+
+        The attempt name carries batch, run, partition and attempt plus a random suffix, so
+        two attempts (retries, speculation, a zombie of an earlier run) never share a file.
         """
-        attemptDir = attemptDirName(ctx.runId, ctx.partitionId, ctx.attemptNumber)
-        staging = f"{stagingBatchDir(ctx.sinkId, ctx.batchId)}/{attemptDir}"
-        txn = FilesTransaction(ctx=ctx, path=self.storage.url(), staging=staging)
+        name = attemptName(ctx.batchId, ctx.runId, ctx.partitionId, ctx.attemptNumber)
+        staging = f"{sinkStagingDir(ctx.sinkId)}/{name}"
+        txn = FilesTransaction(
+            ctx=ctx,
+            path=self.storage.url(),
+            stagingPath=self.stagingStorage.url(),
+            staging=staging,
+        )
         log.debug("files: begin %s staging at %s", ctx.transactionTag, staging)
         return txn
 
@@ -169,12 +187,8 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         )
         txn.nextPart += 1
         final = f"{directory}/{name}" if directory else name
-        staging = f"{txn.staging}/{final}"
-        parent = parentOf(staging)
-        if parent not in txn.madeDirs:
-            self.storage.makedirs(parent)
-            txn.madeDirs.add(parent)
-        raw = self.storage.create(staging)
+        staging = stagedFileName(txn.staging, txn.nextPart - 1)
+        raw = self._create(staging)
         assert txn.dataSchema is not None
         s = self.settings
         try:
@@ -186,13 +200,22 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         txn.openParts[directory] = part
         return part
 
+    def _create(self, staging: str) -> IO[bytes]:
+        """Open a staged file; the sink's staging directory is made only when missing, and
+        the output directory once per process (readers find an empty output, not none)."""
+        self.storage.makedirsOnce()
+        try:
+            return self.stagingStorage.create(staging)
+        except FileNotFoundError:
+            self.stagingStorage.makedirs(parentOf(staging))
+            return self.stagingStorage.create(staging)
+
     def _closePart(self, txn: FilesTransaction, part: OpenPart) -> None:
         del txn.openParts[part.directory]
         try:
             part.writer.close()
         finally:
-            part.raw.close()
-        self.storage.syncFile(part.staging)
+            self.stagingStorage.close(part.raw)
         txn.files.append(StagedFile(staging=part.staging, final=part.final, rows=part.rows))
 
     def preCommit(self, txn: FilesTransaction) -> Handle:
@@ -207,11 +230,13 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             raise RuntimeError(f"files: preCommit of a {txn.state} transaction {txn.staging}")
         for part in list(txn.openParts.values()):
             self._closePart(txn, part)
-        dirs: set[str] = set()
-        for staged in txn.files:
-            dirs.update(ancestorsOf(staged.staging))
-        self.storage.syncDirs(dirs)
-        handle = preparedHandle(txn.ctx, txn.path, txn.staging, txn.files)
+        if txn.files:
+            # The files' entries are in the sink's staging directory; its own entry and those
+            # above it are synced once per process.
+            sinkDir = parentOf(txn.staging)
+            self.stagingStorage.syncDirs([sinkDir])
+            self.stagingStorage.syncAncestorsOnce(sinkDir)
+        handle = preparedHandle(txn.ctx, txn.path, txn.stagingPath, txn.staging, txn.files)
         txn.state = "prepared"
         txn.handle = handle
         log.debug(
@@ -223,7 +248,7 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         return handle
 
     def abortTransaction(self, txn: FilesTransaction) -> None:
-        """Executor, best effort: close writers and delete this attempt's staging directory.
+        """Executor, best effort: close writers and delete this attempt's staged files.
 
         Never raises; whatever it cannot delete is found later by ``recoverAndAbort``.
         """
@@ -236,10 +261,12 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
                 part.raw.close()
             except Exception:  # best effort
                 log.debug("files: closing %s during abort failed", part.staging, exc_info=True)
+        staged = [p.staging for p in txn.openParts.values()] + [f.staging for f in txn.files]
         txn.openParts.clear()
         txn.state = "aborted"
         try:
-            self.storage.removeTree(txn.staging)
+            for name in staged:
+                self.stagingStorage.removeFile(name)
         except Exception:  # best effort by contract
             log.warning(
                 "files: could not delete staging %s of aborted %s; recoverAndAbort will",
