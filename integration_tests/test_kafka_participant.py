@@ -34,7 +34,8 @@ from twophase.sinks.kafka import (
     KafkaWriteError,
     KafkaWriter,
     brokerTransactionMaxTimeoutMs,
-    retainedTransactionalIds,
+    ownedIds,
+    pooledTransactionalIds,
 )
 from twophase.spark.kafka import KafkaSink
 from twophase.spark.task import runTask
@@ -94,7 +95,18 @@ def test_prepared_records_are_invisible_until_the_driver_commits_once(
     w, _ = sink(kafka_bootstrap, topic)
     handle = prepare(w, "a", "b", "c")
     assert handle["records"] == 3 and handle["producerId"] >= 0
-    assert handle["transactionalId"].endswith("-0")
+    assert ownedIds(w.settings.prefixFor("it-sink")).match(handle["transactionalId"])
+    # The producer id and epoch taken from librdkafka's log are the broker's.
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        described = admin.describe_transactions([handle["transactionalId"]])
+        row = described[handle["transactionalId"]]
+        assert (row.producer_id, row.producer_epoch) == (
+            handle["producerId"],
+            handle["producerEpoch"],
+        )
+    finally:
+        admin.close()
     assert readTopic(kafka_bootstrap, topic) == []
     assert len(readTopic(kafka_bootstrap, topic, isolation="read_uncommitted")) == 3
     _, driver = sink(kafka_bootstrap, topic, transactionalIdPrefix="unused")
@@ -178,18 +190,24 @@ def test_a_transaction_the_broker_timed_out_fails_the_commit_loudly(
     assert readTopic(kafka_bootstrap, topic) == []
 
 
-def test_a_repeat_commit_after_the_id_was_reused_is_still_a_success(
+def test_a_pooled_producer_goes_on_with_the_same_id_and_epoch_in_the_next_batch(
     kafka_bootstrap: str,
 ) -> None:
     topic = createTopic(kafka_bootstrap)
     w, c = sink(kafka_bootstrap, topic)
     first = prepare(w, "batch-0", batch=0)
     c.commit(first)
-    second = prepare(w, "batch-1", batch=1)  # same partition: same id, fenced epoch
+    # A repeat before the next batch begins: a no-op (CONCURRENT_TRANSACTIONS, which the
+    # coordinator retries, while the broker still writes the first commit's markers).
+    retrying(c.commit, first)
+    second = prepare(w, "batch-1", batch=1)  # the worker's producer, its transaction settled
     assert second["transactionalId"] == first["transactionalId"]
-    assert second["producerEpoch"] > first["producerEpoch"]
-    c.commit(first)  # EndTxn says PRODUCER_FENCED; the record is visible: committed before
-    c.commit(second)
+    assert (second["producerId"], second["producerEpoch"]) == (
+        first["producerId"],
+        first["producerEpoch"],
+    )
+    assert values(readTopic(kafka_bootstrap, topic)) == ["batch-0"]
+    retrying(c.commit, second)
     assert values(readTopic(kafka_bootstrap, topic)) == ["batch-0", "batch-1"]
 
 
@@ -199,7 +217,8 @@ def test_recovery_aborts_lingering_transactions_but_not_kept_ones(kafka_bootstra
     kept = prepare(w, "decided", partition=0)
     lingering = prepare(w, "undecided", partition=1)
     retried = prepare(w, "zombie", partition=1, attempt=1)
-    assert retried["transactionalId"].endswith("-1-a1")
+    ids = {kept["transactionalId"], lingering["transactionalId"], retried["transactionalId"]}
+    assert len(ids) == 3  # tasks of one batch never share an id
     aborted = c.recoverAndAbort(RecoveryScope("it-sink", keep=(kept,)))
     assert sorted(h["transactionalId"] for h in aborted) == sorted(
         [lingering["transactionalId"], retried["transactionalId"]]
@@ -274,22 +293,153 @@ def test_a_record_the_broker_refuses_fails_the_task_and_leaves_nothing(
     with pytest.raises(KafkaWriteError, match="MSG_SIZE_TOO_LARGE|too large"):
         runTask(lambda: w, ctx(), iter(batches), alreadyDecided=False)
     # The failed task aborted its transaction itself: nothing open, nothing visible.
-    assert state(kafka_bootstrap, f"{w.settings.prefixFor('it-sink')}-0") != "Ongoing"
+    # (Polled: under load the broker may list it a moment longer; an abort that never
+    # happened would stay listed until the transaction timeout.)
+    _, c = sink(kafka_bootstrap, topic)
+    deadline = time.monotonic() + 15
+    while left := c.client().listOngoing(w.settings.prefixFor("it-sink") + "-"):
+        assert time.monotonic() < deadline, [(t.transactionalId, t.state) for t in left]
+        time.sleep(0.5)
     assert readTopic(kafka_bootstrap, topic) == []
 
 
-def test_a_worker_keeps_only_the_producers_that_may_still_matter(kafka_bootstrap: str) -> None:
-    topic = createTopic(kafka_bootstrap, partitions=2)
+@pytest.mark.parametrize("listing", ["listed", "unlisted"])
+def test_pooled_ids_across_batches_commit_each_decided_task_once_and_nothing_else(
+    kafka_bootstrap: str, listing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several "tasks" per batch in one worker; each batch's producers are the next's.
+
+    Batch 1 leaves what a real run can leave on a pooled id: a task whose handle no decision
+    holds (a discarded attempt, still open) and one the driver aborted. When batch 2 takes
+    those ids again, the first is aborted, the second refused locally and taken over: neither
+    is ever committed. ``unlisted``: the worker cannot list transactions, so every reused id is
+    taken over by a new producer (``init_transactions``).
+    """
+    from twophase.sinks.kafka import producer as producing
+
+    if listing == "unlisted":
+        monkeypatch.setattr(producing, "_listOpen", lambda txn: lambda idPrefix: None)
+    topic = createTopic(kafka_bootstrap, partitions=3)
     w, c = sink(kafka_bootstrap, topic)
     prefix = w.settings.prefixFor("it-sink")
-    b0 = [prepare(w, "x", batch=0, partition=i) for i in range(2)]
-    mine = [t for t in retainedTransactionalIds() if t.startswith(prefix)]
-    assert mine == [f"{prefix}-0", f"{prefix}-1"]
+    b0 = [prepare(w, f"b0-p{p}", batch=0, partition=p) for p in range(3)]
+    ids0 = {h["transactionalId"] for h in b0}
+    assert len(ids0) == 3
     for h in b0:
         c.commit(h)
-    prepare(w, "y", batch=1, partition=0)
-    mine = [t for t in retainedTransactionalIds() if t.startswith(prefix)]
-    assert mine == [f"{prefix}-0"]  # batch 0's producers are released: their batch committed
+    b1 = [prepare(w, f"b1-p{p}", batch=1, partition=p) for p in range(2)]
+    undecided = prepare(w, "b1-undecided", batch=1, partition=2)
+    aborted = prepare(w, "b1-aborted", batch=1, partition=2, attempt=1)
+    assert {h["transactionalId"] for h in b1 + [undecided]} == ids0  # reused, not new
+    retrying(c.abort, aborted)
+    for h in b1:
+        c.commit(h)
+    b2 = [prepare(w, f"b2-p{p}", batch=2, partition=p) for p in range(4)]
+    for h in b2:
+        c.commit(h)
+    assert len([t for t in pooledTransactionalIds() if t.startswith(prefix)]) == 4
+    expected = [f"b{b}-p{p}" for b, n in ((0, 3), (1, 2), (2, 4)) for p in range(n)]
+    assert sorted(values(readTopic(kafka_bootstrap, topic))) == sorted(expected)
+    assert c.client().listOngoing(prefix + "-") == []  # the undecided one was aborted
+    with pytest.raises(TransactionLostError):
+        retrying(c.commit, undecided)
+
+
+def test_a_restarted_query_takes_over_the_pooled_ids_its_previous_run_left_open(
+    kafka_bootstrap: str,
+) -> None:
+    """Same worker, new run id (the query restarted in the same Spark application): the old
+    run's undecided transactions are swept by recovery, its decided one committed; the new
+    run's tasks reuse the ids (the swept ones through a new producer) and batch ids that go
+    back (a replay of batch 1) do not matter."""
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    w, c = sink(kafka_bootstrap, topic)
+
+    def task(run: str, batch: int, partition: int, text: str) -> dict[str, Any]:
+        result = runTask(
+            lambda: w,
+            TransactionContext("it-sink", "q", batch, partition, 0, runId=run),
+            iter([rows(text)]),
+            alreadyDecided=False,
+        )
+        assert result.handle is not None
+        return result.handle
+
+    decided = task("old", 1, 0, "old-decided")
+    undecided = task("old", 1, 1, "old-undecided")
+    # Restart: recovery commits the decided handle, then sweeps what no decision keeps.
+    c.recoverAndCommit(decided)
+    swept = c.recoverAndAbort(RecoveryScope("it-sink", keep=(decided,)))
+    assert [h["transactionalId"] for h in swept] == [undecided["transactionalId"]]
+    replay = [task("new", 1, p, f"new-b1-p{p}") for p in range(2)]
+    assert {h["transactionalId"] for h in replay} == {
+        decided["transactionalId"],
+        undecided["transactionalId"],
+    }
+    for h in replay:
+        c.commit(h)
+    assert sorted(values(readTopic(kafka_bootstrap, topic))) == [
+        "new-b1-p0",
+        "new-b1-p1",
+        "old-decided",
+    ]
+
+
+KILLED_WORKER = """
+import json, os, sys
+import pyarrow as pa
+from twophase.protocol import TransactionContext
+from twophase.sinks.kafka import KafkaWriter
+options, partitions = json.loads(sys.argv[1]), int(sys.argv[2])
+w = KafkaWriter.fromOptions(options)
+for p in range(partitions):
+    txn = w.beginTransaction(TransactionContext("it-sink", "q", 0, p, 0, runId="old"))
+    w.write(txn, pa.RecordBatch.from_pydict({"value": [f"b0-p{p}"]}))
+    print(json.dumps(w.preCommit(txn)), flush=True)
+os.kill(os.getpid(), 9)  # SIGKILL with every pooled producer holding its transaction
+"""
+
+
+def test_a_killed_worker_s_pooled_transactions_are_committed_or_swept_in_another_shape(
+    kafka_bootstrap: str,
+) -> None:
+    """A worker holding 4 prepared pooled producers is SIGKILLed; batch 0 is decided with 2
+    of them (the others are attempts no decision holds). The restarted query runs with 2
+    partitions in a new worker (new ids): recovery commits the decided handles, the sweep
+    finds the dead worker's other ids by pattern and aborts them."""
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    options = sinkOptions(kafka_bootstrap, topic)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KILLED_WORKER), json.dumps(options), "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    handles = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert len({h["transactionalId"] for h in handles}) == 4
+    w, c = KafkaWriter.fromOptions(options), KafkaCommitter.fromOptions(options)
+    decided = handles[:2]
+    for h in decided:
+        c.recoverAndCommit(h)
+    aborted = c.recoverAndAbort(RecoveryScope("it-sink", keep=tuple(decided)))
+    assert sorted(h["transactionalId"] for h in aborted) == sorted(
+        h["transactionalId"] for h in handles[2:]
+    )
+    b1 = [
+        runTask(
+            lambda: w,
+            TransactionContext("it-sink", "q", 1, p, 0, runId="new"),
+            iter([rows(f"b1-p{p}")]),
+            alreadyDecided=False,
+        ).handle
+        for p in range(2)
+    ]
+    for h in b1:
+        assert h is not None and h["transactionalId"] not in {x["transactionalId"] for x in handles}
+        c.commit(h)
+    assert sorted(values(readTopic(kafka_bootstrap, topic))) == ["b0-p0", "b0-p1", "b1-p0", "b1-p1"]
+    assert c.recoverAndAbort(RecoveryScope("it-sink")) == []
 
 
 def test_the_transaction_timeout_defaults_to_the_brokers_maximum(kafka_bootstrap: str) -> None:

@@ -230,14 +230,44 @@ def test_a_bad_transactional_id_prefix_is_refused() -> None:
 # -- transactional ids ----------------------------------------------------------------------
 
 
-def test_first_attempts_share_a_stable_id_per_partition_and_retries_get_their_own() -> None:
+def test_pooled_ids_are_per_worker_and_recovery_owns_them_and_the_older_ids() -> None:
+    from twophase.sinks.kafka import pool
+
+    first, free = pool.acquire("twophase-s", "k", "run", 0)
+    second, _ = pool.acquire("twophase-s", "k", "run", 0)
+    assert not free and first.transactionalId != second.transactionalId
+    token = pool.workerIdPrefix("twophase-s")
+    assert first.transactionalId.startswith(token) and re.fullmatch(
+        r"twophase-s-w[0-9a-f]{12}-", token
+    )
+    pool.discard(first)
+    pool.discard(second)
+    owned = ownedIds("twophase-s")
+    assert owned.match(first.transactionalId) and owned.match(second.transactionalId)
+    # Ids of earlier versions (one per partition and attempt) are still swept.
     assert transactionalIdFor("p", 3, 0) == "p-3"
     assert transactionalIdFor("p", 3, 1) == "p-3-a1"
-    owned = ownedIds("twophase-s")
     assert owned.match("twophase-s-3")
     assert owned.match("twophase-s-3-a2")
     assert not owned.match("twophase-s-x-3")  # another sink whose prefix extends ours
     assert not owned.match("twophase-s-3-b")
+    assert not owned.match("twophase-s-wabc-3")
+    assert not owned.match("twophase-s-x-w0123456789ab-3")
+
+
+def test_a_prepared_id_is_reused_only_by_a_later_batch_or_another_run() -> None:
+    from twophase.sinks.kafka import pool
+
+    entry, _ = pool.acquire("twophase-r", "k", "run", 5)
+    pool.prepared(entry, "run", 5)
+    other, free = pool.acquire("twophase-r", "k", "run", 5)  # same batch: a new id
+    assert other is not entry and not free
+    pool.prepared(other, "run", 5)
+    assert pool.acquire("twophase-r", "other-config", "run", 6)[0] not in (entry, other)
+    again, free = pool.acquire("twophase-r", "k", "run", 6)  # later batch: settle first
+    assert again in (entry, other) and not free
+    rerun, _ = pool.acquire("twophase-r", "k", "new-run", 0)  # a restarted query
+    assert rerun in (entry, other) and rerun is not again
 
 
 # -- input columns --------------------------------------------------------------------------
@@ -474,7 +504,7 @@ def test_begin_without_rows_or_topic_creates_no_producer() -> None:
         "batchId": 1,
         "partitionId": 2,
         "attempt": 0,
-        "transactionalId": "twophase-s-2",
+        "transactionalId": "twophase-s",  # no id taken: nothing to commit or sweep
         "records": 0,
     }
 
@@ -503,12 +533,19 @@ class FakeProducer:
         return 0
 
 
-def preparedTransaction(*stats: dict[str, Any]) -> Any:
-    import json as _json
+def getPid(producerLog: Any, pid: int, epoch: int) -> None:
+    """librdkafka's line, as confluent-kafka hands it to the logger."""
+    producerLog.log(
+        10, "%s [%s] %s", "GETPID", "rdkafka#producer-1",
+        f"[thrd:main]: Acquired PID{{Id:{pid},Epoch:{epoch}}}",
+    )  # fmt: skip
+
+
+def preparedTransaction(pid: int = 7, epoch: int = 3) -> Any:
+    from twophase.sinks.kafka.pool import Pooled
 
     txn = producing.beginTransaction(
         TransactionContext("s", "q", 1, 2, 0),
-        "twophase-s-2",
         "twophase-s",
         {"bootstrap.servers": "x"},
         defaultTopic=None,  # no background start: the fake producer stands in
@@ -516,61 +553,40 @@ def preparedTransaction(*stats: dict[str, Any]) -> Any:
         flushTimeoutSeconds=1,
         initTimeoutSeconds=1,
     )
+    producerLog = producing.ProducerLog("twophase-s-w0-0")
+    getPid(producerLog, pid, epoch)
+    txn.pooled = Pooled("twophase-s-w0-0", "twophase-s", "k", producerLog=producerLog)
+    txn.transactionalId = "twophase-s-w0-0"
     txn.producer = FakeProducer()  # type: ignore[assignment]
+    txn.began, txn.beganAs = True, (pid, epoch)
     txn.produced = txn.deliveries.acked = 3
-    for eos in stats:
-        txn.statistics(_json.dumps({"eos": eos}))
     return txn
 
 
-@pytest.mark.parametrize("state", ["ReadyNotAcked", "Ready", "InTransaction"])
-def test_the_producer_id_and_epoch_come_from_librdkafkas_statistics(state: str) -> None:
-    txn = preparedTransaction(
-        {"producer_id": -1, "producer_epoch": -1, "txn_state": "WaitPID", "idemp_state": "Init"},
-        {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"},
-    )
+def test_the_producer_id_and_epoch_come_from_librdkafkas_log() -> None:
+    txn = preparedTransaction(7, 3)
     handle = producing.preCommit(txn)
     assert (handle["producerId"], handle["producerEpoch"], handle["records"]) == (7, 3, 3)
+    assert txn.pooled is not None and txn.pooled.state == "prepared"
 
 
-def test_statistics_decode_only_the_eos_object_and_stop_once_prepared() -> None:
-    """librdkafka's document: eos after nested broker/topic objects, spaced as librdkafka does."""
-
-    def document(pid: int, epoch: int) -> str:
-        return (
-            '{ "name": "p#producer-1", "brokers":{ "b:9092/1": { "toppars":{ "t-0": '
-            '{ "topic":"t", "partition":0} } } }, "topics":{ "t": { "partitions":{ "0": '
-            '{ "msgq_cnt":0 } } } } , "eos": { "idemp_state": "Assigned", "txn_state": '
-            f'"InTransaction", "producer_id": {pid}, "producer_epoch": {epoch}, '
-            '"epoch_cnt": 1 }, "tx":11, "rx":11 }'
-        )
-
-    txn = preparedTransaction()
-    txn.statistics(document(5, 1))
-    txn.statistics(document(5, 2))
-    handle = producing.preCommit(txn)
-    assert (handle["producerId"], handle["producerEpoch"]) == (5, 2)
-    txn.statistics(document(9, 9))  # a retained producer's later statistics: ignored
-    assert txn.statistics.eos is not None and txn.statistics.eos["producer_id"] == 5
-    txn.statistics.eos = None
-    txn.statistics('{ "name": "p", "tx": 1 }')  # no eos section at all: nothing taken
-    assert txn.statistics.eos is None
-
-
-@pytest.mark.parametrize("state", ["AbortableError", "FatalError", "AbortingTransaction"])
-def test_a_transaction_in_an_error_state_is_not_prepared(state: str) -> None:
-    txn = preparedTransaction(
-        {"producer_id": 7, "producer_epoch": 3, "txn_state": state, "idemp_state": "Assigned"}
+def test_an_epoch_bumped_during_the_transaction_or_a_fatal_error_is_not_prepared() -> None:
+    txn = preparedTransaction(7, 3)
+    assert txn.pooled is not None
+    getPid(txn.pooled.producerLog, 7, 4)
+    with pytest.raises(KafkaWriteError, match="began with producer id 7 epoch 3"):
+        producing.preCommit(txn)
+    txn = preparedTransaction(7, 3)
+    assert txn.pooled is not None
+    txn.pooled.producerLog.log(
+        0, "%s [%s] %s", "FATAL", "rdkafka#producer-1", "Fatal error: Broker: fenced"
     )
-    with pytest.raises(KafkaWriteError, match=f"state '{state}'"):
+    with pytest.raises(KafkaWriteError, match="fenced"):
         producing.preCommit(txn)
 
 
 def test_unacknowledged_records_fail_the_task() -> None:
-    txn = preparedTransaction(
-        {"producer_id": 7, "producer_epoch": 3, "txn_state": "InTransaction",
-         "idemp_state": "Assigned"}
-    )  # fmt: skip
+    txn = preparedTransaction()
     txn.deliveries.acked = 2
     with pytest.raises(KafkaWriteError, match="3 records produced but 2 acknowledged"):
         producing.preCommit(txn)
@@ -701,7 +717,6 @@ def test_settings_and_transactions_show_no_client_config() -> None:
     source = KafkaSourceSettings.fromOptions({**BOOTSTRAP, **SECRETS, "subscribe": "t"})
     txn = producing.beginTransaction(
         TransactionContext("s", "q", 1, 2, 0, options={**BOOTSTRAP, **SECRETS}),
-        "twophase-s-2",
         "twophase-s",
         sink.producerConfig,
         defaultTopic=None,

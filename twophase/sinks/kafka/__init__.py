@@ -1,12 +1,12 @@
 """The Kafka sink: each task's records in one Kafka transaction, committed by the driver.
 
-``KafkaWriter`` (executors) opens a transactional producer per task attempt, produces the
-task's rows and leaves the transaction open; ``KafkaCommitter`` (driver, ``twophase recover``)
-ends it with EndTxn from another client, reads back what it cannot end, and sweeps lingering
-transactions. The transaction timeout defaults to the brokers' ``transaction.max.timeout.ms``:
-the driver may be down that long after deciding a batch before the broker aborts the batch's
-transactions. See docs/kafka.md. Plain Python: the Spark data source ``twophase.kafka`` is
-``twophase.spark.kafka.KafkaSink``.
+``KafkaWriter`` (executors) takes a transactional producer from its worker's pool per task
+attempt, produces the task's rows and leaves the transaction open; ``KafkaCommitter``
+(driver, ``twophase recover``) ends it with EndTxn from another client, reads back what it
+cannot end, and sweeps lingering transactions. The transaction timeout defaults to the
+brokers' ``transaction.max.timeout.ms``: the driver may be down that long after deciding a
+batch before the broker aborts the batch's transactions. See docs/kafka.md. Plain Python: the
+Spark data source ``twophase.kafka`` is ``twophase.spark.kafka.KafkaSink``.
 """
 
 from twophase.clients.kafka import (
@@ -17,8 +17,8 @@ from twophase.sinks.kafka.columns import ColumnLayout, checkColumns
 from twophase.sinks.kafka.committer import KafkaCommitter
 from twophase.sinks.kafka.errors import KafkaCommitError, KafkaWriteError
 from twophase.sinks.kafka.handles import KIND, checkHandle, describeHandle
+from twophase.sinks.kafka.pool import pooledTransactionalIds
 from twophase.sinks.kafka.probe import ProbeVerdict, probeRecord
-from twophase.sinks.kafka.retention import retainedTransactionalIds
 from twophase.sinks.kafka.settings import (
     RESOLVED_TIMEOUT_OPTION,
     SAFE_OPTIONS,
@@ -46,7 +46,7 @@ __all__ = [
     "checkHandle",
     "describeHandle",
     "ownedIds",
+    "pooledTransactionalIds",
     "probeRecord",
-    "retainedTransactionalIds",
     "transactionalIdFor",
 ]

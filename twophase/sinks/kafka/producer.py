@@ -1,25 +1,26 @@
-"""The executor side of the Kafka sink: one transactional librdkafka producer per task attempt.
+"""The executor side of the Kafka sink: one transaction per task attempt, on a pooled producer.
 
-A task opens a transaction, produces its rows as it reads them, flushes, checks that every
-record was acknowledged, reads the producer id and epoch from librdkafka's statistics, and
-leaves the transaction **open** for the driver to end. Two facts of confluent-kafka shape this
+A task takes a transactional librdkafka producer from its worker's pool
+(``twophase.sinks.kafka.pool``), begins a transaction at its first row, produces its rows as it
+reads them, flushes, checks that every record was acknowledged, and leaves the transaction
+**open** for the driver to end; the producer goes back to the pool, holding it. The producer id
+and epoch come from librdkafka's own log (debug context ``eos``: ``Acquired PID{Id:..,Epoch:..}``
+when ``init_transactions`` gets them), not from its statistics, whose periodic JSON would cost
+every pooled producer CPU for as long as it lives. Two facts of confluent-kafka shape this
 module (both checked by ``integration_tests/test_kafka_protocol.py``):
 
-- ``Producer.close()`` aborts an open transaction (confluent-kafka >= 2.16), so a prepared
-  producer is never closed;
+- ``Producer.close()`` aborts an open transaction (confluent-kafka >= 2.16), so a producer
+  holding a prepared transaction is never closed;
 - destroying a producer without ``close()`` (garbage collection, interpreter exit, SIGKILL)
   leaves its transaction open on the broker.
-
-So prepared producers stay referenced in their worker (``twophase.sinks.kafka.retention``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,15 +30,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from twophase.clients.kafka import errorText, newClient, shownConfig
 from twophase.protocol import TransactionContext
 from twophase.redaction import getLogger, redact
+from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
 from twophase.sinks.kafka.errors import KafkaWriteError
-from twophase.sinks.kafka.retention import Retained, markPrepared, release, retain
+from twophase.sinks.kafka.pool import Pooled
 from twophase.sinks.kafka.settings import DEFAULT_MESSAGE_TIMEOUT_MS
 
 log = getLogger(__name__)
-
-STATISTICS_INTERVAL_MS = 100
-"""librdkafka statistics period: the producer id and epoch are read from them."""
 
 BATCH_CHUNK = 5000
 """Records handed to ``produce_batch`` at once."""
@@ -61,11 +60,6 @@ def withTimeouts(config: Mapping[str, str], transactionTimeoutMs: int) -> dict[s
 
 _QUEUE_FULL = KafkaError._QUEUE_FULL
 
-_USABLE_STATES = ("ReadyNotAcked", "Ready", "InTransaction")
-"""librdkafka transaction states in which the statistics' producer id and epoch are those of
-the open transaction: the latest statistics may predate ``begin_transaction`` (Ready) or even
-the return of ``init_transactions`` (ReadyNotAcked: producer id assigned, call not returned)."""
-
 
 class _Deliveries:
     """The delivery-report callback of one transaction: counts, the first errors, a probe."""
@@ -73,6 +67,9 @@ class _Deliveries:
     __slots__ = ("acked", "failed", "errors", "last")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.acked = 0
         self.failed = 0
         self.errors: list[str] = []
@@ -88,80 +85,85 @@ class _Deliveries:
             self.errors.append(redact(f"{msg.topic()} [{msg.partition()}]: {err.str()}"))
 
 
-class _Statistics:
-    """librdkafka's statistics callback: keeps the latest ``eos`` section with a producer id.
+_ACQUIRED_PID = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
+"""librdkafka's ``GETPID`` debug line when ``init_transactions`` (or an epoch bump) ends."""
 
-    In a transaction-version-1 transaction the producer id and epoch are fixed by
-    ``init_transactions`` and change only with a fatal or abortable error (which the delivery
-    reports and the transaction state surface), so the first statistics after
-    ``init_transactions`` already give the handle's id and epoch: no task waits for the next
-    statistics period after its flush.
 
-    Only the small ``eos`` object is decoded, not the whole document (brokers, topics,
-    partitions: 6-20 KB, a tenth of a millisecond or more each, ten times a second per
-    producer); once the task has prepared its transaction, ``stop()`` makes later statistics
-    free, since a producer the worker keeps for the driver goes on emitting them.
+class ProducerLog:
+    """librdkafka's log of one producer: the producer id and epoch it acquired, fatal errors.
+
+    Set as the producer's ``logger`` with ``debug=eos``; confluent-kafka calls ``log(level,
+    "%s [%s] %s", facility, name, message)`` from ``poll``/``flush``. The latest ``GETPID`` line
+    gives the id and epoch (a transaction-version-1 producer keeps them from
+    ``init_transactions`` on: ending a transaction does not bump the epoch). Warnings and errors
+    go to this module's logger, redacted; debug lines are dropped.
     """
 
-    __slots__ = ("eos", "at", "stopped")
+    __slots__ = ("producerId", "epoch", "fatal", "transactionalId", "forward")
 
-    def __init__(self) -> None:
-        self.eos: dict[str, Any] | None = None
-        self.at = 0.0
-        self.stopped = False
+    def __init__(self, transactionalId: str, forward: bool = False) -> None:
+        self.producerId = -1
+        self.epoch = -1
+        self.fatal: str | None = None
+        self.transactionalId = transactionalId
+        self.forward = forward
 
-    def __call__(self, text: str) -> None:
-        if self.stopped:
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        facility = args[0] if args else ""
+        if facility == "GETPID":
+            found = _ACQUIRED_PID.search(str(args[2]))
+            if found is not None:
+                self.producerId, self.epoch = int(found.group(1)), int(found.group(2))
             return
-        found = _EOS_KEY.search(text)
-        if found is None:
-            return
-        eos, _ = _JSON.raw_decode(text, found.end())
-        if isinstance(eos, dict) and int(eos.get("producer_id", -1)) >= 0:
-            self.eos = eos
-            self.at = time.monotonic()
+        if facility in ("FATAL", "TXNERR") and self.fatal is None:
+            self.fatal = redact(str(args[2]))
+        if level >= 20 or self.forward:  # not a debug line
+            log.log(max(level, 10), "librdkafka %s: %s", self.transactionalId, redact(fmt % args))
 
-    def stop(self) -> None:
-        self.stopped = True
-
-
-_EOS_KEY = re.compile(r'"eos"\s*:\s*')
-"""Where the top-level ``eos`` object starts in librdkafka's statistics JSON."""
-_JSON = json.JSONDecoder()
+    def current(self) -> tuple[int, int]:
+        return self.producerId, self.epoch
 
 
 @dataclass(eq=False)
 class KafkaTransaction:
     """One task attempt's Kafka transaction. Lives in one executor process; never pickled.
 
-    With a default topic (option ``topic``), the producer is created, fenced and begun in a
-    background thread from ``beginTransaction`` on (``starting``), while Spark computes the
-    task's first rows; otherwise at the first record. ``write`` and ``preCommit`` wait for it.
+    With a default topic (option ``topic``), the producer is taken from the pool (created,
+    or its previous transaction settled) in a background thread from ``beginTransaction`` on
+    (``starting``), while Spark computes the task's first rows; otherwise at the first record.
+    The transaction begins at the first record: a task without rows opens none.
     """
 
     ctx: TransactionContext = field(repr=False)  # its options may hold secrets
-    transactionalId: str
     prefix: str
     config: Mapping[str, str] = field(repr=False)  # may hold secrets
     defaultTopic: str | None
     transactionTimeoutMs: int
     flushTimeoutSeconds: float
     initTimeoutSeconds: float
+    requestTimeoutSeconds: float = 30.0
+    transactionalId: str = ""
+    pooled: Pooled | None = field(default=None, repr=False)
     producer: Producer | None = None
+    began: bool = False
+    beganAs: tuple[int, int] = (-1, -1)
     starting: threading.Thread | None = None
     startError: BaseException | None = None
     deliveries: _Deliveries = field(default_factory=_Deliveries)
-    statistics: _Statistics = field(default_factory=_Statistics)
     startedAtMs: int = 0
     queueLimit: int = DEFAULT_QUEUE_MESSAGES
     layout: ColumnLayout | None = None
     produced: int = 0
     state: str = "open"
 
+    @property
+    def poolKey(self) -> Hashable:
+        """What a pooled producer must share to serve this task: cluster, settings, timeout."""
+        return (tuple(sorted(self.config.items())), self.transactionTimeoutMs)
+
 
 def beginTransaction(
     ctx: TransactionContext,
-    transactionalId: str,
     prefix: str,
     config: Mapping[str, str],
     *,
@@ -169,30 +171,31 @@ def beginTransaction(
     transactionTimeoutMs: int,
     flushTimeoutSeconds: float,
     initTimeoutSeconds: float,
+    requestTimeoutSeconds: float = 30.0,
 ) -> KafkaTransaction:
-    """A transaction of ``transactionalId``; its producer starts now (in the background) when
-    the topic is known, else at the first record."""
+    """A transaction of sink ``prefix``; its producer is taken now (in the background) when the
+    topic is known, else at the first record."""
     txn = KafkaTransaction(
         ctx=ctx,
-        transactionalId=transactionalId,
         prefix=prefix,
         config=config,
         defaultTopic=defaultTopic,
         transactionTimeoutMs=transactionTimeoutMs,
         flushTimeoutSeconds=flushTimeoutSeconds,
         initTimeoutSeconds=initTimeoutSeconds,
+        requestTimeoutSeconds=requestTimeoutSeconds,
         queueLimit=int(config.get("queue.buffering.max.messages", DEFAULT_QUEUE_MESSAGES)),
     )
     if defaultTopic:
 
         def start() -> None:
             try:
-                _startProducer(txn, defaultTopic)
+                _acquire(txn, defaultTopic)
             except BaseException as exc:  # handed to the task thread by _awaitStart
                 txn.startError = exc
 
         txn.starting = threading.Thread(
-            target=start, name=f"twophase-kafka-init-{transactionalId}", daemon=True
+            target=start, name=f"twophase-kafka-start-{prefix}", daemon=True
         )
         txn.starting.start()
     return txn
@@ -209,8 +212,44 @@ def _awaitStart(txn: KafkaTransaction) -> None:
         raise error
 
 
-def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
-    """Create the producer, ``init_transactions`` (fencing its predecessors), begin.
+def _listOpen(txn: KafkaTransaction) -> Any:
+    """``listing`` for ``pool.openIds``: the worker's open transactions, from the brokers."""
+    from twophase.sinks.kafka.txn import sharedClient
+
+    def listing(idPrefix: str) -> list[str] | None:
+        client = sharedClient(txn.config, timeoutSeconds=txn.requestTimeoutSeconds)
+        found = client.listOngoing(idPrefix)
+        return None if found is None else [t.transactionalId for t in found]
+
+    return listing
+
+
+def _acquire(txn: KafkaTransaction, firstTopic: str) -> None:
+    """Take a pooled producer: ready, or settled (its previous transaction ended), or new."""
+    ctx = txn.ctx
+    entry, free = pool.acquire(txn.prefix, txn.poolKey, ctx.runId, ctx.batchId)
+    txn.pooled = entry
+    txn.transactionalId = entry.transactionalId
+    try:
+        if not free and entry.producer is not None:
+            openNow = pool.openIds(txn.prefix, ctx.runId, ctx.batchId, _listOpen(txn))
+            free = pool.settle(entry, openNow, txn.initTimeoutSeconds)
+        if not free:
+            entry.producer, entry.producerLog = _createProducer(txn, firstTopic)
+            entry.deliveries = txn.deliveries
+    except BaseException:
+        pool.discard(entry)
+        raise
+    # The pooled producer's delivery reports now count for this transaction.
+    assert isinstance(entry.deliveries, _Deliveries)
+    entry.deliveries.reset()
+    txn.deliveries = entry.deliveries
+    txn.producer = entry.producer
+
+
+def _createProducer(txn: KafkaTransaction, firstTopic: str) -> tuple[Producer, ProducerLog]:
+    """Create the producer of ``txn.transactionalId`` and ``init_transactions`` (fencing and
+    aborting whatever an earlier producer of the id left open).
 
     The producer first fetches ``firstTopic``'s metadata twice: librdkafka drops its
     bootstrap connection once it has learned the brokers, and ``init_transactions`` started
@@ -220,30 +259,62 @@ def _startProducer(txn: KafkaTransaction, firstTopic: str) -> Producer:
     (median 0.06 s).
     """
     producerConfig = withTimeouts(txn.config, txn.transactionTimeoutMs)
+    debug = {c.strip() for c in str(producerConfig.get("debug", "")).split(",") if c.strip()}
+    producerLog = ProducerLog(txn.transactionalId, forward=bool(debug))
     producerConfig.update(
         {
             "transactional.id": txn.transactionalId,
-            "statistics.interval.ms": STATISTICS_INTERVAL_MS,
-            "stats_cb": txn.statistics,
+            "debug": ",".join(sorted(debug | {"eos"})),
+            "logger": producerLog,
             "on_delivery": txn.deliveries,
         }
     )
     producer = newClient(Producer, producerConfig, "producer")
     log.debug("kafka: producer %s with %s", txn.transactionalId, shownConfig(txn.config))
-    txn.startedAtMs = int(time.time() * 1000)
     try:
         for _ in range(2):
             producer.list_topics(firstTopic or None, timeout=txn.initTimeoutSeconds)
         producer.init_transactions(txn.initTimeoutSeconds)
-        producer.begin_transaction()
     except KafkaException as exc:
+        try:
+            producer.close()  # nothing of ours is open: close aborts nothing
+        except Exception:  # best effort
+            log.debug("kafka: closing %s failed", txn.transactionalId, exc_info=True)
         raise KafkaWriteError(
             f"kafka: could not begin a transaction with transactional id {txn.transactionalId} "
             f"at {txn.config.get('bootstrap.servers')}: {errorText(exc, named=True)}"
         ) from exc
-    retain(txn.transactionalId, Retained(producer, txn.prefix, txn.ctx.batchId))
-    txn.producer = producer
-    return producer
+    return producer, producerLog
+
+
+def _producerLog(txn: KafkaTransaction) -> ProducerLog:
+    entry = txn.pooled
+    assert entry is not None and isinstance(entry.producerLog, ProducerLog)
+    return entry.producerLog
+
+
+def _begin(txn: KafkaTransaction, producer: Producer) -> None:
+    """Begin the transaction (local to the producer: the broker hears of it at the first record)."""
+    producerLog = _producerLog(txn)
+    try:
+        producer.begin_transaction()
+    except KafkaException as exc:
+        raise KafkaWriteError(
+            f"kafka: could not begin a transaction with transactional id {txn.transactionalId}: "
+            f"{errorText(exc, named=True)}"
+        ) from exc
+    txn.began = True
+    txn.startedAtMs = int(time.time() * 1000)
+    deadline = time.monotonic() + 10.0
+    producer.poll(0)
+    while producerLog.producerId < 0:  # logged before init_transactions returned; not served?
+        if time.monotonic() > deadline:
+            raise KafkaWriteError(
+                f"kafka: librdkafka logged no producer id for {txn.transactionalId} (debug "
+                "context eos), so the transaction's producer id and epoch are unknown"
+            )
+        producer.poll(0.01)
+    txn.beganAs = producerLog.current()
 
 
 def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
@@ -255,9 +326,12 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     keys = batch.column(layout.key).to_pylist() if layout.key is not None else None
     topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
     _awaitStart(txn)
-    producer = txn.producer or _startProducer(
-        txn, str(txn.defaultTopic or next((t for t in topics or () if t), ""))
-    )
+    if txn.producer is None:
+        _acquire(txn, str(txn.defaultTopic or next((t for t in topics or () if t), "")))
+    producer = txn.producer
+    assert producer is not None
+    if not txn.began:
+        _begin(txn, producer)
     if (
         layout.topic is None
         and layout.partition is None
@@ -366,20 +440,23 @@ def _raiseDeliveryErrors(txn: KafkaTransaction) -> None:
 
 
 def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
-    """Flush, check every delivery report, read producer id and epoch; keep the txn open.
+    """Flush, check every delivery report, take producer id and epoch; keep the txn open.
 
     Returns the handle fields that describe the transaction (the participant adds its own);
-    a transaction without records has nothing to commit (its producer, if any, began a
-    transaction only locally: librdkafka tells the broker at the first record).
+    a transaction without records has nothing to commit, and its producer goes back to the
+    pool ready for the next task.
     """
     _awaitStart(txn)
     producer = txn.producer
+    entry = txn.pooled
     if producer is None or txn.produced == 0:
+        if producer is not None and txn.began:
+            producer.commit_transaction(txn.initTimeoutSeconds)  # local: no partition added
         txn.state = "prepared"
-        txn.statistics.stop()
-        if producer is not None:
-            markPrepared(txn.transactionalId, producer)
-        return {"transactionalId": txn.transactionalId, "records": 0}
+        if entry is not None:
+            pool.ready(entry)
+        # No transaction: the sink's prefix stands for an id (nothing to commit or sweep).
+        return {"transactionalId": txn.transactionalId or txn.prefix, "records": 0}
     deadline = time.monotonic() + txn.flushTimeoutSeconds
     remaining = producer.flush(txn.flushTimeoutSeconds)
     while remaining and time.monotonic() < deadline:
@@ -395,17 +472,23 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
             f"kafka: transactional id {txn.transactionalId}: {txn.produced} records produced "
             f"but {txn.deliveries.acked} acknowledged"
         )
-    eos = _freshEos(txn)
-    txnState = str(eos.get("txn_state", ""))
-    if txnState not in _USABLE_STATES or eos.get("idemp_state") != "Assigned":
+    producerLog = _producerLog(txn)
+    producerId, epoch = producerLog.current()
+    if producerLog.fatal is not None:
         raise KafkaWriteError(
-            f"kafka: transactional id {txn.transactionalId} is in state {txnState!r} "
-            f"(idempotence {eos.get('idemp_state')!r}): the transaction cannot be committed"
+            f"kafka: transactional id {txn.transactionalId} failed: {producerLog.fatal}; the "
+            "transaction cannot be committed"
+        )
+    if producerId < 0 or (producerId, epoch) != txn.beganAs:
+        raise KafkaWriteError(
+            f"kafka: transactional id {txn.transactionalId}: librdkafka reports producer id "
+            f"{producerId} epoch {epoch}, but the transaction began with producer id "
+            f"{txn.beganAs[0]} epoch {txn.beganAs[1]}: the transaction cannot be committed"
         )
     handle: dict[str, Any] = {
         "transactionalId": txn.transactionalId,
-        "producerId": int(eos["producer_id"]),
-        "producerEpoch": int(eos["producer_epoch"]),
+        "producerId": producerId,
+        "producerEpoch": epoch,
         "records": txn.produced,
         "startedAtMs": txn.startedAtMs,
         "transactionTimeoutMs": txn.transactionTimeoutMs,
@@ -417,31 +500,10 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
             "partition": last.partition(),
             "offset": last.offset(),
         }
-    if handle["producerId"] < 0:
-        raise KafkaWriteError(
-            f"kafka: librdkafka reports no producer id for {txn.transactionalId} ({eos})"
-        )
     txn.state = "prepared"
-    txn.statistics.stop()
-    markPrepared(txn.transactionalId, producer)
+    assert entry is not None
+    pool.prepared(entry, txn.ctx.runId, txn.ctx.batchId)
     return handle
-
-
-def _freshEos(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> dict[str, Any]:
-    """The latest ``eos`` statistics with the producer id; waits for the first ones if needed."""
-    deadline = time.monotonic() + timeoutSeconds
-    statistics = txn.statistics
-    producer = txn.producer
-    assert producer is not None
-    producer.poll(0)
-    while statistics.eos is None:
-        if time.monotonic() > deadline:
-            raise KafkaWriteError(
-                f"kafka: librdkafka sent no statistics for {txn.transactionalId} within "
-                f"{timeoutSeconds:.0f} s, so its producer id and epoch are unknown"
-            )
-        producer.poll(0.01)
-    return statistics.eos
 
 
 def abortTransaction(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> None:
@@ -452,15 +514,17 @@ def abortTransaction(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> Non
         log.debug("kafka: %s never started", txn.transactionalId, exc_info=True)
     producer = txn.producer
     txn.state = "aborted"
+    if txn.pooled is not None:
+        pool.discard(txn.pooled)
     if producer is None:
         return
     try:
         producer.purge()
-        producer.abort_transaction(timeoutSeconds)
+        if txn.began:
+            producer.abort_transaction(timeoutSeconds)
     except Exception:  # fenced or broker down: the driver's sweep aborts it later
         log.debug("kafka: aborting %s on the executor failed", txn.transactionalId, exc_info=True)
     try:
         producer.close()
     except Exception:  # best effort
         log.debug("kafka: closing %s failed", txn.transactionalId, exc_info=True)
-    release(txn.transactionalId, producer)

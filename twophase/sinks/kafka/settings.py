@@ -60,7 +60,7 @@ class KafkaSettings:
     - ``kafka.bootstrap.servers`` (required) and any other ``kafka.<name>``: librdkafka
       producer properties (Java names Spark users know are translated or refused clearly).
     - ``topic``: the topic of every row; overrides a ``topic`` column (as in Spark).
-    - ``transactionalIdPrefix``: transactional ids are ``<prefix>-<partition>`` (default
+    - ``transactionalIdPrefix``: transactional ids are ``<prefix>-w<worker>-<n>`` (default
       ``twophase-<sinkId>``). The principal needs WRITE and DESCRIBE on ids with this prefix.
     - ``kafka.transaction.timeout.ms``: default: the broker's ``transaction.max.timeout.ms``.
     - ``flushTimeoutSeconds``: how long a task waits for its records' acknowledgements
@@ -137,12 +137,11 @@ def _intConfig(config: Mapping[str, str], name: str) -> int | None:
 
 
 def transactionalIdFor(prefix: str, partitionId: int, attemptNumber: int) -> str:
-    """``<prefix>-<partition>`` for a first attempt, ``<prefix>-<partition>-a<n>`` for others.
+    """The ids of earlier versions of the sink, one per partition and attempt (swept still).
 
-    Stable per partition, so the next batch's task fences whatever an earlier one left open,
-    and the ids of a sink stay few. A retried or speculative attempt gets an id of its own: a
-    speculative copy that began later must never fence (and so abort) the transaction of the
-    attempt whose result Spark keeps; the zombie it leaves is swept after the batch commits.
+    ``<prefix>-<partition>`` for a first attempt, ``<prefix>-<partition>-a<n>`` for others.
+    Tasks now use their worker's pooled ids (``twophase.sinks.kafka.pool``); recovery still
+    sweeps these, which a checkpoint written by an earlier version may have left open.
     """
     if attemptNumber <= 0:
         return f"{prefix}-{partitionId}"
@@ -150,5 +149,9 @@ def transactionalIdFor(prefix: str, partitionId: int, attemptNumber: int) -> str
 
 
 def ownedIds(prefix: str) -> re.Pattern[str]:
-    """The transactional ids ``transactionalIdFor`` makes with ``prefix``, and no other."""
-    return re.compile(rf"^{re.escape(prefix)}-\d+(?:-a\d+)?$")
+    """The transactional ids the sink makes with ``prefix``, and no other.
+
+    Pooled ids ``<prefix>-w<12 hex>-<n>`` (any worker, any shape of the query), and the
+    per-partition ids of earlier versions (``transactionalIdFor``).
+    """
+    return re.compile(rf"^{re.escape(prefix)}-(?:\d+(?:-a\d+)?|w[0-9a-f]{{12}}-\d+)$")

@@ -1,11 +1,10 @@
 """The executor half of the Kafka sink: each task attempt's records in one open transaction.
 
-A task attempt of partition p writes with a transactional producer whose ``transactional.id``
-is ``<prefix>-<p>`` (``<prefix>-<p>-a<a>`` for attempt a > 0, so that a retry or speculative
-copy can never fence the attempt whose result Spark keeps), produces the rows as it reads
-them, flushes, checks every delivery report, and returns the producer id and epoch in its
-handle. The transaction stays open: ``read_committed`` consumers see nothing of it until
-``KafkaCommitter`` ends it.
+A task attempt writes with a transactional producer of its Python worker's pool
+(``twophase.sinks.kafka.pool``: ids ``<prefix>-w<worker token>-<n>``, never shared by two
+workers, reused by later batches only), produces the rows as it reads them, flushes, checks
+every delivery report, and returns the producer id and epoch in its handle. The transaction
+stays open: ``read_committed`` consumers see nothing of it until ``KafkaCommitter`` ends it.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from twophase.redaction import getLogger
 from twophase.sinks.kafka import producer as producing
 from twophase.sinks.kafka.handles import KIND, describeHandle
 from twophase.sinks.kafka.producer import KafkaTransaction
-from twophase.sinks.kafka.settings import KafkaSettings, transactionalIdFor
+from twophase.sinks.kafka.settings import KafkaSettings
 
 log = getLogger(__name__)
 
 
 class KafkaWriter(TransactionWriter[KafkaTransaction]):
-    """Executor side: a transactional producer per task attempt, prepared and left open.
+    """Executor side: a pooled transactional producer per task attempt, prepared, left open.
 
     Nothing a task writes is visible to ``read_committed`` consumers before the driver commits.
     """
@@ -42,17 +41,16 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
         return self.settings.resolvedTransactionTimeoutMs()
 
     def beginTransaction(self, ctx: TransactionContext) -> KafkaTransaction:
-        """Executor: a producer for this partition's transactional id, fenced and begun."""
-        prefix = self.settings.prefixFor(ctx.sinkId)
+        """Executor: a pooled producer (in the background when the topic is known)."""
         return producing.beginTransaction(
             ctx,
-            transactionalIdFor(prefix, ctx.partitionId, ctx.attemptNumber),
-            prefix,
+            self.settings.prefixFor(ctx.sinkId),
             self.settings.producerConfig,
             defaultTopic=self.settings.topic,
             transactionTimeoutMs=self.transactionTimeoutMs(),
             flushTimeoutSeconds=self.settings.flushTimeoutSeconds,
             initTimeoutSeconds=self.settings.initTimeoutSeconds,
+            requestTimeoutSeconds=self.settings.requestTimeoutSeconds,
         )
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:

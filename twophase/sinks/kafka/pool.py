@@ -1,0 +1,248 @@
+"""Transactional producers pooled in their Python worker: kept for the driver, reused by tasks.
+
+Spark reuses Python workers between tasks, so a worker keeps its producers (Flink's pooled
+transactional ids, flink-connector-kafka's ``TransactionNamingStrategy.POOLING``) instead of
+creating and fencing one per task. The ids are ``<prefix>-w<token>-<n>``: ``token`` is random
+per worker process, so no two live workers (other processes, other executors, other hosts, a
+restarted application) ever share an id; ``n`` counts the worker's ids, so a worker holds only
+as many as it has transactions open at once.
+
+A producer whose last transaction holds records (``prepared``) is reused only by a task of a
+later batch of the same run, or of another run: by then the driver has committed every decided
+transaction of earlier batches (micro-batches are sequential; a restart commits decided batches
+before any task runs), so what is still open on the id is undecided and never will be decided.
+Before reuse, one ListTransactions per worker and batch tells which of the worker's ids are
+still open: those are aborted (``close()``); the others end with the producer's own
+``commit_transaction()``, which the broker answers as a repeat of the driver's commit (no-op
+success; pid and epoch unchanged) or refuses when the transaction was aborted (the producer is
+then replaced). When the worker cannot list, the id is taken over by a new producer, whose
+``init_transactions`` aborts whatever is open on it.
+
+``Producer.close()`` aborts an open transaction and dropping a producer does not, so a producer
+holding a prepared transaction is never closed here: beyond ``MAX_PRODUCERS`` it is dropped and
+its id kept for a later task, which takes it over with ``init_transactions``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
+MAX_PRODUCERS = 256
+"""Producers a worker keeps per sink; further prepared ones are dropped (their ids are kept)."""
+
+KEEPER_INTERVAL_SECONDS = 1.0
+"""How often the keeper thread serves the event queues of producers no task uses."""
+
+
+@dataclass(eq=False)
+class Pooled:
+    """One pooled transactional id and, while it is alive, its producer.
+
+    ``state``: ``busy`` (a task holds it), ``prepared`` (its transaction holds records of batch
+    ``batchId`` of run ``runId``; ended by the driver or by nobody), ``ready`` (no transaction
+    open: the next task can begin at once). ``producer`` is ``None`` when it was dropped.
+    """
+
+    transactionalId: str
+    prefix: str
+    key: Hashable
+    producer: Producer | None = None
+    producerLog: Any = None
+    """The producer's ``ProducerLog`` (its id and epoch)."""
+    deliveries: Any = None
+    """The producer's delivery-report callback, reset by each task."""
+    runId: str = ""
+    batchId: int = -1
+    state: str = "busy"
+
+
+class _Pool:
+    """The pooled ids of one worker process (forked workers start with an empty pool)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.token = secrets.token_hex(6)
+        self.entries: list[Pooled] = []
+        self.counters: dict[str, int] = {}
+        self.listed: dict[tuple[str, str, int], frozenset[str] | None] = {}
+
+
+_POOL: _Pool | None = None
+_LOCK = threading.RLock()
+
+
+def _pool() -> _Pool:
+    global _POOL
+    if _POOL is None or _POOL.pid != os.getpid():
+        _POOL = _Pool()
+    return _POOL
+
+
+def workerIdPrefix(prefix: str) -> str:
+    """``<prefix>-w<token>-``: the start of every id this worker process uses for ``prefix``."""
+    with _LOCK:
+        return f"{prefix}-w{_pool().token}-"
+
+
+def acquire(prefix: str, key: Hashable, runId: str, batchId: int) -> tuple[Pooled, bool]:
+    """An id (and producer, if alive) for a task of batch ``batchId`` of run ``runId``.
+
+    Returns ``(entry, free)``: ``free`` when its producer is ready to begin now; otherwise the
+    caller settles it (``settle``) or, with no producer, creates one for the id. Prefers ready
+    producers, then prepared ones of earlier batches, then a new id.
+    """
+    with _LOCK:
+        pool = _pool()
+        mine = [e for e in pool.entries if e.prefix == prefix and e.key == key]
+        for entry in mine:
+            if entry.state == "ready" and entry.producer is not None:
+                entry.state = "busy"
+                return entry, True
+        for entry in mine:
+            if entry.state == "prepared" and (entry.runId != runId or entry.batchId < batchId):
+                entry.state = "busy"
+                return entry, False
+        n = pool.counters.get(prefix, 0)
+        pool.counters[prefix] = n + 1
+        entry = Pooled(f"{prefix}-w{pool.token}-{n}", prefix, key)
+        pool.entries.append(entry)
+        return entry, False
+
+
+def openIds(
+    prefix: str, runId: str, batchId: int, listing: Callable[[str], list[str] | None]
+) -> frozenset[str] | None:
+    """This worker's ids of ``prefix`` with an open transaction, listed once per batch.
+
+    ``listing(idPrefix)`` asks the brokers (``None``: they cannot list). A listing made during
+    batch ``batchId`` is later than every prepare of an earlier batch in this worker (a worker
+    runs one task at a time), so it shows every still-open transaction a task may take over.
+    """
+    cacheKey = (prefix, runId, batchId)
+    with _LOCK:
+        pool = _pool()
+        if cacheKey in pool.listed:
+            return pool.listed[cacheKey]
+        idPrefix = f"{prefix}-w{pool.token}-"
+    try:
+        found = listing(idPrefix)
+        result = None if found is None else frozenset(found)
+    except Exception:  # the take-over by init_transactions is always safe
+        log.debug("kafka: could not list this worker's open transactions", exc_info=True)
+        result = None
+    with _LOCK:
+        pool = _pool()
+        pool.listed = {k: v for k, v in pool.listed.items() if k[0] != prefix}
+        pool.listed[cacheKey] = result
+    return result
+
+
+def settle(entry: Pooled, openNow: frozenset[str] | None, timeoutSeconds: float) -> bool:
+    """End the prepared transaction of ``entry``'s producer so it can begin another.
+
+    True when the producer is ready; False when it was closed or dropped (the caller then takes
+    the id over with a new producer). Only called for transactions of earlier batches, which
+    the driver has committed if they were decided: ``commit_transaction`` is then a repeat (a
+    no-op), and for an aborted one the broker refuses it. Open ones are undecided: aborted.
+    """
+    producer = entry.producer
+    if producer is None:
+        return False
+    if openNow is not None and entry.transactionalId not in openNow:
+        try:
+            producer.commit_transaction(timeoutSeconds)
+            return True
+        except KafkaException as exc:
+            log.debug(
+                "kafka: %s cannot go on (%s); taking the id over",
+                entry.transactionalId,
+                exc.args[0] if exc.args else exc,
+            )
+    entry.producer = None
+    if openNow is not None and entry.transactionalId in openNow:
+        _close(entry.transactionalId, producer)  # aborts the undecided transaction
+    return False
+
+
+def _close(transactionalId: str, producer: Producer) -> None:
+    try:
+        producer.close()
+    except Exception:  # best effort: the new producer's init_transactions fences the id
+        log.debug("kafka: closing %s failed", transactionalId, exc_info=True)
+
+
+def prepared(entry: Pooled, runId: str, batchId: int) -> None:
+    """The task prepared a transaction with records on ``entry``: keep it for the driver."""
+    with _LOCK:
+        entry.state = "prepared"
+        entry.runId = runId
+        entry.batchId = batchId
+        alive = [
+            e
+            for e in _pool().entries
+            if e.prefix == entry.prefix and e.key == entry.key and e.producer is not None
+        ]
+        if len(alive) > MAX_PRODUCERS:
+            entry.producer = None  # dropped, not closed: the transaction stays open
+    _startKeeper()
+
+
+def ready(entry: Pooled) -> None:
+    """The task ends with nothing open on ``entry``'s producer: the next task may take it."""
+    with _LOCK:
+        entry.state = "ready" if entry.producer is not None else "prepared"
+    _startKeeper()
+
+
+def discard(entry: Pooled) -> None:
+    """Forget ``entry``'s producer (closed by the caller); the id stays for a later take-over."""
+    with _LOCK:
+        entry.producer = None
+        entry.state = "prepared"  # whatever is left open is taken over by init_transactions
+        entry.batchId = -1
+        entry.runId = ""
+
+
+def pooledTransactionalIds() -> list[str]:
+    """Ids whose producers this process keeps (for tests and diagnostics)."""
+    with _LOCK:
+        return sorted(e.transactionalId for e in _pool().entries if e.producer is not None)
+
+
+_KEEPER: threading.Thread | None = None
+
+
+def _startKeeper() -> None:
+    global _KEEPER
+    with _LOCK:
+        if _KEEPER is not None and _KEEPER.is_alive():
+            return
+        _KEEPER = threading.Thread(target=_keep, name="twophase-kafka-keeper", daemon=True)
+        _KEEPER.start()
+
+
+def _keep() -> None:
+    """Serve the event queues of producers no task polls (librdkafka's logs and errors)."""
+    while True:
+        time.sleep(KEEPER_INTERVAL_SECONDS)
+        with _LOCK:
+            producers = [
+                e.producer for e in _pool().entries if e.state != "busy" and e.producer is not None
+            ]
+        for producer in producers:
+            try:
+                producer.poll(0)
+            except Exception:  # a producer being destroyed; the next round skips it
+                log.debug("kafka: keeper could not poll a pooled producer", exc_info=True)
