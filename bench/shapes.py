@@ -6,6 +6,8 @@ sink, so Spark's default 200 shuffle partitions, and a JVM source. For each shap
 Spark session runs the same query into:
 
 - Spark's ``noop`` sink: the engine alone, the ceiling for any sink;
+- ``bench.drop``: a Python data source that reads its input and drops it, the ceiling for any
+  sink written in Python (PySpark's own cost per task: a worker round trip and Arrow);
 - Spark's own path for the target: the Parquet file sink, the Kafka sink, JDBC in
   ``foreachBatch``;
 - twophase: ``twophase.files`` (Parquet), ``twophase.kafka``, ``twophase.postgres``.
@@ -56,7 +58,10 @@ SHAPES = (
     Shape("rate", 8, 125_000),
     Shape("rate", 200, 20_000),
     Shape("sequence", 200, 20_000),
+    Shape("rate", 1000, 20_000),
 )
+DEFAULT_SHAPES = "0,1,2"
+"""What ``make bench-shapes`` measures; the 1,000-partition shape (3) is asked for by name."""
 TARGETS = ("files", "kafka", "postgres")
 SPARK_OWN = {
     "files": "Spark Parquet file sink",
@@ -139,7 +144,14 @@ def failureLine(text: str) -> str:
 
 
 def writers(
-    spark: Any, shape: Shape, batches: int, work: Path, url: str, bootstrap: str, made: Targets
+    spark: Any,
+    shape: Shape,
+    batches: int,
+    work: Path,
+    url: str,
+    bootstrap: str,
+    made: Targets,
+    targets: tuple[str, ...] = TARGETS,
 ) -> dict[tuple[str, str], Callable[[], Any]]:
     """The data stream writer of every (target, path), each with a fresh checkpoint."""
     tag = f"{shape.source}{shape.partitions}"
@@ -151,11 +163,14 @@ def writers(
         return str(work / f"{tag}-{name}-ckpt")
 
     table = {"twophase": f"bench_shape_tp_{tag}", "spark": f"bench_shape_sp_{tag}"}
-    topic = {p: kb.createTopic(bootstrap, shape.partitions, f"shape-{p}-{tag}") for p in table}
-    made.tables.update(table)
-    made.topics.update(topic)
-    for name in table.values():
-        pb.resetTable(url, name)
+    topic = {p: f"shape-{p}-{tag}" for p in table}
+    if "kafka" in targets:
+        topic = {p: kb.createTopic(bootstrap, shape.partitions, t) for p, t in topic.items()}
+        made.topics.update(topic)
+    if "postgres" in targets:
+        made.tables.update(table)
+        for name in table.values():
+            pb.resetTable(url, name)
     jdbc, props = pb.jdbcTarget(url)
 
     def jdbcBatch(df: Any, batchId: int) -> None:
@@ -164,9 +179,11 @@ def writers(
     files = ("id", "payload")
     kafka = ("CAST(id AS STRING) AS key", "payload AS value")
     pg = ("id", "payload", "CAST(id AS DOUBLE) AS value", "CAST(id AS TIMESTAMP) AS ts")
-    return {
+    every = {
         ("noop", "noop"): lambda: frame(*files).writeStream.format("noop")
         .option("checkpointLocation", ckpt("noop")),
+        ("drop", "drop"): lambda: frame(*files).writeStream.format("bench.drop")
+        .option("checkpointLocation", ckpt("drop")),
         ("files", "spark"): lambda: frame(*files).writeStream.format("parquet")
         .option("path", str(work / f"{tag}-f-sp")).option("checkpointLocation", ckpt("f-sp")),
         ("files", "twophase"): lambda: frame(*files).writeStream.format("twophase.files")
@@ -183,25 +200,33 @@ def writers(
         .option("url", url).option("table", table["twophase"])
         .option("checkpointLocation", ckpt("p-tp")),
     }  # fmt: skip
+    return {key: make for key, make in every.items() if key[0] in ("noop", "drop", *targets)}
 
 
-def measureShape(spark: Any, shape: Shape, batches: int, url: str, bootstrap: str) -> list[str]:
+def measureShape(
+    spark: Any,
+    shape: Shape,
+    batches: int,
+    url: str,
+    bootstrap: str,
+    targets: tuple[str, ...] = TARGETS,
+) -> list[list[str]]:
     """One table row per target for ``shape``; ``noop`` measured once for all of them."""
     work = Path(tempfile.mkdtemp(prefix="twophase-shapes-"))
     made = Targets({}, {})
     try:
-        runs = {
-            key: runQuery(make(), batches)
-            for key, make in writers(spark, shape, batches, work, url, bootstrap, made).items()
-        }
+        paths = writers(spark, shape, batches, work, url, bootstrap, made, targets)
+        runs = {key: runQuery(make(), batches) for key, make in paths.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        kb.deleteTopics(bootstrap, list(made.topics.values()))
-        pb.dropTables(url, list(made.tables.values()))
-    noop = runs[("noop", "noop")]
-    log(f"  {shape.title}: noop {noop.shown()}")
+        if made.topics:
+            kb.deleteTopics(bootstrap, list(made.topics.values()))
+        if made.tables:
+            pb.dropTables(url, list(made.tables.values()))
+    noop, drop = runs[("noop", "noop")], runs[("drop", "drop")]
+    log(f"  {shape.title}: noop {noop.shown()}, bench.drop {drop.shown()}")
     rows = []
-    for target in TARGETS:
+    for target in targets:
         own, tp = runs[(target, "spark")], runs[(target, "twophase")]
         log(f"  {target}: {SPARK_OWN[target]} {own.shown()}, twophase {tp.shown()}")
         rows.append(
@@ -209,6 +234,7 @@ def measureShape(spark: Any, shape: Shape, batches: int, url: str, bootstrap: st
                 shape.title,
                 target,
                 noop.shown(),
+                drop.shown(),
                 own.shown(),
                 tp.shown(),
                 _ratio(own, tp),
@@ -229,29 +255,40 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.shapes", description=__doc__)
     p.add_argument("--batches", type=int, default=6, help="micro-batches per run (default 6)")
     p.add_argument("--master", default="local[*]")
-    p.add_argument("--shapes", default="all", help="comma-separated indexes into the shapes")
+    p.add_argument(
+        "--shapes",
+        default=DEFAULT_SHAPES,
+        help=f"comma-separated indexes into the shapes, or all (default {DEFAULT_SHAPES})",
+    )
+    p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated targets")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
     chosen = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    targets = tuple(t for t in args.targets.split(",") if t)
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown:
+        p.error(f"unknown targets {unknown}; choose among {', '.join(TARGETS)}")
     url, bootstrap = pgUrl(), bootstrapServers()
     began = time.perf_counter()
     spark = benchSession(args.master, 200)
+    spark.dataSource.register(kb.DropSink)
     rows: list[list[str]] = []
     try:
         warm = Shape("sequence", 8, 10_000)
         log("warming up every path on a small shape")
-        measureShape(spark, warm, 2, url, bootstrap)
+        measureShape(spark, warm, 2, url, bootstrap, targets)
         for shape in chosen:
             log(f"measuring {shape.title}, {args.batches} micro-batches per path")
-            rows += measureShape(spark, shape, args.batches, url, bootstrap)
+            rows += measureShape(spark, shape, args.batches, url, bootstrap, targets)
     finally:
         spark.stop()
     header = [
         "shape",
         "target",
         "noop s/batch",
+        "bench.drop s/batch",
         "Spark's own s/batch",
         "twophase s/batch",
         "Spark's own / twophase",
