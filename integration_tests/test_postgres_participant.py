@@ -795,6 +795,33 @@ def test_auto_mode_mixes_prepared_and_staged_partitions_in_one_batch(
     assert prepared(pg_url, table) == [] and staged(pg_url, table) == {}
 
 
+def test_a_thousand_partitions_in_one_batch_against_a_server_allowing_a_hundred_prepared(
+    pg_url: str, table: str
+) -> None:
+    """The default (``auto``): half the server's slots prepare, the other 950 partitions stage;
+    the batch commits exactly once and leaves nothing prepared or staged."""
+    createIdTable(pg_url, table)
+    [(limit,)] = execute(pg_url, "SELECT current_setting('max_prepared_transactions')::int")
+    partitions = 10 * limit
+    w, c = sink(pg_url, table)
+    validateTarget(w.settings, idsBatch([1]).schema)
+    handles = [
+        writeAndPrepare(w, context(table, part=p), idsBatch([2 * p, 2 * p + 1]))
+        for p in range(partitions)
+    ]
+    paths = [h.get("path", "prepared") for h in handles]
+    assert (
+        paths.count("prepared") == limit // 2 and paths.count("staged") == partitions - limit // 2
+    )
+    assert len(prepared(pg_url, table)) == limit // 2
+    for h in handles:
+        c.commit(h)
+    assert execute(pg_url, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [
+        (2 * partitions, 2 * partitions)
+    ]
+    assert prepared(pg_url, table) == [] and staged(pg_url, table) == {}
+
+
 def test_prepared_mode_refuses_a_partition_beyond_the_servers_limit_before_writing(
     pg_url: str, table: str
 ) -> None:
