@@ -51,7 +51,7 @@ def stagedHandle(
     rows: int,
 ) -> Handle:
     """The handle of a task attempt that committed ``rows`` staged rows under ``token``."""
-    return {
+    handle: Handle = {
         "kind": KIND,
         "path": STAGED,
         "token": token,
@@ -59,13 +59,8 @@ def stagedHandle(
         "markers": names[1],
         "columns": columns,
         "keys": list(s.keyColumns) if s.mode == "upsert" else [],
-        "batchId": ctx.batchId,
-        "partitionId": ctx.partitionId,
-        "attempt": ctx.attemptNumber,
-        "rows": rows,
-        "table": s.qualifiedName,
-        "connection": s.target.toJson(),
     }
+    return _ofTask(handle, ctx, s, rows)
 
 
 def briefStagedHandle(token: str, rows: int, s: PostgresSettings) -> Handle:
@@ -78,17 +73,20 @@ def preparedHandle(
     ctx: TransactionContext, s: PostgresSettings, gid: str | None, xid: str | None, rows: int
 ) -> Handle:
     """The handle of one task attempt (``gid`` is ``None`` when it had no rows)."""
-    return {
-        "kind": KIND,
-        "gid": gid,
-        "xid": xid,
-        "batchId": ctx.batchId,
-        "partitionId": ctx.partitionId,
-        "attempt": ctx.attemptNumber,
-        "rows": rows,
-        "table": s.qualifiedName,
-        "connection": s.target.toJson(),
-    }
+    return _ofTask({"kind": KIND, "gid": gid, "xid": xid}, ctx, s, rows)
+
+
+def _ofTask(handle: Handle, ctx: TransactionContext, s: PostgresSettings, rows: int) -> Handle:
+    """``handle`` with the task attempt that wrote it, its row count and the target."""
+    handle.update(
+        batchId=ctx.batchId,
+        partitionId=ctx.partitionId,
+        attempt=ctx.attemptNumber,
+        rows=rows,
+        table=s.qualifiedName,
+        connection=s.target.toJson(),
+    )
+    return handle
 
 
 def briefHandle(gid: str, s: PostgresSettings) -> Handle:
