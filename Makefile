@@ -83,6 +83,12 @@ bench-postgres: .venv
 bench-kafka: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka
 
+# How long a SIGKILLed query's open transactions stall read_committed readers, for each
+# transaction timeout (after `make services`); see docs/kafka.md, "Choosing the timeout".
+.PHONY: bench-kafka-stall
+bench-kafka-stall: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka_stall
+
 
 # Every sink side by side in one run: twophase vs Spark's own vs PyFlink exactly-once vs the raw
 # client for files, PostgreSQL and Kafka, plus commit time, latency, memory and a sweep (after

@@ -29,6 +29,7 @@ from twophase.protocol import (
 )
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.kafka import (
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaCommitter,
     KafkaUnreachableError,
     KafkaWriteError,
@@ -442,12 +443,15 @@ def test_a_killed_worker_s_pooled_transactions_are_committed_or_swept_in_another
     assert c.recoverAndAbort(RecoveryScope("it-sink")) == []
 
 
-def test_the_transaction_timeout_defaults_to_the_brokers_maximum(kafka_bootstrap: str) -> None:
+def test_the_transaction_timeout_defaults_to_one_minute_within_the_brokers_maximum(
+    kafka_bootstrap: str,
+) -> None:
     assert brokerTransactionMaxTimeoutMs({"bootstrap.servers": kafka_bootstrap}) == 900_000
     topic = createTopic(kafka_bootstrap)
     w, c = sink(kafka_bootstrap, topic)
     handle = prepare(w, "t")
-    assert handle["transactionTimeoutMs"] == 900_000
+    assert handle["transactionTimeoutMs"] == DEFAULT_TRANSACTION_TIMEOUT_MS == 60_000
+    assert c.fingerprint(handle) == handle["fingerprint"] and handle["fingerprint"].startswith("1:")
     c.abort(handle)
 
 

@@ -57,7 +57,8 @@ class SequenceKafkaSink(KafkaSink):
 
     Option ``it.killExecutorAtBatch=<N>`` with ``it.killOnceFile=<path>``: in batch N, after the
     task's first records reached the broker (transaction open), SIGKILL the executor JVM that
-    runs the task, once.
+    runs the task, once. Option ``it.randomPayload=true`` appends random bytes to each value,
+    as a non-deterministic query would.
     """
 
     @classmethod
@@ -81,8 +82,11 @@ class SequenceKafkaWriter(KafkaWriter):
         self.options = dict(options)
 
     def write(self, txn: Any, batch: pa.RecordBatch) -> None:
+        payload = batch.column("payload")
+        if optionOf(self.options, "it.randomPayload") == "true":  # a non-deterministic query
+            payload = pa.array([f"{p}-{os.urandom(4).hex()}" for p in payload.to_pylist()])
         converted = pa.RecordBatch.from_arrays(
-            [pc.cast(batch.column("id"), pa.string()), batch.column("payload")],
+            [pc.cast(batch.column("id"), pa.string()), payload],
             names=["key", "value"],
         )
         super().write(txn, converted)
@@ -297,28 +301,57 @@ def test_executor_jvm_sigkilled_mid_transaction_is_retried_exactly_once(
     assertExactlyOnce(sink, h)
 
 
-@pytest.mark.timeout(900)
-def test_driver_down_longer_than_the_broker_transaction_timeout_fails_loudly(
-    tmp_path: Path,
-) -> None:
-    maxTimeoutMs = 20000
+def awaitOutage(bootstrap: str, prefix: str, seconds: float) -> None:
+    """Keep the query down ``seconds`` and until the broker aborted every open transaction."""
+    deadline = time.monotonic() + 120
+    down = time.monotonic() + seconds
+    while time.monotonic() < down or openTransactions(bootstrap, prefix):
+        assert time.monotonic() < deadline, "the broker never aborted the transactions"
+        time.sleep(1)
+
+
+def rewriteRecords(h: Harness) -> list[dict[str, Any]]:
+    return [
+        json.loads(p.read_text())
+        for p in sorted((h.checkpoint / "twophase").rglob("batch-*.rewrite.json"))
+    ]
+
+
+@pytest.mark.timeout(1200)
+def test_down_longer_than_the_transaction_timeout_loses_nothing(tmp_path: Path) -> None:
+    """A broker whose transaction.max.timeout.ms is 10 s (so the sink's timeout is 10 s); the
+    query is killed after deciding a batch and after committing half of one, and stays down
+    2.5 times the timeout each time: the broker aborts the decided transactions, the restarts
+    write exactly those partitions again. A replay with other records is refused clearly;
+    a crash in the middle of committing the rewritten partitions is rolled forward."""
+    maxTimeoutMs = 10_000
+    outage = 2.5 * maxTimeoutMs / 1000
     for broker in privateBroker(tmp_path, TWOPHASE_KAFKA_TXN_MAX_TIMEOUT_MS=str(maxTimeoutMs)):
-        h, sink, _ = harness(tmp_path, broker.bootstrap, rows=2 * 20, perBatch=20)
-        h.crashRun("driver.afterDecision:0")
-        _, decided = committedBatches(h)
-        assert 0 in decided
+        h, sink, _ = harness(tmp_path, broker.bootstrap, rows=4 * 20, perBatch=20)
         prefix = h.options["transactionalIdPrefix"]
-        deadline = time.monotonic() + 120  # timeout + the broker's 10 s abort sweep
-        while openTransactions(broker.bootstrap, prefix):
-            assert time.monotonic() < deadline, "the broker never aborted the transactions"
-            time.sleep(1)
+        # Killed right after deciding batch 1; down longer than the timeout.
+        h.crashRun("driver.afterDecision:1", onceFile=h.onceFile("-decided"))
+        awaitOutage(broker.bootstrap, prefix, outage)
+        assert sink.read().num_rows == 20, "only batch 0 is visible"
+        # A non-deterministic replay of batch 1: refused, nothing of it written.
+        h.options["it.randomPayload"] = "true"
         run = h.run()
-        assert not run.succeeded
+        assert not run.succeeded, run.describe()
         error = run.error + run.tail(400)
-        assert "TransactionLostError" in error, run.describe()
-        assert "batch 0 partition" in error and prefix in error
-        assert f"transaction.timeout.ms of {maxTimeoutMs // 1000} s" in error
-        assert sink.read().num_rows == 0, "batch 0 lost (loudly), nothing else written"
+        assert "RewriteMismatchError" in error and "batch 1 was decided" in error, error
+        assert "partitions [0, 1]" in error and "twophase.rewriteMismatch=write" in error
+        assert sink.read().num_rows == 20 and sink.leftovers() == []
+        # The deterministic replay matches; killed between the commits of its two partitions.
+        del h.options["it.randomPayload"]
+        h.crashRun("driver.betweenCommits:1", onceFile=h.onceFile("-rewrite"))
+        # Killed after committing one of batch 2's two transactions; down again.
+        h.crashRun("driver.betweenCommits:2", onceFile=h.onceFile("-half"))
+        awaitOutage(broker.bootstrap, prefix, outage)
+        h.restartUntilExhausted()
+        assertExactlyOnce(sink, h)
+        lost = {r["batchId"]: (r["lost"], len(r["replacements"])) for r in rewriteRecords(h)}
+        assert lost[1] == ([0, 1], 2), lost
+        assert lost[2][1] == 1 and len(lost[2][0]) == 1, f"one partition of batch 2: {lost}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from twophase.coordinator import (
     BatchStatus,
     DecisionConflictError,
     DecisionLog,
+    LoggedHandle,
     LogOwnershipError,
 )
 from twophase.protocol import TaskResult
@@ -265,3 +266,34 @@ def test_reading_creates_nothing(tmp_path: Path) -> None:
     log = DecisionLog(str(tmp_path / "absent"))
     assert log.state(0) is None and log.owner() is None and log.status()["outstanding"] == []
     assert not (tmp_path / "absent").exists()
+
+
+def test_a_rewrite_record_names_lost_partitions_and_their_replacements(url: str) -> None:
+    log = DecisionLog(url)
+    with pytest.raises(DecisionConflictError, match="never decided"):
+        log.recordRewrite(0, [1], [])
+    log.decide(0, results(0, partitions=3))
+    log.recordRewrite(0, [2, 1], [])
+    state = log.state(0)
+    assert state is not None and state.awaitingRewrite == (1, 2) and state.lostPartitions == (1, 2)
+    assert [h.partitionId for h in state.liveHandles] == [0]
+    replacement = LoggedHandle(2, 0, {"txn": "b0-p2-replay"}, 5)
+    log.recordRewrite(0, [1, 2], [replacement])  # replaces the previous record
+    state = log.outstanding()[0]
+    assert state.awaitingRewrite == (1,) and state.replacements == (replacement,)
+    assert [h.handle["txn"] for h in state.liveHandles] == ["b0-p0", "b0-p2-replay"]
+    assert replacement.key in state.handleKeys and log.lastDecided() == 0
+    log.markCommitted(0, 0.1)
+    for batchId in (1, 2):
+        log.decide(batchId, results(batchId))
+        log.markCommitted(batchId, 0.1)
+    log.prune(1)
+    assert not any(".rewrite." in name for name in files(url))
+
+
+def test_an_unreadable_rewrite_record_is_never_taken_for_nothing_lost(url: str) -> None:
+    log = DecisionLog(url)
+    log.decide(0, results(0))
+    write(url, "batch-00000000000000000000.rewrite.json", b'{"torn": ')
+    with pytest.raises(DecisionConflictError, match="rewrite record of decided batch 0"):
+        log.outstanding()

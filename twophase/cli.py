@@ -86,6 +86,11 @@ def status(checkpoint: str, sinkId: str | None, asJson: bool, out: TextIO) -> in
         out.write(f"  decided, unfinished   {len(outstanding)} batches\n")
         for batch in outstanding:
             out.write(f"    batch {batch['batchId']}: {len(batch['handles'])} handles\n")
+            if batch.get("awaitingRewrite"):
+                out.write(
+                    f"      partitions {batch['awaitingRewrite']} were aborted by the system: "
+                    "the next start of the query writes them again from its replay\n"
+                )
             for handle in batch["handles"]:
                 out.write(f"      {json.dumps(handle['handle'], sort_keys=True)}\n")
     if not found:

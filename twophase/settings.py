@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from twophase.coordinator.paths import logLocationFor
-from twophase.coordinator.settings import CoordinatorSettings
+from twophase.coordinator.settings import REWRITE_MISMATCH_OPTION, CoordinatorSettings
 
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
 
@@ -150,6 +150,9 @@ def coordinatorSettings(options: Mapping[str, str]) -> CoordinatorSettings:
         retentionBatches=intOption(
             options, "logRetentionBatches", default.retentionBatches, minimum=1
         ),
+        rewriteMismatch=(optionOf(options, REWRITE_MISMATCH_OPTION, default.rewriteMismatch) or "")
+        .strip()
+        .lower(),
     )
 
 

@@ -7,6 +7,9 @@ the same schedule):
   ``TWOPHASE_CRASH_AT`` when the query starts, so that exact step SIGKILLs its process
   (PROTOCOL.md section 5); numbered points are armed for the batch ``afterBatches`` after the
   start's first one;
+- an *outage*: a protocol point whose kill keeps the query down for ``downSeconds`` before the
+  next start, longer than the Kafka pipeline's transaction timeout (``KAFKA_TIMEOUT_MS``), so
+  the broker aborts the transactions of a decided batch and the restart must write them again;
 - a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM, the Kafka
   ``broker`` or ``postgres`` (brought back after ``downSeconds``), delivered once the running
   query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so it lands inside a
@@ -60,6 +63,11 @@ RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED]
 """Points a random event may draw; ``driver.duringRecovery`` only follows a crash that leaves
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
 
+KAFKA_TIMEOUT_MS = 15_000
+"""The ``kafka`` pipeline's ``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+OUTAGE_SECONDS = 2.5 * KAFKA_TIMEOUT_MS / 1000
+"""How long an outage keeps the query down: past the timeout and the broker's abort sweep."""
+
 SERVICE_KINDS = {"postgres": "postgres", "kafka": "broker", "kafka-kafka": "broker"}
 """The server a pipeline depends on, by pipeline (files has none)."""
 
@@ -79,7 +87,8 @@ class Event:
 
     def describe(self) -> str:
         if self.kind == "point":
-            return f"{self.point} (+{self.afterBatches} batches)"
+            down = f", down {self.downSeconds:.0f}s" if self.downSeconds else ""
+            return f"{self.point} (+{self.afterBatches} batches){down}"
         extra = f", down {self.downSeconds:.1f}s" if self.downSeconds else ""
         return (
             f"kill {self.kind} after {self.afterBatches} batches + {self.jitterSeconds:.2f}s{extra}"
@@ -104,12 +113,16 @@ class Schedule:
         events: list[Event] = []
         if coverPoints:
             events += [Event("point", p, rng.randint(0, 1)) for p in TASK_POINTS + DRIVER_POINTS]
+            if pipeline == "kafka":
+                events.append(Event("point", "driver.afterDecision", downSeconds=OUTAGE_SECONDS))
         queue = rng.sample(timedKinds, len(timedKinds))
         while len(events) < kills:
             kind = queue.pop(0) if queue else rng.choice([*timedKinds, "executor", "point"])
             if kind == "point":
                 point = rng.choice(RANDOM_POINTS)
-                events.append(Event("point", point, rng.randint(0, 2)))
+                outage = pipeline == "kafka" and point == "driver.afterDecision"
+                down = OUTAGE_SECONDS if outage and rng.random() < 0.3 else 0.0
+                events.append(Event("point", point, rng.randint(0, 2), downSeconds=down))
                 if point == "driver.afterDecision" and rng.random() < 0.5:
                     events.append(Event("point", "driver.duringRecovery"))
                 continue
@@ -307,6 +320,13 @@ class ChaosRun:
             self.log(
                 f"[chaos] start {number} ended before: {'; '.join(e.describe() for e in left)}"
             )
+        outage = max(
+            (e.downSeconds for i, e in enumerate(segment) if i in done and e.kind == "point"),
+            default=0.0,
+        )
+        if outage:
+            self.log(f"[chaos] start {number}: the query stays down {outage:.0f}s (an outage)")
+            time.sleep(outage)
         if code not in (0, -signal.SIGKILL):
             self.failedStarts += 1
             lines = [line for line in logPath.read_text(errors="replace").splitlines() if line]

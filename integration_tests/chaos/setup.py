@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from integration_tests.chaos.pipeline import PipelineSpec
-from integration_tests.chaos.runner import ChaosResult, ChaosRun, Schedule, Services
+from integration_tests.chaos.runner import (
+    KAFKA_TIMEOUT_MS,
+    ChaosResult,
+    ChaosRun,
+    Schedule,
+    Services,
+)
 from integration_tests.conftest import service_setting
 from integration_tests.test_kafka_helpers import createTopic
 from twophase import verify
@@ -60,6 +66,8 @@ def prepare(
     if pipeline == "postgres":
         spec.pgUrl = _need(services.pgUrl, "PostgreSQL")
         spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
+    if pipeline == "kafka":
+        spec.sinkOptions["kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
     if pipeline in ("kafka", "kafka-kafka"):
         spec.bootstrap = _need(services.bootstrap, "Kafka")
         spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")

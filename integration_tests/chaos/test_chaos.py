@@ -3,7 +3,9 @@
 Each built-in sink's pipeline (sequence -> files, postgres, kafka) first goes through every
 protocol point of PROTOCOL.md section 5 (three task points in one start, then one start per
 driver point), then through seeded random kills of the driver, an executor and its server;
-Kafka -> Kafka gets random kills only. The seed is fixed so CI is repeatable;
+the Kafka sink's pipeline also goes down after a decision for longer than its transaction
+timeout (the broker aborts the decided transactions; the restart writes them again). Kafka ->
+Kafka gets random kills only. The seed is fixed so CI is repeatable;
 ``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the seed is printed on failure).
 """
 
@@ -47,4 +49,9 @@ def test_bounded_chaos_is_exactly_once(
         assert fired >= set(TASK_POINTS + DRIVER_POINTS), f"not fired: {where}" + str(
             sorted(set(TASK_POINTS + DRIVER_POINTS) - fired)
         )
+    if pipeline == "kafka":
+        outages = [k for k in result.kills if k.event.downSeconds and k.event.kind == "point"]
+        assert outages, f"no outage longer than the transaction timeout {where}"
+        rewrites = list((tmp_path / pipeline).rglob("batch-*.rewrite.json"))
+        assert rewrites, f"the outage left no partition to write again {where}"
     assert result.records > 0

@@ -13,20 +13,33 @@ thrown away; after it, N is only ever driven forward:
   marks N committed, aborts the other transactions of N (failed or speculative attempts, a
   replay's duplicates);
 - ``abortBatch(N, results)`` aborts an undecided N, and rolls a decided N forward instead.
+
+A decided transaction that its participant aborted by itself (Kafka's transaction timeout) is
+not the end of the batch when the sink fingerprints its handles (``Committer.fingerprint``):
+the partition is recorded as lost in ``rewrite(N)``, N stays decided, and Spark's replay of N
+writes that partition again; ``commitBatch`` takes the replay's handle for it only when its
+fingerprint matches the decided one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from twophase.coordinator.errors import CommitFailedError, CoordinatorError, LogOwnershipError
+from twophase.coordinator.errors import (
+    CommitFailedError,
+    CoordinatorError,
+    LogOwnershipError,
+    RewriteMismatchError,
+    RewritePendingError,
+)
 from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
-from twophase.coordinator.settings import CoordinatorSettings
+from twophase.coordinator.settings import REWRITE_MISMATCH_OPTION, CoordinatorSettings
 from twophase.faults import crashPoint
 from twophase.protocol import (
     Committer,
@@ -38,6 +51,7 @@ from twophase.protocol import (
     dumpsHandle,
 )
 from twophase.protocol.checks import checkedDescription
+from twophase.protocol.fingerprint import differenceOf
 from twophase.redaction import getLogger, redact
 
 log = getLogger(__name__)
@@ -100,10 +114,12 @@ class Coordinator:
         run; it only targets fault injection and logs). Cheap when there is nothing to do: one
         log listing plus the committer's own ``recoverAndAbort`` sweep. Raises if a decided
         handle cannot be committed (the batch must not start: its tasks could collide with
-        the unfinished transaction), ``TransactionLostError`` included.
+        the unfinished transaction), ``TransactionLostError`` included, except for a lost
+        transaction the sink fingerprints: that partition is recorded for the replay to write
+        again (``RecoveryReport.awaitingRewrite``) and the batch stays decided.
         """
         started = time.monotonic()
-        finished, committedHandles, keep = self._rollForwardOutstanding()
+        finished, committedHandles, keep, awaiting = self._rollForwardOutstanding()
         crashPoint("driver.duringRecovery", batchId)
         aborted = self.executor.retrying(
             lambda: checkedAborted(
@@ -125,7 +141,16 @@ class Coordinator:
             committedHandles,
             len(aborted),
             time.monotonic() - started,
+            awaiting,
         )
+        for awaitingBatch, partitions in awaiting.items():
+            log.warning(
+                "twophase sink %s: batch %d is decided, but the transactions of partitions %s "
+                "were aborted by the system; the replay of the batch writes them again",
+                self.sinkId,
+                awaitingBatch,
+                list(partitions),
+            )
         if not report.idle:
             log.info(
                 "twophase sink %s: recovery finished batches %s (%d handles committed), "
@@ -162,6 +187,8 @@ class Coordinator:
                 self.sinkId,
                 batchId,
             )
+            if state.awaitingRewrite:
+                state = self._takeRewrites(state, results)
             return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         skipped = [r.partitionId for r in results if r.handle is None]
         if skipped:
@@ -205,6 +232,22 @@ class Coordinator:
                 self.sinkId,
                 batchId,
             )
+            if state.awaitingRewrite:
+                # A failed replay: its handles are not checked replacements; the next start
+                # replays the batch again.
+                aborted, retries = self._abortHandles(batchId, results, decided=state.handleKeys)
+                return CommitReport(
+                    self.sinkId,
+                    batchId,
+                    CommitOutcome.ABORTED,
+                    aborted,
+                    0,
+                    0,
+                    0,
+                    retries,
+                    time.monotonic() - started,
+                    0.0,
+                )
             return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         abortStart = time.monotonic()
         aborted, retries = self._abortHandles(batchId, results, decided=frozenset())
@@ -312,25 +355,34 @@ class Coordinator:
             else self.committer.recoverAndCommit
         )
         commitStart = time.monotonic()
+        live = state.liveHandles
         outcomes = self.executor.runAll(
-            [CommitJob(batchId, entry, action) for entry in state.handles],
+            [CommitJob(batchId, entry, action) for entry in live],
             deadline=commitStart + self.settings.commitTimeoutSeconds,
             crashBetween=batchId,
         )
         commitSeconds = time.monotonic() - commitStart
+        lost = self._rewritable(outcomes)
+        if lost:
+            self._recordLost(state, lost)
+            raise RewritePendingError(
+                self.sinkId, batchId, sorted(lost), self._lostDetails(lost.values())
+            )
         self._raiseFailures(batchId, outcomes)
         crashPoint("driver.afterCommits", batchId)
         self.log.markCommitted(batchId, commitSeconds)
         crashPoint("driver.afterCommitted", batchId)
         duplicates, abortRetries = self._abortHandles(batchId, results, decided=state.handleKeys)
-        stragglers = self._sweepBatch(batchId, keep=tuple(e.handle for e in state.handles))
+        stragglers = self._sweepBatch(
+            batchId, keep=tuple(e.handle for e in (*state.handles, *state.replacements))
+        )
         self._prune()
         report = CommitReport(
             self.sinkId,
             batchId,
             outcome,
-            len(state.handles),
-            state.rows,
+            len(live),
+            sum(e.rows for e in live),
             duplicates,
             stragglers,
             sum(o.attempts - 1 for o in outcomes) + abortRetries,
@@ -347,16 +399,21 @@ class Coordinator:
         )
         return report
 
-    def _rollForwardOutstanding(self) -> tuple[list[int], int, tuple[Handle, ...]]:
-        """Commit every handle of every decided-but-unfinished batch; mark those committed.
+    def _rollForwardOutstanding(
+        self,
+    ) -> tuple[list[int], int, tuple[Handle, ...], dict[int, tuple[int, ...]]]:
+        """Commit every live handle of every decided-but-unfinished batch; mark those committed.
 
-        Returns the batches finished, the number of handles committed, and every handle of the
-        outstanding decisions (the ``keep`` of the sweep that follows).
+        Returns the batches finished, the number of handles committed, every handle of the
+        outstanding decisions (the ``keep`` of the sweep that follows), and the batches left
+        with partitions awaiting their rewrite (lost transactions the sink fingerprints).
         """
         outstanding = self.log.outstanding()
         if not outstanding:
-            return [], 0, ()
-        keep = tuple(entry.handle for state in outstanding for entry in state.handles)
+            return [], 0, (), {}
+        keep = tuple(
+            entry.handle for state in outstanding for entry in (*state.handles, *state.replacements)
+        )
         log.info(
             "twophase sink %s: rolling forward decided batches %s",
             self.sinkId,
@@ -367,27 +424,150 @@ class Coordinator:
             [
                 CommitJob(state.batchId, entry, self.committer.recoverAndCommit)
                 for state in outstanding
-                for entry in state.handles
+                for entry in state.liveHandles
             ],
             deadline=started + self.settings.commitTimeoutSeconds,
             crashBetween=None,
         )
         seconds = time.monotonic() - started
-        failedBatches = {o.job.batchId for o in outcomes if o.error is not None}
-        finished = [s for s in outstanding if s.batchId not in failedBatches]
+        awaiting: dict[int, tuple[int, ...]] = {}
+        for state in outstanding:
+            lost = self._rewritable([o for o in outcomes if o.job.batchId == state.batchId])
+            if lost:
+                state = self._recordLost(state, lost)
+            if state.awaitingRewrite:
+                awaiting[state.batchId] = state.awaitingRewrite
+        failedBatches = {
+            o.job.batchId for o in outcomes if o.error is not None and not self._isRewritable(o)
+        }
+        finished = [
+            s for s in outstanding if s.batchId not in failedBatches and s.batchId not in awaiting
+        ]
         for state in finished:
             self.log.markCommitted(state.batchId, seconds)
             log.info(
                 "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
                 self.sinkId,
                 state.batchId,
-                len(state.handles),
-                state.rows,
+                len(state.liveHandles),
+                sum(e.rows for e in state.liveHandles),
                 seconds * 1000,
             )
         for batchId in sorted(failedBatches):
-            self._raiseFailures(batchId, [o for o in outcomes if o.job.batchId == batchId])
-        return [s.batchId for s in finished], len(outcomes), keep
+            self._raiseFailures(
+                batchId,
+                [o for o in outcomes if o.job.batchId == batchId and not self._isRewritable(o)],
+            )
+        return [s.batchId for s in finished], len(outcomes), keep, awaiting
+
+    # ------------------------------------------------------------------ lost partitions
+
+    def _isRewritable(self, outcome: JobOutcome) -> bool:
+        """A decided transaction the participant aborted, in a sink that fingerprints it."""
+        return isinstance(outcome.error, TransactionLostError) and (
+            self._fingerprint(outcome.job.entry.handle) is not None
+        )
+
+    def _rewritable(self, outcomes: Sequence[JobOutcome]) -> dict[int, JobOutcome]:
+        """The rewritable losses among ``outcomes``, by partition."""
+        return {o.job.entry.partitionId: o for o in outcomes if self._isRewritable(o)}
+
+    def _fingerprint(self, handle: Handle) -> str | None:
+        try:
+            return self.committer.fingerprint(handle)
+        except Exception:  # a broken fingerprint must not hide the loss
+            log.warning(
+                "twophase sink %s: fingerprint of a handle failed", self.sinkId, exc_info=True
+            )
+            return None
+
+    def _recordLost(self, state: BatchState, lost: dict[int, JobOutcome]) -> BatchState:
+        """Record the partitions of ``lost`` as awaiting their rewrite; returns the new state."""
+        partitions = tuple(sorted(set(state.lostPartitions) | set(lost)))
+        replacements = tuple(r for r in state.replacements if r.partitionId not in lost)
+        self.log.recordRewrite(state.batchId, partitions, replacements)
+        for outcome in lost.values():
+            log.warning(
+                "twophase sink %s: batch %d partition %d: decided transaction %s was aborted by "
+                "the system (%s); the replay of the batch writes it again",
+                self.sinkId,
+                state.batchId,
+                outcome.job.entry.partitionId,
+                self._describe(outcome.job.entry.handle),
+                outcome.error,
+            )
+        replaced = {r.partitionId for r in replacements}
+        return dataclasses.replace(
+            state,
+            lostPartitions=partitions,
+            awaitingRewrite=tuple(p for p in partitions if p not in replaced),
+            replacements=replacements,
+        )
+
+    def _lostDetails(self, outcomes: Any) -> str:
+        first = next(iter(outcomes))
+        return f"{self._describe(first.job.entry.handle)}: {first.error}"
+
+    def _takeRewrites(self, state: BatchState, results: Sequence[TaskResult]) -> BatchState:
+        """Take the replay's handles for the partitions awaiting a rewrite, once they match.
+
+        Every awaiting partition needs a replay handle whose fingerprint equals the decided
+        one; otherwise (a non-deterministic query, other partitioning) nothing of the replay is
+        written and ``RewriteMismatchError`` names what differs, unless the
+        ``twophase.rewriteMismatch=write`` setting accepts the replay's records.
+        """
+        batchId = state.batchId
+        known = state.handleKeys
+        replay = {
+            r.partitionId: r
+            for r in results
+            if r.handle is not None and LoggedHandle.fromResult(r).key not in known
+        }
+        replacements = list(state.replacements)
+        differences: list[tuple[int, str]] = []
+        for partitionId in state.awaitingRewrite:
+            original = state.loggedHandleOf(partitionId)
+            expected = None if original is None else self._fingerprint(original.handle)
+            result = replay.get(partitionId)
+            if result is None or result.handle is None:
+                differences.append(
+                    (partitionId, "the replay wrote nothing for it (fewer partitions?)")
+                )
+                continue
+            got = self._fingerprint(result.handle)
+            difference = (
+                "no fingerprint to compare"
+                if expected is None or got is None
+                else differenceOf(expected, got)
+            )
+            if difference is not None:
+                differences.append((partitionId, difference))
+                if self.settings.rewriteMismatch != "write":
+                    continue
+            replacements.append(LoggedHandle.fromResult(result))
+        unwritable = [d for d in differences if d[0] not in {r.partitionId for r in replacements}]
+        if unwritable or (differences and self.settings.rewriteMismatch != "write"):
+            self._abortHandles(batchId, results, decided=known)
+            error = RewriteMismatchError(self.sinkId, batchId, differences, REWRITE_MISMATCH_OPTION)
+            log.error("%s", error)
+            raise error
+        if differences:
+            log.warning(
+                "twophase sink %s: batch %d: writing the replay's records for lost partitions "
+                "although they differ from the decided ones (%s=write): %s",
+                self.sinkId,
+                batchId,
+                REWRITE_MISMATCH_OPTION,
+                "; ".join(f"partition {p}: {what}" for p, what in differences),
+            )
+        self.log.recordRewrite(batchId, state.lostPartitions, replacements)
+        log.info(
+            "twophase sink %s: batch %d: the replay rewrites lost partitions %s",
+            self.sinkId,
+            batchId,
+            list(state.awaitingRewrite),
+        )
+        return dataclasses.replace(state, replacements=tuple(replacements), awaitingRewrite=())
 
     def _abortHandles(
         self, batchId: int, results: Sequence[TaskResult], *, decided: frozenset[str]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from twophase.protocol import TransactionLostError
+
 
 class CoordinatorError(Exception):
     """Base class of every error the coordinator raises on its own account."""
@@ -63,4 +65,53 @@ class CommitFailedError(CoordinatorError):
             f"twophase sink {sinkId}: batch {batchId} is decided but {len(parts)} handle(s) "
             f"could not be committed: {'; '.join(parts)}. The decision is durable: the next "
             "start of the query rolls it forward (commit is idempotent)."
+        )
+
+
+class RewritePendingError(TransactionLostError, CoordinatorError):
+    """Decided transactions of a batch were aborted by their participant before the commit.
+
+    Raised when the commit finds them gone (Kafka aborts a transaction older than its
+    ``transaction.timeout.ms``). Nothing is lost: the decision and the partitions' fingerprints
+    stay in the log, and the next start of the query writes those partitions again from Spark's
+    replay of the batch, exactly once; the partitions that did commit are not written again.
+    """
+
+    def __init__(self, sinkId: str, batchId: int, partitions: Sequence[int], details: str):
+        self.sinkId = sinkId
+        self.batchId = batchId
+        self.partitions = list(partitions)
+        super().__init__(
+            f"twophase sink {sinkId}: batch {batchId} is decided, but the transactions of "
+            f"partitions {self.partitions} were aborted by the system before they could be "
+            f"committed ({details}). Nothing is lost: restart the query. Spark replays batch "
+            f"{batchId}, and twophase writes those partitions again, once, after checking the "
+            "replay gives the same records; the partitions already committed are not written "
+            "twice."
+        )
+
+
+class RewriteMismatchError(CoordinatorError):
+    """The replay of a batch gave other records for a lost partition than the decision holds.
+
+    The query is not deterministic (``rand()``, ``current_timestamp()``, an external lookup) or
+    its partitioning changed, so writing the replay would not restore what was decided.
+    """
+
+    def __init__(
+        self, sinkId: str, batchId: int, differences: Sequence[tuple[int, str]], option: str
+    ):
+        self.sinkId = sinkId
+        self.batchId = batchId
+        self.differences = list(differences)
+        listed = "; ".join(f"partition {p}: {what}" for p, what in self.differences)
+        super().__init__(
+            f"twophase sink {sinkId}: batch {batchId} was decided, its transactions for "
+            f"partitions {[p for p, _ in self.differences]} were aborted by the system, and "
+            f"Spark's replay of the batch does not give the same records ({listed}). Writing "
+            "the replay would not restore what was decided, so nothing of it was written. A "
+            "deterministic query (no rand(), current_timestamp(), uuid() or external lookups "
+            "before the sink, and the same number of partitions) replays the same records. To "
+            f"accept the replay's records for these partitions instead, restart once with "
+            f"option {option}=write."
         )

@@ -5,6 +5,7 @@ Layout, in one directory reached through fsspec (local disk, ``file://``, HDFS, 
 
     owner.json                                  sinkId, queryId, createdAt
     batch-00000000000000000007.decided.json     queryId, handles (partition, attempt, rows, handle)
+    batch-00000000000000000007.rewrite.json     lost partitions, the replay's handles for them
     batch-00000000000000000007.committed.json   commitSeconds
     batch-00000000000000000008.aborted.json
 
@@ -18,7 +19,9 @@ are ignored and removed by ``prune`` once they are old.
 States of batch N: ``decided(N, handles) -> committed(N)``, or ``aborted(N)``; Spark may replay
 an aborted batch, so a later ``decided(N)`` overrides ``aborted(N)``. ``aborted(N)`` is refused
 once N is decided. The state of N is therefore: committed if a committed record exists, else
-decided if a decided record exists, else aborted.
+decided if a decided record exists, else aborted. A ``rewrite(N)`` record beside a decision
+names the partitions whose decided transactions the participant aborted by itself (Kafka's
+transaction timeout) and the replay's handles that replace them; each new one replaces the last.
 
 Cost: ``outstanding``, ``lastDecided`` and ``prune`` take one directory listing and read only
 the records they must return (normally none); those bulk scans trust a committed record by its
@@ -252,13 +255,28 @@ class DecisionLog:
             decidedAt=now,
         )
 
+    def recordRewrite(
+        self, batchId: int, lost: Sequence[int], replacements: Sequence[LoggedHandle]
+    ) -> None:
+        """Record which partitions of decided N were lost and which replay handles replace them.
+
+        Replaces the previous rewrite record of N atomically (the caller passes the whole new
+        state). Refused unless N is decided: only a decision's transactions can be lost.
+        """
+        self._requireDecided(batchId, "record lost partitions of")
+        body = {
+            "format": FORMAT,
+            "batchId": batchId,
+            "state": str(BatchStatus.REWRITE),
+            "updatedAt": isoTime(datetime.now(UTC)),
+            "lost": sorted(set(lost)),
+            "replacements": [h.toJson() for h in replacements],
+        }
+        self._publish(recordName(batchId, BatchStatus.REWRITE), body, exclusive=False)
+
     def markCommitted(self, batchId: int, commitSeconds: float) -> None:
         """Record that every handle of decided batch N is committed. Idempotent."""
-        if BatchStatus.DECIDED not in self._list().records.get(batchId, {}):
-            raise DecisionConflictError(
-                f"decision log {self._url}: cannot mark batch {batchId} committed, it was "
-                "never decided"
-            )
+        self._requireDecided(batchId, "mark committed")
         body = {
             "format": FORMAT,
             "batchId": batchId,
@@ -267,6 +285,12 @@ class DecisionLog:
             "commitSeconds": round(commitSeconds, 6),
         }
         self._publish(recordName(batchId, BatchStatus.COMMITTED), body, exclusive=False)
+
+    def _requireDecided(self, batchId: int, what: str) -> None:
+        if BatchStatus.DECIDED not in self._list().records.get(batchId, {}):
+            raise DecisionConflictError(
+                f"decision log {self._url}: cannot {what} batch {batchId}, it was never decided"
+            )
 
     def markAborted(self, batchId: int) -> None:
         """Record that undecided batch N was aborted; refused once N is decided. Idempotent."""
@@ -302,7 +326,8 @@ class DecisionLog:
         found: list[BatchState] = []
         for batchId, paths in sorted(listing.records.items()):
             if BatchStatus.DECIDED in paths and BatchStatus.COMMITTED not in paths:
-                state = self._readState(batchId, {BatchStatus.DECIDED: paths[BatchStatus.DECIDED]})
+                wanted = (BatchStatus.DECIDED, BatchStatus.REWRITE)
+                state = self._readState(batchId, {k: v for k, v in paths.items() if k in wanted})
                 if state is not None and state.status is BatchStatus.DECIDED:
                     found.append(state)
         return found
@@ -441,6 +466,7 @@ class DecisionLog:
         if not bodies:
             return None
         status = next(iter(bodies))
+        rewrite = self._readRewrite(batchId, paths) if BatchStatus.DECIDED in bodies else {}
         decided = bodies.get(BatchStatus.DECIDED, {})
         committed = bodies.get(BatchStatus.COMMITTED, {})
         aborted = bodies.get(BatchStatus.ABORTED, {})
@@ -453,7 +479,38 @@ class DecisionLog:
             committedAt=parseTimeOrNone(committed.get("committedAt")),
             abortedAt=parseTimeOrNone(aborted.get("abortedAt")),
             commitSeconds=committed.get("commitSeconds"),
+            awaitingRewrite=rewrite.get("awaiting", ()),
+            lostPartitions=rewrite.get("lost", ()),
+            replacements=rewrite.get("replacements", ()),
         )
+
+    def _readRewrite(self, batchId: int, paths: Mapping[BatchStatus, str]) -> dict[str, Any]:
+        """The rewrite record of N as ``lost``, ``awaiting`` and ``replacements``, or ``{}``."""
+        path = paths.get(BatchStatus.REWRITE)
+        if path is None:
+            return {}
+        try:
+            body = self._readRecord(path)
+            if body.get("batchId") != batchId or body.get("state") != str(BatchStatus.REWRITE):
+                raise _CorruptRecord("its content names another batch or state")
+            lost = tuple(sorted(int(p) for p in body["lost"]))
+            replacements = tuple(LoggedHandle.fromJson(h) for h in body.get("replacements", ()))
+        except FileNotFoundError:
+            return {}
+        except (_CorruptRecord, KeyError, TypeError, ValueError) as exc:
+            # Unreadable: losing the list of lost partitions must not pass for "nothing lost".
+            raise DecisionConflictError(
+                f"decision log {self._url}: the rewrite record of decided batch {batchId} "
+                f"({path}) is unreadable ({exc}); it names partitions whose transactions were "
+                "lost. Restore it from a backup of the checkpoint, or move the checkpoint "
+                "aside and rebuild the topic from the source."
+            ) from None
+        replaced = {h.partitionId for h in replacements}
+        return {
+            "lost": lost,
+            "awaiting": tuple(p for p in lost if p not in replaced),
+            "replacements": replacements,
+        }
 
     def _readRecord(self, path: str) -> dict[str, Any]:
         data = self._fs.cat_file(path)

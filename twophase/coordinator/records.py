@@ -21,7 +21,7 @@ from twophase.protocol import Handle, TaskResult, dumpsHandle
 FORMAT = 1
 """Version of the record layout, stored in every record."""
 
-RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted)\.json$")
+RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted|rewrite)\.json$")
 
 
 class BatchStatus(StrEnum):
@@ -30,6 +30,9 @@ class BatchStatus(StrEnum):
     DECIDED = "decided"
     COMMITTED = "committed"
     ABORTED = "aborted"
+    REWRITE = "rewrite"
+    """Not a state of its own: the record beside ``decided(N)`` that names the partitions whose
+    decided transactions the participant aborted, and the replay's handles that replace them."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ class BatchState:
     committedAt: datetime | None = None
     abortedAt: datetime | None = None
     commitSeconds: float | None = None
+    awaitingRewrite: tuple[int, ...] = ()
+    """Partitions of decided N whose transactions the participant aborted (a Kafka transaction
+    timeout) and that no replacement has written again yet: the replay of N writes them."""
+    lostPartitions: tuple[int, ...] = ()
+    """Every partition of N found lost so far (replaced or still awaiting)."""
+    replacements: tuple[LoggedHandle, ...] = ()
+    """The replay's handles that stand for lost partitions, checked against their fingerprints."""
 
     @property
     def isDecided(self) -> bool:
@@ -92,7 +102,22 @@ class BatchState:
 
     @property
     def handleKeys(self) -> frozenset[str]:
-        return frozenset(h.key for h in self.handles)
+        """Every handle the decision names: the original ones and their replacements."""
+        return frozenset(h.key for h in (*self.handles, *self.replacements))
+
+    @property
+    def liveHandles(self) -> tuple[LoggedHandle, ...]:
+        """The handles to commit: a lost partition's replacement instead of the original, and
+        nothing for a partition still awaiting its rewrite."""
+        lost = set(self.lostPartitions)
+        replaced = {h.partitionId: h for h in self.replacements}
+        live = [h for h in self.handles if h.partitionId not in lost]
+        live += [replaced[p] for p in sorted(replaced) if p in lost]
+        return tuple(live)
+
+    def loggedHandleOf(self, partitionId: int) -> LoggedHandle | None:
+        """The handle the decision named first for a partition (its fingerprint is the one)."""
+        return next((h for h in self.handles if h.partitionId == partitionId), None)
 
     def toJson(self) -> dict[str, Any]:
         return {
@@ -105,6 +130,8 @@ class BatchState:
             "commitSeconds": self.commitSeconds,
             "rows": self.rows,
             "handles": [h.toJson() for h in self.handles],
+            "awaitingRewrite": list(self.awaitingRewrite),
+            "replacements": [h.toJson() for h in self.replacements],
         }
 
 

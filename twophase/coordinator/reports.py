@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -50,8 +51,13 @@ class RecoveryReport:
     handlesCommitted: int
     transactionsAborted: int
     seconds: float
+    awaitingRewrite: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    """Decided batches with partitions to write again (batch id -> partition ids): their
+    transactions were aborted by the participant, and the replay of the batch writes them."""
 
     @property
     def idle(self) -> bool:
         """True when there was nothing to recover."""
-        return not self.batchesFinished and not self.transactionsAborted
+        return (
+            not self.batchesFinished and not self.transactionsAborted and not self.awaitingRewrite
+        )

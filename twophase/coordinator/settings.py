@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+REWRITE_MISMATCH_OPTION = "twophase.rewriteMismatch"
+REWRITE_MISMATCH_CHOICES = ("fail", "write")
+
 
 @dataclass(frozen=True)
 class CoordinatorSettings:
@@ -19,6 +22,9 @@ class CoordinatorSettings:
     retentionBatches: finished batches whose records the log keeps (older ones are pruned).
     maxParallelCommits: handles committed at the same time.
     retryInitialSeconds, retryMaxSeconds: exponential backoff with full jitter between retries.
+    rewriteMismatch: what to do when the replay of a batch gives other records for a partition
+        whose decided transaction the participant aborted: ``fail`` (stop, write nothing) or
+        ``write`` (write the replay's records for it, with a warning).
     """
 
     commitRetries: int = 8
@@ -27,6 +33,7 @@ class CoordinatorSettings:
     maxParallelCommits: int = 16
     retryInitialSeconds: float = 0.2
     retryMaxSeconds: float = 10.0
+    rewriteMismatch: str = "fail"
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -40,3 +47,8 @@ class CoordinatorSettings:
             value = getattr(self, name)
             if value < minimum:
                 raise ValueError(f"coordinator setting {name} must be >= {minimum}, got {value}")
+        if self.rewriteMismatch not in REWRITE_MISMATCH_CHOICES:
+            raise ValueError(
+                f"option {REWRITE_MISMATCH_OPTION}={self.rewriteMismatch!r}: use one of "
+                f"{', '.join(REWRITE_MISMATCH_CHOICES)}"
+            )

@@ -39,6 +39,17 @@ class Committer(ABC):
         Returns what it aborted, for logs and ``twophase status`` (``None`` means nothing).
         """
 
+    def fingerprint(self, handle: Handle) -> str | None:
+        """The fingerprint of the records ``handle`` holds (``twophase.protocol.fingerprint``).
+
+        A sink whose participant can abort a decided transaction on its own (Kafka's transaction
+        timeout) returns the one its writer put in the handle: the coordinator then writes a lost
+        partition again from Spark's replay of the batch, once the replay's fingerprint matches.
+        ``None`` (the default): a lost decided transaction stops the query with
+        ``TransactionLostError``.
+        """
+        return None
+
     def describe(self, handle: Handle) -> str:
         """A short human description of a handle for logs and errors (never secrets)."""
         return dumpsHandle(handle)

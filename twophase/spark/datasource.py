@@ -19,7 +19,7 @@ from twophase.protocol import Committer, TransactionWriter, TwoPhaseParticipant,
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
-from twophase.spark.driver import beforeBatch
+from twophase.spark.driver import BatchPlan, beforeBatch
 from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner
 from twophase.spark.worker import freezeWorkerHeap
 
@@ -62,13 +62,13 @@ class TwoPhaseDataSource(DataSource):
         freezeWorkerHeap()
         rememberSecrets(self.options, self.safeOptions)
         settings = SinkSettings.fromOptions(self.options, self.name())
-        lastDecided: int | None = None
+        plan = BatchPlan()
         if not calledByCommitRunner():
             self.validate(schema)
             queryId = checkpointQueryId(settings.checkpointLocation)
             batchId = plannedBatchId(settings.checkpointLocation)
-            lastDecided = beforeBatch(self, self.createCommitter(), settings, queryId, batchId)
-        return TwoPhaseStreamWriter(self, settings, lastDecided, uuid.uuid4().hex[:8])
+            plan = beforeBatch(self, self.createCommitter(), settings, queryId, batchId)
+        return TwoPhaseStreamWriter(self, settings, plan, uuid.uuid4().hex[:8])
 
 
 class TwoPhaseCommitSink(TwoPhaseDataSource, TwoPhaseParticipant[Txn], Generic[Txn]):

@@ -6,6 +6,8 @@ once per micro-batch, before any task runs, and ``openCoordinator`` to commit or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from twophase.coordinator import Coordinator, DecisionLog
@@ -16,6 +18,30 @@ from twophase.settings import SinkSettings
 from twophase.spark.worker import ensureLogging
 
 log = getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the tasks of the batch being planned write, from the log as recovery left it.
+
+    Nothing of a batch the log holds as decided (a replay after a crash), except the partitions
+    whose decided transactions the system aborted: those the replay writes again.
+    """
+
+    lastDecided: int | None = None
+    rewrite: Mapping[int, frozenset[int]] = field(default_factory=dict)
+
+    def writes(self, batchId: int, partitionId: int) -> bool:
+        """True when the task of ``partitionId`` in ``batchId`` must write its input."""
+        if self.lastDecided is None or batchId > self.lastDecided:
+            return True
+        return partitionId in self.rewrite.get(batchId, frozenset())
+
+    def writesAny(self, batchId: int) -> bool:
+        """True when some task of ``batchId`` must write."""
+        if self.lastDecided is None or batchId > self.lastDecided:
+            return True
+        return bool(self.rewrite.get(batchId))
 
 
 def openCoordinator(committer: Committer, settings: SinkSettings) -> Coordinator:
@@ -58,9 +84,9 @@ def beforeBatch(
     settings: SinkSettings,
     queryId: str | None,
     batchId: int | None = None,
-) -> int | None:
-    """Claim the log for this query, finish or abort what earlier runs left, return the last
-    decided batch id (tasks of a batch at or below it write nothing)."""
+) -> BatchPlan:
+    """Claim the log for this query, finish or abort what earlier runs left, and say what the
+    tasks of the planned batch write (``BatchPlan``)."""
     ensureLogging()
     coordinator = openCoordinator(committer, settings)
     if queryId:
@@ -69,4 +95,7 @@ def beforeBatch(
     report = coordinator.recover(batchId)
     if not report.idle:
         log.info("twophase sink %s: recovery %s", settings.sinkId, report)
-    return coordinator.log.lastDecided()
+    return BatchPlan(
+        coordinator.log.lastDecided(),
+        {b: frozenset(partitions) for b, partitions in report.awaitingRewrite.items()},
+    )

@@ -27,7 +27,7 @@ from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId
 from twophase.spark.datasource import TwoPhaseDataSource
-from twophase.spark.driver import beforeBatch, openCoordinator
+from twophase.spark.driver import BatchPlan, beforeBatch, openCoordinator
 from twophase.spark.task import runTask
 
 _RESULT_SCHEMA = "result string"
@@ -63,12 +63,12 @@ class _ForeachBatchWriter:
         )
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
-        lastDecided = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
+        plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
         coordinator = openCoordinator(committer, self.settings)
-        if lastDecided is not None and batchId <= lastDecided:
+        if not plan.writesAny(batchId):
             return  # a replay of a batch the log holds: recovery above has finished it
         taskFn = _taskFunction(
-            self.sink, self.settings, batchId, queryId or "", uuid.uuid4().hex[:8]
+            self.sink, self.settings, plan, batchId, queryId or "", uuid.uuid4().hex[:8]
         )
         try:
             rows = df.mapInArrow(taskFn, _RESULT_SCHEMA).collect()
@@ -80,7 +80,12 @@ class _ForeachBatchWriter:
 
 
 def _taskFunction(
-    sink: TwoPhaseDataSource, settings: SinkSettings, batchId: int, queryId: str, runId: str
+    sink: TwoPhaseDataSource,
+    settings: SinkSettings,
+    plan: BatchPlan,
+    batchId: int,
+    queryId: str,
+    runId: str,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The executor side: one prepared transaction per partition, one result row out."""
 
@@ -98,7 +103,8 @@ def _taskFunction(
             runId=runId,
             options=dict(sink.options),
         )
-        result = runTask(sink.createWriter, ctx, batches, alreadyDecided=False)
+        decided = not plan.writes(batchId, ctx.partitionId)
+        result = runTask(sink.createWriter, ctx, batches, alreadyDecided=decided)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(result.toJson())]})
 
     return run

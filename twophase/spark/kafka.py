@@ -24,6 +24,7 @@ from pyspark.sql.types import NullType, StructField, StructType
 
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.kafka import (
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
     RESOLVED_TIMEOUT_OPTION,
     SAFE_OPTIONS,
     KafkaCommitter,
@@ -108,7 +109,9 @@ class KafkaSink(TwoPhaseDataSource):
                     "setting"
                 )
             return
-        self.options[RESOLVED_TIMEOUT_OPTION] = str(chosen if chosen is not None else brokerMax)
+        self.options[RESOLVED_TIMEOUT_OPTION] = str(
+            chosen if chosen is not None else min(DEFAULT_TRANSACTION_TIMEOUT_MS, brokerMax)
+        )
 
     def schema(self) -> str:
         """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source)."""

@@ -23,7 +23,7 @@ from twophase.coordinator import CommitOutcome
 from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.spark.driver import openCoordinator
+from twophase.spark.driver import BatchPlan, openCoordinator
 from twophase.spark.task import runTask
 from twophase.spark.worker import ensureLogging, freezeWorkerHeap
 
@@ -57,19 +57,19 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
     """PySpark's stream writer for any ``TwoPhaseDataSource``.
 
     Pickled to every task, so it holds only the data source (its options), the parsed
-    settings, the last batch the log had decided when the batch was planned, and a run id.
+    settings, what the log said the batch's tasks write when it was planned, and a run id.
     """
 
     def __init__(
         self,
         sink: BoundSink,
         settings: SinkSettings,
-        lastDecided: int | None,
+        plan: BatchPlan,
         runId: str,
     ) -> None:
         self.sink = sink
         self.settings = settings
-        self.lastDecided = lastDecided
+        self.plan = plan
         self.runId = runId
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseCommitMessage:
@@ -95,7 +95,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
             runId=self.runId,
             options=dict(self.sink.options),
         )
-        decided = self.lastDecided is not None and batchId <= self.lastDecided
+        decided = not self.plan.writes(batchId, ctx.partitionId)
         result = runTask(self.sink.createWriter, ctx, iterator, alreadyDecided=decided)
         return TwoPhaseCommitMessage(result.toJson())
 

@@ -169,6 +169,12 @@ class KafkaCommitter(Committer):
         )
         return aborted
 
+    def fingerprint(self, handle: Handle) -> str | None:
+        """The records' fingerprint the writer put in the handle: a transaction the broker
+        aborted after the decision (its timeout) is written again from the batch's replay."""
+        value = handle.get("fingerprint")
+        return value if isinstance(value, str) else None
+
     def describe(self, handle: Handle) -> str:
         """``kafka batch N partition p attempt a: transactional id X (producer id P, epoch E)``."""
         return describeHandle(handle)
@@ -201,10 +207,9 @@ class KafkaCommitter(Committer):
         if ageMs > WARN_FRACTION * timeoutMs:
             log.warning(
                 "kafka: %s has been open for %.0f s, %.0f%% of its transaction.timeout.ms "
-                "(%.0f s): if the driver is down longer than the timeout after a decision, the "
-                "broker aborts decided transactions (see docs/kafka.md); raise "
-                "kafka.transaction.timeout.ms / the broker's transaction.max.timeout.ms, or "
-                "make batches shorter",
+                "(%.0f s): past the timeout the broker aborts it and the batch's replay must "
+                "write it again (see docs/kafka.md); raise kafka.transaction.timeout.ms if "
+                "batches take this long",
                 self.describe(h),
                 ageMs / 1000,
                 100 * ageMs / timeoutMs,
@@ -250,7 +255,7 @@ class KafkaCommitter(Committer):
             f"transaction is LOST: transactional id {h['transactionalId']}, producer id "
             f"{h['producerId']}, epoch {h['producerEpoch']}, {h['records']} record(s). EndTxn "
             f"answered {errorName(code)} and {detail}: {cause}. These records will never be "
-            "visible to read_committed consumers; see docs/kafka.md ('A lost transaction')."
+            "visible to read_committed consumers from this transaction."
         )
 
     def _probe(self, h: Handle) -> tuple[ProbeVerdict, str]:

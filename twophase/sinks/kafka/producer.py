@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from twophase.clients.kafka import errorText, newClient, shownConfig
 from twophase.protocol import TransactionContext
+from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
@@ -154,6 +155,7 @@ class KafkaTransaction:
     queueLimit: int = DEFAULT_QUEUE_MESSAGES
     layout: ColumnLayout | None = None
     produced: int = 0
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
     state: str = "open"
 
     @property
@@ -339,6 +341,7 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         and hasattr(producer, "produce_batch")  # not in older confluent-kafka
     ):
         _produceBatch(txn, str(txn.defaultTopic), values, keys)
+        txn.fingerprint.add(values, keys, extra=str(txn.defaultTopic).encode())
     else:
         partitions = (
             batch.column(layout.partition).to_pylist() if layout.partition is not None else None
@@ -353,15 +356,19 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
                     "default topic"
                 )
             kwargs: dict[str, Any] = {}
+            extra = str(topic).encode()
             if keys is not None and keys[i] is not None:
                 kwargs["key"] = keys[i]
             if partitions is not None and partitions[i] is not None:
                 kwargs["partition"] = int(partitions[i])
+                extra += b"\x00p%d" % kwargs["partition"]
             if headers is not None and headers[i]:
                 kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
+                extra += b"\x00h" + repr(kwargs["headers"]).encode()
             while True:
                 try:
                     produce(topic, value, **kwargs)
+                    txn.fingerprint.addRecord(value, kwargs.get("key"), extra=extra)
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -490,6 +497,7 @@ def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
         "producerId": producerId,
         "producerEpoch": epoch,
         "records": txn.produced,
+        "fingerprint": txn.fingerprint.toText(),
         "startedAtMs": txn.startedAtMs,
         "transactionTimeoutMs": txn.transactionTimeoutMs,
     }

@@ -18,6 +18,10 @@ from twophase.clients.kafka import (
 )
 from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
 
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+"""``transaction.timeout.ms`` unless set: how long, at most, a crashed query's open transactions
+stall ``read_committed`` readers (plus the broker's abort sweep, 10 s by default)."""
+
 RESOLVED_TIMEOUT_OPTION = "twophase.kafka.transactionTimeoutMs"
 """Where the driver leaves the resolved transaction timeout for the executors."""
 
@@ -62,7 +66,10 @@ class KafkaSettings:
     - ``topic``: the topic of every row; overrides a ``topic`` column (as in Spark).
     - ``transactionalIdPrefix``: transactional ids are ``<prefix>-w<worker>-<n>`` (default
       ``twophase-<sinkId>``). The principal needs WRITE and DESCRIBE on ids with this prefix.
-    - ``kafka.transaction.timeout.ms``: default: the broker's ``transaction.max.timeout.ms``.
+    - ``kafka.transaction.timeout.ms``: default ``DEFAULT_TRANSACTION_TIMEOUT_MS`` (one minute),
+      or the broker's ``transaction.max.timeout.ms`` when that is lower. It bounds how long a
+      crashed query's open transactions hold ``read_committed`` readers back; a decided
+      transaction the broker aborts meanwhile is written again by the replay of its batch.
     - ``flushTimeoutSeconds``: how long a task waits for its records' acknowledgements
       (default: ``kafka.message.timeout.ms`` + 30 s).
     - ``initTimeoutSeconds``: bound of ``init_transactions`` (default 120 s).
@@ -120,10 +127,11 @@ class KafkaSettings:
         return self.transactionalIdPrefix or f"twophase-{sinkId}"
 
     def resolvedTransactionTimeoutMs(self) -> int:
-        """``kafka.transaction.timeout.ms``, else the brokers' maximum (cached per process)."""
+        """``kafka.transaction.timeout.ms``, else one minute or the brokers' maximum if lower."""
         if self.transactionTimeoutMs is not None:
             return self.transactionTimeoutMs
-        return brokerTransactionMaxTimeoutMs(self.producerConfig, self.requestTimeoutSeconds)
+        brokerMax = brokerTransactionMaxTimeoutMs(self.producerConfig, self.requestTimeoutSeconds)
+        return min(DEFAULT_TRANSACTION_TIMEOUT_MS, brokerMax)
 
 
 def _intConfig(config: Mapping[str, str], name: str) -> int | None:

@@ -37,7 +37,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
         return cls(KafkaSettings.fromOptions(options))
 
     def transactionTimeoutMs(self) -> int:
-        """``kafka.transaction.timeout.ms``, else the brokers' maximum (cached per process)."""
+        """``kafka.transaction.timeout.ms``, else one minute or the brokers' maximum if lower."""
         return self.settings.resolvedTransactionTimeoutMs()
 
     def beginTransaction(self, ctx: TransactionContext) -> KafkaTransaction:
