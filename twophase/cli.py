@@ -1,8 +1,9 @@
-"""The ``twophase`` command: ``demo``, ``status``, ``recover`` and ``verify``.
+"""The ``twophase`` command: ``demo``, ``status``, ``recover``, ``doctor`` and ``verify``.
 
 ``status`` reads a query's decision logs and needs no Spark. ``recover`` rebuilds each sink
 from the ``sink.json`` kept beside its log and finishes what the log decided, then aborts the
 sink's prepared transactions that no decision covers; ``--dry-run`` only says what it would do.
+``doctor`` holds each log against what the sink's system holds (``twophase.doctor``).
 ``verify`` compares what a source offered with what a sink holds (``twophase.verify``) and
 exits 0 when every record is there exactly once, 1 on any violation, 2 on bad input.
 """
@@ -304,16 +305,54 @@ def parser() -> argparse.ArgumentParser:
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         else:
             cmd.add_argument("--dry-run", action="store_true", help="only say what would be done")
-            cmd.add_argument(
-                "--option",
-                action="append",
-                type=_keyValue,
-                default=[],
-                metavar="KEY=VALUE",
-                help="a sink option that sink.json does not keep, such as a password (repeat)",
-            )
+            _addOptionArgument(cmd)
+    _addDoctorParser(sub)
     _addVerifyParser(sub)
     return p
+
+
+def _addOptionArgument(cmd: Any) -> None:
+    cmd.add_argument(
+        "--option",
+        action="append",
+        type=_keyValue,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a sink option that sink.json does not keep, such as a password (repeat)",
+    )
+
+
+DOCTOR_EPILOG = """\
+Asks each sink's system what it holds (PostgreSQL prepared transactions and staged rows,
+Kafka open transactions and stalled partitions, the files sink's staged files), read-only,
+compares it with the decision log and prints, per finding, the command that settles it.
+See docs/operations.md for every finding.
+
+exit status: 0 clean, 1 findings that need action or that the next start acts on,
+2 cannot check (no checkpoint or log, a server that does not answer).
+"""
+
+
+def _addDoctorParser(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "doctor",
+        help="hold the decision logs against what the systems hold",
+        description="Compare each sink's decision log with what its system holds.",
+        epilog=DOCTOR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cmd.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
+    cmd.add_argument("--sink-id", help="only this sink (default: every sink of the query)")
+    cmd.add_argument("--json", action="store_true", help="machine-readable output")
+    _addOptionArgument(cmd)
+    cmd.add_argument(
+        "--in-flight-seconds",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="report undecided transactions younger than S seconds as a running query's "
+        "batch, not as orphans (for probes of a running query; default 0)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +367,26 @@ def main(argv: list[str] | None = None) -> int:
         return status(parsed.checkpoint, parsed.sink_id, parsed.json, sys.stdout)
     if parsed.command == "verify":
         return verifyCommand(parsed, sys.stdout, sys.stderr)
+    if parsed.command == "doctor":
+        from twophase.doctor import doctor
+
+        # Its output is the report: only warnings of twophase, nothing of the Kafka client.
+        quieted = {name: logging.getLogger(name).level for name in ("", "kafka")}
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        try:
+            return doctor(
+                parsed.checkpoint,
+                parsed.sink_id,
+                parsed.json,
+                sys.stdout,
+                loadSink,
+                dict(parsed.option),
+                parsed.in_flight_seconds,
+            )
+        finally:
+            for name, level in quieted.items():
+                logging.getLogger(name).setLevel(level)
     return recover(
         parsed.checkpoint, parsed.sink_id, parsed.dry_run, sys.stdout, dict(parsed.option)
     )
