@@ -83,6 +83,12 @@ bench-postgres: .venv
 bench-kafka: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka
 
+# twophase.multi (PostgreSQL + Kafka in one query) against the two sinks as separate queries and
+# Spark's noop sink (after `make services`); see docs/multi.md.
+.PHONY: bench-multi
+bench-multi: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.multi
+
 # How long a SIGKILLed query's open transactions stall read_committed readers, for each
 # transaction timeout (after `make services`); see docs/kafka.md, "Choosing the timeout".
 .PHONY: bench-kafka-stall
@@ -99,6 +105,7 @@ bench: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.bench --sweep $(BENCH_ARGS)
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.multi
 
 # Seconds per micro-batch of every sink against Spark's own path and Spark's noop sink, with a
 # JVM source (rate-micro-batch) at 8 and 200 partitions and the Python source at 200

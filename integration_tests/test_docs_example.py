@@ -65,3 +65,34 @@ def test_the_readme_pipeline_prints_every_row_once(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "100000"
+
+
+@pytest.mark.timeout(300)
+def test_the_multi_example_writes_every_order_to_postgres_and_kafka_once(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str
+) -> None:
+    doc = (DOC.parent / "multi.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    assert len(blocks) == 1, "docs/multi.md should hold one runnable example"
+    suffix = os.urandom(4).hex()
+    code = blocks[0].replace('"order-events"', f'"order-events-{suffix}"')
+    code = code.replace('"orders.table", "orders"', f'"orders.table", "orders_{suffix}"')
+    code = code.replace("FROM orders", f"FROM orders_{suffix}")
+    script = tmp_path / "multi_example.py"
+    script.write_text(code)
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
+        TWOPHASE_PG_URL=pg_url,
+        TWOPHASE_KAFKA_BOOTSTRAP=kafka_bootstrap,
+    )
+    for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
+        run = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "work")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.splitlines()[-2:] == ["orders: 10000", "events: 10000"], run.stdout

@@ -76,10 +76,11 @@ def builtinDataSources() -> list[type]:
     """The built-in sources and sinks, as PySpark data source classes."""
     from twophase.spark.files import FilesSink
     from twophase.spark.kafka import KafkaSink
+    from twophase.spark.multi import MultiSink
     from twophase.spark.postgres import PostgresSink
     from twophase.spark.sequence import SequenceSource
 
-    return [FilesSink, KafkaSink, PostgresSink, SequenceSource]
+    return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource]
 
 
 def register(spark: SparkSession) -> None:

@@ -24,8 +24,9 @@ fingerprint matches the decided one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twophase.coordinator.errors import (
@@ -357,7 +358,7 @@ class Coordinator:
         commitStart = time.monotonic()
         live = state.liveHandles
         outcomes = self.executor.runAll(
-            [CommitJob(batchId, entry, action) for entry in live],
+            self._commitJobs(state, action),
             deadline=commitStart + self.settings.commitTimeoutSeconds,
             crashBetween=batchId,
         )
@@ -422,9 +423,9 @@ class Coordinator:
         started = time.monotonic()
         outcomes = self.executor.runAll(
             [
-                CommitJob(state.batchId, entry, self.committer.recoverAndCommit)
+                job
                 for state in outstanding
-                for entry in state.liveHandles
+                for job in self._commitJobs(state, self.committer.recoverAndCommit)
             ],
             deadline=started + self.settings.commitTimeoutSeconds,
             crashBetween=None,
@@ -462,10 +463,26 @@ class Coordinator:
 
     # ------------------------------------------------------------------ lost partitions
 
+    def _commitJobs(self, state: BatchState, action: Callable[[Handle], None]) -> list[CommitJob]:
+        """One job per live handle: ``action``, or ``commitReplacement`` for a replay's handle."""
+        replaced = {r.key for r in state.replacements}
+        jobs = []
+        for entry in state.liveHandles:
+            original = state.loggedHandleOf(entry.partitionId)
+            if entry.key in replaced and original is not None:
+                replace = functools.partial(self.committer.commitReplacement, original.handle)
+                jobs.append(CommitJob(state.batchId, entry, replace))
+            else:
+                jobs.append(CommitJob(state.batchId, entry, action))
+        return jobs
+
     def _isRewritable(self, outcome: JobOutcome) -> bool:
         """A decided transaction the participant aborted, in a sink that fingerprints it."""
-        return isinstance(outcome.error, TransactionLostError) and (
-            self._fingerprint(outcome.job.entry.handle) is not None
+        error = outcome.error
+        return (
+            isinstance(error, TransactionLostError)
+            and error.rewritable
+            and self._fingerprint(outcome.job.entry.handle) is not None
         )
 
     def _rewritable(self, outcomes: Sequence[JobOutcome]) -> dict[int, JobOutcome]:

@@ -39,6 +39,15 @@ class Committer(ABC):
         Returns what it aborted, for logs and ``twophase status`` (``None`` means nothing).
         """
 
+    def commitReplacement(self, original: Handle, replacement: Handle) -> None:
+        """Idempotent: commit the replay's handle that stands for a decided, lost ``original``.
+
+        Default: ``commit(replacement)``. A sink whose handle spans several transactions (one
+        per target of ``twophase.multi``) commits the replacement's part only where the
+        original's part is lost, and aborts the rest, so what did commit is not written twice.
+        """
+        self.commit(replacement)
+
     def fingerprint(self, handle: Handle) -> str | None:
         """The fingerprint of the records ``handle`` holds (``twophase.protocol.fingerprint``).
 

@@ -14,9 +14,13 @@ class TransientCommitError(Exception):
 class TransactionLostError(Exception):
     """A decided transaction can no longer be committed (the participant aborted it).
 
-    Raised loudly with the batch, the participant and the transaction: the promise of
-    exactly-once is broken for it and an operator must know.
+    Raised loudly with the batch, the participant and the transaction. When the sink
+    fingerprints its handles (``Committer.fingerprint``) the coordinator has the batch's replay
+    write it again; ``rewritable = False`` says the replay cannot be checked for this loss (a
+    part of a composite handle without a fingerprint), and the query stops instead.
     """
+
+    rewritable: bool = True
 
 
 class SinkContractError(TypeError):

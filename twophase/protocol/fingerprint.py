@@ -79,10 +79,29 @@ class Fingerprint:
             raise ValueError(f"not a record fingerprint: {text!r}") from None
 
 
+def combined(parts: dict[str, str]) -> str:
+    """One fingerprint for several named parts (the targets of one task): ``name=fp;...``."""
+    return ";".join(f"{name}={fp}" for name, fp in sorted(parts.items()))
+
+
+def _parts(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+
+
 def differenceOf(logged: str, replay: str) -> str | None:
     """``None`` when two fingerprints match, else what differs, in words for an error."""
     if logged == replay:
         return None
+    if "=" in logged or "=" in replay:
+        before, after = _parts(logged), _parts(replay)
+        said = []
+        for name in sorted(before.keys() | after.keys()):
+            if before.get(name) == after.get(name):
+                continue
+            both = name in before and name in after
+            what = differenceOf(before[name], after[name]) if both else "missing in one"
+            said.append(f"{name}: {what}")
+        return "; ".join(said)
     try:
         old, new = Fingerprint.fromText(logged), Fingerprint.fromText(replay)
     except ValueError as exc:

@@ -60,7 +60,7 @@ def describeSink(sink: Any, settings: SinkSettings) -> None:
     """
     cls = type(sink)
     safe = getattr(sink, "safeOptions", ())
-    shown = getattr(cls, "publicOptionValue", None)
+    shown = getattr(sink, "publicOptionValue", None)
     kept: dict[str, str] = {}
     for key, value in sink.options.items():
         if not isSafeOption(key, safe):

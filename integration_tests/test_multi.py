@@ -1,0 +1,324 @@
+"""twophase.multi against the real PostgreSQL and Kafka: one decision, both systems or neither.
+
+Three layers: bad options and columns refused before any task writes (no Spark session); the
+participant with a Kafka part the broker aborted after the decision (the replay's Kafka part
+committed, its PostgreSQL part not, so nothing twice); a Spark query killed at the protocol's
+windows (a task killed between preparing its two targets, the driver between two commits), read
+back from both systems. The chaos harness's `multi` pipeline goes through every other window.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from psycopg import sql
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from integration_tests.spark_harness import Harness
+from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
+from integration_tests.test_kafka_participant import state
+from integration_tests.test_kafka_spark import openTransactions
+from twophase.coordinator import Coordinator, CoordinatorSettings, DecisionLog
+from twophase.coordinator.errors import RewritePendingError
+from twophase.protocol import RecoveryScope, TaskResult, TransactionContext
+from twophase.settings import TwoPhaseConfigError, optionOf
+from twophase.sinks.multi import MultiWriter
+from twophase.spark.multi import MultiSink
+
+SINK_SPEC = "integration_tests.test_multi:SequenceMultiSink"
+
+ORDERS = StructType([StructField("id", LongType()), StructField("payload", StringType())])
+EVENTS = StructType([StructField("key", StringType()), StructField("value", StringType())])
+
+
+def multiOptions(
+    tmp: Path, pgUrl: str, table: str, bootstrap: str, topic: str, **extra: str
+) -> dict[str, str]:
+    return {
+        "targets": "orders=postgres,events=kafka",
+        "orders.url": pgUrl,
+        "orders.table": table,
+        "orders.createTable": "true",
+        "events.kafka.bootstrap.servers": bootstrap,
+        "events.topic": topic,
+        "events.transactionalIdPrefix": unique("it-multi"),
+        "checkpointLocation": str(tmp / "checkpoint"),
+        **extra,
+    }
+
+
+@pytest.fixture
+def table(pg_url: str) -> Iterator[str]:
+    name = f"it_multi_{os.urandom(5).hex()}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for dropped in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))
+
+
+def pgIds(pgUrl: str, table: str) -> list[int]:
+    with psycopg.connect(pgUrl, autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if not exists or not exists[0]:
+            return []
+        query = sql.SQL("SELECT id FROM {} ORDER BY id").format(sql.Identifier(table))
+        return [int(row[0]) for row in conn.execute(query)]
+
+
+def kafkaIds(bootstrap: str, topic: str) -> list[int]:
+    return sorted(int(r.key or b"-1") for r in readTopic(bootstrap, topic))
+
+
+def preparedGids(pgUrl: str, sinkId: str) -> list[str]:
+    with psycopg.connect(pgUrl, autocommit=True) as conn:
+        rows = conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{sinkId}%",))
+        return [str(r[0]) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused before any task writes.
+
+
+def test_bad_targets_and_columns_are_refused_before_anything_is_written(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
+) -> None:
+    topic = createTopic(kafka_bootstrap)
+    good = multiOptions(tmp_path, pg_url, table, kafka_bootstrap, topic)
+    for targets, expected in (
+        ("", "needs option targets"),
+        ("orders", "is not name=kind"),
+        ("orders=postgres", "names one target"),
+        ("orders=postgres,orders=kafka", "appears twice"),
+        ("orders=postgres,events=mongo", "has kind 'mongo'"),
+        ("orders=postgres,9events=kafka", "must be a letter"),
+        ("orders=postgres,events=no.such.module:Sink", "cannot be imported"),
+    ):
+        with pytest.raises(TwoPhaseConfigError, match=expected):
+            MultiSink({**good, "targets": targets})
+    sink = MultiSink(good)
+    with pytest.raises(TwoPhaseConfigError, match="target 'events' .* needs a struct column"):
+        sink.validate(StructType([StructField("orders", ORDERS)]))
+    with pytest.raises(TwoPhaseConfigError, match="column 'events' of target 'events' is string"):
+        sink.validate(
+            StructType([StructField("orders", ORDERS), StructField("events", StringType())])
+        )
+    noValue = StructType([StructField("key", StringType())])
+    with pytest.raises(TwoPhaseConfigError, match=r"target 'events' \(kafka\).*value"):
+        sink.validate(StructType([StructField("orders", ORDERS), StructField("events", noValue)]))
+    unreachable = MultiSink({**good, "orders.url": "postgresql://nobody@127.0.0.1:1/none"})
+    with pytest.raises(TwoPhaseConfigError, match=r"target 'orders' \(postgres\)"):
+        unreachable.validate(
+            StructType([StructField("orders", ORDERS), StructField("events", EVENTS)])
+        )
+    assert pgIds(pg_url, table) == [] and readTopic(kafka_bootstrap, topic) == []
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The participant: a Kafka part lost after the decision, the PostgreSQL part not.
+
+
+def rows(ids: list[int]) -> pa.RecordBatch:
+    idArray = pa.array(ids, pa.int64())
+    payload = pa.array([f"row-{i}" for i in ids])
+    orders = pa.StructArray.from_arrays([idArray, payload], names=["id", "payload"])
+    events = pa.StructArray.from_arrays([pc.cast(idArray, pa.string()), payload], ["key", "value"])
+    return pa.RecordBatch.from_arrays([orders, events], names=["orders", "events"])
+
+
+def prepare(writer: MultiWriter, sinkId: str, ids: list[int], partition: int) -> dict[str, Any]:
+    txn = writer.beginTransaction(TransactionContext(sinkId, "q", 0, partition, 0))
+    writer.write(txn, rows(ids))
+    return writer.preCommit(txn)
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_kafka_part_is_rewritten_and_the_postgres_part_is_not_written_twice(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
+) -> None:
+    topic = createTopic(kafka_bootstrap)
+    options = multiOptions(
+        tmp_path,
+        pg_url,
+        table,
+        kafka_bootstrap,
+        topic,
+        **{"events.kafka.transaction.timeout.ms": "3000"},
+    )
+    sink = MultiSink(options)
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+    sinkId = "it-multi-sink"
+    first = prepare(sink.createWriter(), sinkId, [0, 1, 2], partition=0)
+    deadline = time.monotonic() + 60
+    while state(kafka_bootstrap, first["parts"]["events"]["transactionalId"]) != "CompleteAbort":
+        assert time.monotonic() < deadline, "the broker never aborted the Kafka part"
+        time.sleep(0.5)
+    logDir = tmp_path / "log"
+
+    def coordinator() -> Coordinator:
+        return Coordinator(
+            sink.createCommitter(), DecisionLog(str(logDir)), sinkId, CoordinatorSettings()
+        )
+
+    result = TaskResult(sinkId, "q", 0, 0, 0, first, 3)
+    with pytest.raises(RewritePendingError, match="partitions \\[0\\]"):
+        coordinator().commitBatch(0, [result])
+    assert pgIds(pg_url, table) == [0, 1, 2], "the decided PostgreSQL part is committed"
+    assert kafkaIds(kafka_bootstrap, topic) == []
+    assert coordinator().recover().awaitingRewrite == {0: (0,)}
+    replay = prepare(sink.createWriter(), sinkId, [2, 0, 1], partition=0)
+    coordinator().commitBatch(0, [TaskResult(sinkId, "q", 0, 0, 0, replay, 3)])
+    assert pgIds(pg_url, table) == [0, 1, 2], "the replay's PostgreSQL part is aborted"
+    assert kafkaIds(kafka_bootstrap, topic) == [0, 1, 2]
+    assert preparedGids(pg_url, sinkId) == []
+    committer = sink.createCommitter()
+    assert committer.recoverAndAbort(RecoveryScope(sinkId)) == []
+
+
+def test_a_users_own_sink_is_a_target_and_a_dead_attempt_is_swept_in_both(
+    tmp_path: Path, pg_url: str, table: str
+) -> None:
+    sink = MultiSink(
+        {
+            "targets": "orders=postgres,notes=integration_tests.test_spark_user_sink:JsonDirSink",
+            "orders.url": pg_url,
+            "orders.table": table,
+            "orders.createTable": "true",
+            "notes.path": str(tmp_path / "notes"),
+            "checkpointLocation": str(tmp_path / "checkpoint"),
+        }
+    )
+    notes = StructType([StructField("id", LongType()), StructField("text", StringType())])
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("notes", notes)]))
+    sinkId = "it-multi-user"
+
+    def batch(ids: list[int]) -> pa.RecordBatch:
+        idArray = pa.array(ids, pa.int64())
+        text = pa.array([f"row-{i}" for i in ids])
+        orders = pa.StructArray.from_arrays([idArray, text], names=["id", "payload"])
+        # A null struct: that row goes to no transaction of the target.
+        mask = pa.array([i % 2 == 1 for i in ids])
+        notes = pa.StructArray.from_arrays([idArray, text], names=["id", "text"], mask=mask)
+        return pa.RecordBatch.from_arrays([orders, notes], names=["orders", "notes"])
+
+    def prepared(ids: list[int], partition: int, attempt: int = 0) -> dict[str, Any]:
+        writer = sink.createWriter()
+        txn = writer.beginTransaction(TransactionContext(sinkId, "q", 0, partition, attempt))
+        writer.write(txn, batch(ids))
+        return writer.preCommit(txn)
+
+    dead = prepared([0, 1], partition=0)  # an attempt whose task died after preparing both
+    live = prepared([0, 1], partition=0, attempt=1)
+    other = prepared([2, 3], partition=1)
+    coordinator = Coordinator(
+        sink.createCommitter(), DecisionLog(str(tmp_path / "log")), sinkId, CoordinatorSettings()
+    )
+    report = coordinator.commitBatch(
+        0, [TaskResult(sinkId, "q", 0, 0, 1, live, 2), TaskResult(sinkId, "q", 0, 1, 0, other, 2)]
+    )
+    assert report.handles == 2 and report.stragglersAborted == 2, report  # dead attempt, swept
+    assert pgIds(pg_url, table) == [0, 1, 2, 3]
+    written = sorted((tmp_path / "notes").glob("batch=0/*.jsonl"))
+    texts = sorted(line for path in written for line in path.read_text().splitlines())
+    assert texts == ['{"id": 0, "text": "row-0"}', '{"id": 2, "text": "row-2"}']
+    assert not list((tmp_path / "notes" / ".pending").iterdir())
+    assert dead["parts"]["orders"] != live["parts"]["orders"]
+    assert preparedGids(pg_url, sinkId) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark: crashes at the protocol's windows, a task killed between its two targets.
+
+
+class SequenceMultiSink(MultiSink):
+    """``twophase.multi`` fed by the harness's sequence rows: ``orders`` = (id, payload) into
+    PostgreSQL, ``events`` = (key = id, value = payload) into Kafka.
+
+    Option ``it.killBetweenTargetsAtBatch=<N>`` with ``it.killOnceFile=<path>``: in batch N, the
+    task's Python worker is SIGKILLed after its PostgreSQL part is prepared and before its Kafka
+    part is, once.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "it.multi-sequence"
+
+    def validate(self, schema: StructType) -> None:
+        super().validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+
+    def createWriter(self) -> MultiWriter:
+        return SequenceMultiWriter(super().createWriter().parts, self.options)
+
+
+class SequenceMultiWriter(MultiWriter):
+    def __init__(self, parts: Any, options: Mapping[str, str]) -> None:
+        super().__init__(parts)
+        self.options = dict(options)
+
+    def write(self, txn: Any, batch: pa.RecordBatch) -> None:
+        super().write(txn, rows(batch.column("id").to_pylist()))
+
+    def preCommit(self, txn: Any) -> dict[str, Any]:
+        killAt = optionOf(self.options, "it.killBetweenTargetsAtBatch")
+        if killAt is not None and int(killAt) == txn.ctx.batchId:
+            onceFile = str(optionOf(self.options, "it.killOnceFile"))
+            try:
+                os.close(os.open(onceFile, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return super().preCommit(txn)
+            target, writer, open_ = txn.txns[0]
+            assert target.name == "orders"
+            writer.preCommit(open_)  # PostgreSQL prepared, Kafka still open
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().preCommit(txn)
+
+
+def assertBothOrNeither(h: Harness, pgUrl: str, table: str, bootstrap: str, topic: str) -> None:
+    """Nothing twice; every committed batch in both systems; nothing of an undecided one."""
+    log = DecisionLog(str(next((h.checkpoint / "twophase").iterdir())))
+    committed = set(log.committedBatchIds())
+    decided = committed | {s.batchId for s in log.outstanding()}
+    per = h.rowsPerBatch
+    for name, ids in (("postgres", pgIds(pgUrl, table)), ("kafka", kafkaIds(bootstrap, topic))):
+        assert len(ids) == len(set(ids)), f"{name}: duplicates"
+        batches = {i // per for i in ids}
+        assert committed <= batches, f"{name}: committed batches {committed - batches} missing"
+        assert batches <= decided, f"{name}: undecided batches {batches - decided} visible"
+
+
+@pytest.mark.timeout(1200)
+def test_a_task_and_a_driver_killed_mid_batch_leave_each_batch_in_both_systems_or_neither(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
+) -> None:
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    options = multiOptions(tmp_path, pg_url, table, kafka_bootstrap, topic)
+    options.pop("checkpointLocation")
+    options["orders.maxPreparedPartitions"] = "1"  # partition 0 prepares, partition 1 stages
+    options["it.killBetweenTargetsAtBatch"] = "1"
+    options["it.killOnceFile"] = str(tmp_path / "killed-between")
+    h = Harness(
+        tmp_path / "query", "local", sink=SINK_SPEC, rows=5 * 20, rowsPerBatch=20, options=options
+    )
+    # Batch 1: a task killed between its targets (Spark retries it). Batch 2: the driver killed
+    # between the commits of its two partitions. The other driver windows, with server kills,
+    # are the chaos harness's `multi` pipeline.
+    h.crashRun("driver.betweenCommits:2", onceFile=h.onceFile("-between"))
+    assertBothOrNeither(h, pg_url, table, kafka_bootstrap, topic)
+    assert (tmp_path / "killed-between").exists(), "no task was killed between its targets"
+    h.restartUntilExhausted()
+    expected = list(range(h.rows))
+    assert pgIds(pg_url, table) == expected, h.describeRuns()
+    assert kafkaIds(kafka_bootstrap, topic) == expected, h.describeRuns()
+    prefix = options["events.transactionalIdPrefix"]
+    assert openTransactions(kafka_bootstrap, prefix) == []
+    sinkId = next((h.checkpoint / "twophase").iterdir()).name
+    assert preparedGids(pg_url, sinkId) == []

@@ -1,0 +1,116 @@
+"""The driver half of ``twophase.multi``: every target's part of a handle, committed together.
+
+Each method runs the targets' own committers on the parts of a multi handle; all of them are
+idempotent, so a retry after a partial commit commits the rest. A part lost in its system
+(Kafka's transaction timeout) does not stop the other parts from committing: the decision holds
+for all of them; ``commitReplacement`` then commits the replay's part only for the lost targets
+and aborts its other parts, so nothing is written twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from twophase.protocol import (
+    Committer,
+    Handle,
+    RecoveryScope,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.protocol.fingerprint import combined
+from twophase.sinks.multi.targets import KIND, Target, partOf
+
+
+class MultiCommitter(Committer):
+    """Driver side: the targets' committers, one part of a multi handle each."""
+
+    def __init__(self, parts: Sequence[tuple[Target, Committer]]):
+        self.parts = list(parts)
+
+    def commit(self, handle: Handle) -> None:
+        self._each(handle, lambda c, h: c.commit(h))
+
+    def recoverAndCommit(self, handle: Handle) -> None:
+        self._each(handle, lambda c, h: c.recoverAndCommit(h))
+
+    def abort(self, handle: Handle) -> None:
+        self._each(handle, lambda c, h: c.abort(h))
+
+    def commitReplacement(self, original: Handle, replacement: Handle) -> None:
+        """Per target: the original part committed (again, a no-op) if it can be, and the
+        replay's part aborted; the replay's part committed where the original is lost."""
+        lost: list[TransactionLostError] = []
+        for target, committer in self.parts:
+            old, new = partOf(original, target.name), partOf(replacement, target.name)
+            try:
+                if old is not None:
+                    committer.recoverAndCommit(old)
+                if new is not None:
+                    committer.abort(new)
+            except TransactionLostError as exc:
+                if old is not None and committer.fingerprint(old) is None:
+                    exc.rewritable = False  # the replay's part cannot be checked: stop
+                    raise
+                if new is not None:
+                    try:
+                        committer.commit(new)
+                    except TransactionLostError as again:
+                        lost.append(again)
+        if lost:
+            raise lost[0]
+
+    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
+        aborted: list[Handle] = []
+        for target, committer in self.parts:
+            keep = tuple(
+                part
+                for h in scope.keep
+                if h.get("kind") == KIND
+                for part in (partOf(h, target.name),)
+                if part is not None
+            )
+            sub = RecoveryScope(target.sinkId, keep, scope.batchId, scope.options)
+            for handle in committer.recoverAndAbort(sub) or ():
+                aborted.append({"kind": KIND, "parts": {target.name: handle}})
+        return aborted
+
+    def fingerprint(self, handle: Handle) -> str | None:
+        """The fingerprints of the parts that have one (``name=fp;...``), or ``None``."""
+        found: dict[str, str] = {}
+        for target, committer in self.parts:
+            part = partOf(handle, target.name)
+            if part is not None:
+                value = committer.fingerprint(part)
+                if value is not None:
+                    found[target.name] = value
+        return combined(found) if found else None
+
+    def describe(self, handle: Handle) -> str:
+        described = []
+        for target, committer in self.parts:
+            part = partOf(handle, target.name)
+            if part is not None:
+                described.append(f"{target.name}: {committer.describe(part)}")
+        where = f"batch {handle.get('batchId')} partition {handle.get('partitionId')}"
+        return f"multi {where} ({'; '.join(described)})"
+
+    def _each(self, handle: Handle, action: Callable[[Committer, Handle], None]) -> None:
+        """Run ``action`` on every part; a transient failure stops (a retry does it all again),
+        a lost part does not stop the others and is raised at the end."""
+        lost: list[TransactionLostError] = []
+        for target, committer in self.parts:
+            part = partOf(handle, target.name)
+            if part is None:
+                continue
+            try:
+                action(committer, part)
+            except TransientCommitError:
+                raise
+            except TransactionLostError as exc:
+                exc.add_note(f"twophase.multi: target {target.name}")
+                if committer.fingerprint(part) is None:
+                    exc.rewritable = False  # no fingerprint: the replay cannot be checked
+                lost.append(exc)
+        if lost:
+            raise next((e for e in lost if not e.rewritable), lost[0])
