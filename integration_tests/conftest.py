@@ -13,11 +13,15 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVICES_DIR = REPO_ROOT / "services"
@@ -190,3 +194,49 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
     control = ServiceControl(script, "server")
     yield control
     control.start()
+
+
+@dataclass(frozen=True)
+class PgRole:
+    """A role of the test's own with a password nothing else contains, and its table."""
+
+    url: str
+    password: str
+    table: str
+
+
+@pytest.fixture
+def pg_role(pg_url: str) -> Iterator[PgRole]:
+    """A fresh role owning a fresh table (both named ``it_role_<token>``); afterwards both and
+    their leftovers are gone. The servers' own password is a common word (it is also the user
+    name), so a check that a password never shows needs this role's unique one."""
+    token = uuid.uuid4().hex[:10]
+    name, password = f"it_role_{token}", f"Role-{token}-S3cret"
+    url = make_conninfo(pg_url, user=name, password=password)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT CREATE, USAGE ON SCHEMA public TO {}").format(sql.Identifier(name))
+        )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, payload text NOT NULL)").format(
+                sql.Identifier(name)
+            )
+        )
+    yield PgRole(url, password, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for (gid,) in conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE owner = current_user"
+        ).fetchall():
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        conn.execute("SET lock_timeout = '10s'")
+        for table in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA public FROM {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,41 +20,18 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
+from integration_tests.checkpoints import SinkCheckpoint
+from integration_tests.conftest import PgRole
 from integration_tests.test_kafka_helpers import createTopic
 from twophase import cli
 from twophase.clients.kafka import brokerTransactionMaxTimeoutMs
-from twophase.coordinator import DecisionLog
-from twophase.protocol import TaskResult, TransactionContext
-from twophase.settings import SinkSettings
+from twophase.protocol import TransactionContext
 from twophase.sinks.postgres import validateTarget
 from twophase.sinks.postgres.xid import sinkPrefix
-from twophase.spark.driver import describeSink
 from twophase.spark.kafka import KafkaSink
 from twophase.spark.postgres import PostgresSink
-
-
-class Checkpoint:
-    """A query's checkpoint for one sink: ``sink.json`` and a claimed log, as the driver has."""
-
-    def __init__(self, sink: Any, path: Path) -> None:
-        self.path = path
-        self.sink = sink
-        self.settings = SinkSettings.fromOptions(sink.options, sink.name())
-        describeSink(sink, self.settings)
-        self.log = DecisionLog(self.settings.logLocation)
-        self.log.claim(self.settings.sinkId, "q-doctor")
-
-    @property
-    def sinkId(self) -> str:
-        return self.settings.sinkId
-
-    def context(self, batch: int, partition: int) -> TransactionContext:
-        return TransactionContext(self.sinkId, "q-doctor", batch, partition, 0, "run1")
-
-    def result(self, batch: int, partition: int, handle: dict[str, Any]) -> TaskResult:
-        return TaskResult(self.sinkId, "q-doctor", batch, partition, 0, handle, 1)
 
 
 def run(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -86,57 +61,13 @@ def closedPort() -> int:
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PgUser:
-    """A role of the test's own with a password nothing else contains, and its table."""
-
-    url: str
-    password: str
-    table: str
-
-
 @pytest.fixture
-def pgUser(pg_url: str) -> Iterator[PgUser]:
-    """A fresh role owning a fresh target table; afterwards both and their leftovers are gone.
-
-    The servers' own password is a common word (it is also the user name), so a check that
-    it never shows would prove nothing: this role's password is unique.
-    """
-    token = uuid.uuid4().hex[:10]
-    role, password, table = f"it_doctor_{token}", f"Doctor-{token}-S3cret", f"it_doctor_{token}"
-    params = conninfo_to_dict(pg_url)
-    url = make_conninfo(pg_url, user=role, password=password)
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(role), sql.Literal(password)
-            )
-        )
-        conn.execute(
-            sql.SQL("GRANT CREATE, USAGE ON SCHEMA public TO {}").format(sql.Identifier(role))
-        )
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, payload text NOT NULL)").format(
-                sql.Identifier(table)
-            )
-        )
-    yield PgUser(url, password, table)
-    with psycopg.connect(url, autocommit=True) as conn:
-        for (gid,) in conn.execute(
-            "SELECT gid FROM pg_prepared_xacts WHERE owner = current_user"
-        ).fetchall():
-            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-        conn.execute("SET lock_timeout = '10s'")
-        for name in (table, f"{table}_twophase_staging", f"{table}_twophase_commits"):
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA public FROM {}").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-    assert params  # the shared server's own role is never changed
+def pgUser(pg_role: PgRole) -> PgRole:
+    """A role of the test's own with a password nothing else contains, and its table."""
+    return pg_role
 
 
-def pgCheckpoint(pg_url: str, table: str, tmp_path: Path) -> Checkpoint:
+def pgSinkCheckpoint(pg_url: str, table: str, tmp_path: Path) -> SinkCheckpoint:
     sink = PostgresSink(
         {
             "url": pg_url,
@@ -145,7 +76,7 @@ def pgCheckpoint(pg_url: str, table: str, tmp_path: Path) -> Checkpoint:
             "sinkId": table.replace("_", "-"),
         }
     )
-    return Checkpoint(sink, tmp_path / "ckpt")
+    return SinkCheckpoint(sink, tmp_path / "ckpt")
 
 
 def rows(*ids: int) -> pa.RecordBatch:
@@ -162,10 +93,10 @@ def prepareOn(writer: Any, ctx: TransactionContext, batch: pa.RecordBatch) -> di
 
 
 def test_postgres_leftovers_are_found_with_their_fix_and_no_password_shows(
-    pgUser: PgUser, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pgUser: PgRole, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pg_url, pgTable, password = pgUser.url, pgUser.table, pgUser.password
-    query = pgCheckpoint(pg_url, pgTable, tmp_path)
+    query = pgSinkCheckpoint(pg_url, pgTable, tmp_path)
     writer = query.sink.createWriter()
     decided = prepareOn(writer, query.context(0, 0), rows(1))
     query.log.decide(0, [query.result(0, 0, decided)])  # the driver died before committing
@@ -225,9 +156,9 @@ def test_postgres_leftovers_are_found_with_their_fix_and_no_password_shows(
 
 
 def test_postgres_unreachable_or_refusing_cannot_be_checked_in_one_line(
-    pgUser: PgUser, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pgUser: PgRole, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    query = pgCheckpoint(pgUser.url, pgUser.table, tmp_path)
+    query = pgSinkCheckpoint(pgUser.url, pgUser.table, tmp_path)
     secret = "N0t-the-Passw0rd"
     params = conninfo_to_dict(pgUser.url)
     down = f"postgresql://{params['user']}:{secret}@127.0.0.1:{closedPort()}/{params['dbname']}"
@@ -282,7 +213,7 @@ def test_kafka_leftovers_stalls_and_timeouts_are_found_and_recover_settles_ours(
             "checkpointLocation": str(tmp_path / "ckpt"),
         }
     )
-    query = Checkpoint(sink, tmp_path / "ckpt")
+    query = SinkCheckpoint(sink, tmp_path / "ckpt")
     writer = sink.createWriter()
 
     def prepare(batch: int, partition: int) -> dict[str, Any]:
@@ -353,7 +284,7 @@ def test_kafka_unreachable_cannot_be_checked_in_one_line(
             "checkpointLocation": str(tmp_path / "ckpt"),
         }
     )
-    query = Checkpoint(sink, tmp_path / "ckpt")
+    query = SinkCheckpoint(sink, tmp_path / "ckpt")
     down = f"127.0.0.1:{closedPort()}"
     status, text = run(
         "doctor", "--checkpoint", str(query.path),

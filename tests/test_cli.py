@@ -1,4 +1,8 @@
-"""``twophase status`` and ``twophase recover`` on a real decision log and real staged files."""
+"""``twophase status`` and ``twophase recover`` on a real decision log and real staged files.
+
+Also how the commands fail: one paragraph on stderr with the fix, an exit status of 0/1/2,
+a traceback only with ``--debug``, and sink options from ``--sink-option-file``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from twophase import cli
-from twophase.coordinator import DecisionLog
+from twophase import cli, cli_errors, cli_options
+from twophase.coordinator import CommitFailedError, DecisionLog, LogOwnershipError
 from twophase.coordinator.description import readSinkDescription
+from twophase.coordinator.errors import RewritePendingError
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.settings import SinkSettings
 from twophase.spark.driver import describeSink
@@ -48,7 +53,7 @@ def test_status_shows_the_decided_but_unfinished_batch(
     crashedQuery: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     checkpoint, _ = crashedQuery
-    assert cli.main(["status", "--checkpoint", str(checkpoint), "--json"]) == 0
+    assert cli.main(["status", "--checkpoint", str(checkpoint), "--json"]) == 1  # left to do
     info = json.loads(capsys.readouterr().out)
     assert info["committedBatches"] == 0
     assert [b["batchId"] for b in info["outstanding"]] == [0]
@@ -79,8 +84,10 @@ def test_recover_commits_the_decided_batch_from_sink_json(
 
 
 def test_status_without_a_log_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["status", "--checkpoint", str(tmp_path)]) == 1
-    assert "no twophase decision log" in capsys.readouterr().out
+    assert cli.main(["status", "--checkpoint", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no twophase decision log" in captured.err and "Fix: give the" in captured.err
 
 
 def test_sink_description_keeps_only_allowed_options(tmp_path: Path) -> None:
@@ -124,3 +131,173 @@ def test_recover_finds_built_in_sinks_named_by_their_old_module(
     sinkJson.write_text(json.dumps(body))
     assert cli.main(["recover", "--checkpoint", str(checkpoint)]) == 0
     assert ds.dataset(str(output), format="parquet").count_rows() == 20
+
+
+# -- how the commands fail ---------------------------------------------------------------------
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Exit status, stdout, and stderr with its wrapped lines joined (checked: < 12 lines)."""
+    status = cli.main(argv)
+    captured = capsys.readouterr()
+    assert len(captured.err.splitlines()) < 12, captured.err
+    return status, captured.out, " ".join(captured.err.split())
+
+
+def test_every_command_says_a_missing_checkpoint_in_one_paragraph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nowhere")
+    for command in ("status", "recover", "doctor"):
+        status, out, err = _run([command, "--checkpoint", missing], capsys)
+        assert status == 2, (command, out, err)
+        text = " ".join((out + err).split())
+        assert f"no checkpoint at {missing}" in text and "Traceback" not in text
+
+
+def test_a_sink_of_another_query_is_named_with_the_sinks_that_are_here(
+    crashedQuery: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, _ = crashedQuery
+    (here,) = [p.name for p in (checkpoint / "twophase").iterdir()]
+    for command in ("status", "recover"):
+        status, _, err = _run([command, "--checkpoint", str(checkpoint), "--sink-id", "x"], capsys)
+        assert status == 2
+        assert "no decision log of sink x" in err and f"has the sinks {here}" in err
+
+
+def test_recover_without_sink_json_exits_2_and_says_why(
+    crashedQuery: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, _ = crashedQuery
+    (sinkJson,) = checkpoint.glob("twophase/*/sink.json")
+    sinkJson.unlink()
+    status, _, err = _run(["recover", "--checkpoint", str(checkpoint)], capsys)
+    assert status == 2 and "has no sink.json" in err and "Fix: restart the query" in err
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_needs_debug(
+    crashedQuery: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoint, _ = crashedQuery
+
+    def broken(url: str, options: object) -> None:
+        raise RuntimeError("token=opaque-Secret-42 went missing")
+
+    monkeypatch.setattr(cli, "loadSink", broken)
+    argv = ["recover", "--checkpoint", str(checkpoint)]
+    status, _, err = _run(argv, capsys)
+    assert status == 1 and "Traceback" not in err and "--debug" in err
+    assert "opaque-Secret-42" not in err
+    assert cli.main([*argv, "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError" in err and "opaque-Secret-42" not in err
+    monkeypatch.setenv("TWOPHASE_DEBUG", "1")
+    assert cli.main(argv) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_recover_takes_a_sink_option_file_only_its_owner_may_read(
+    crashedQuery: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, output = crashedQuery
+    (sinkJson,) = checkpoint.glob("twophase/*/sink.json")
+    before = sinkJson.read_bytes()
+    optionFile = tmp_path / "sink.options"
+    optionFile.write_text("# for recovery\ncommitRetries = 2\nfs.secret=Opt-File-Secret-9\n")
+    optionFile.chmod(0o644)
+    argv = ["recover", "--checkpoint", str(checkpoint), "--sink-option-file", str(optionFile)]
+    status, _, err = _run(argv, capsys)
+    assert status == 2 and f"chmod 600 {optionFile}" in err and "mode 0644" in err
+    assert ds.dataset(str(output), format="parquet").count_rows() == 0  # nothing was done
+    optionFile.chmod(0o600)
+    status, out, err = _run(argv, capsys)
+    assert status == 0, err
+    assert "committed 2 transactions" in out
+    assert sinkJson.read_bytes() == before  # the query writes sink.json, never recover
+    for path in checkpoint.rglob("*"):
+        assert not path.is_file() or b"Opt-File-Secret-9" not in path.read_bytes()
+
+
+def test_sink_option_files_hold_lines_or_json_and_their_errors_show_no_value(
+    tmp_path: Path,
+) -> None:
+    lines, asJson, bad = tmp_path / "a", tmp_path / "b.json", tmp_path / "c"
+    lines.write_text("password=pa=ss word\n\n  # note\nurl = postgresql://u@h/db\n")
+    asJson.write_text('{"password": "pw-Json-1", "commitRetries": 3, "resetLog": false}')
+    bad.write_text("password\n")
+    for path in (lines, asJson, bad):
+        path.chmod(0o600)
+    assert cli_options.readOptionFile(str(lines)) == {
+        "password": "pa=ss word",
+        "url": "postgresql://u@h/db",
+    }
+    assert cli_options.readOptionFile(str(asJson)) == {
+        "password": "pw-Json-1",
+        "commitRetries": "3",
+        "resetLog": "false",
+    }
+    with pytest.raises(cli_options.SinkOptionError, match="line 1: expected KEY=VALUE"):
+        cli_options.readOptionFile(str(bad))
+    with pytest.raises(cli_options.SinkOptionError, match="cannot read"):
+        cli_options.readOptionFile(str(tmp_path / "missing"))
+    merged = cli_options.sinkOptions([("password", "from-line")], [str(lines)])
+    assert merged["password"] == "from-line" and merged["url"] == "postgresql://u@h/db"
+
+
+def test_the_same_failure_on_many_handles_is_said_once() -> None:
+    cause = "cannot connect to app@db.example:5432/prod: fe_sendauth: no password supplied"
+    failures = [
+        (
+            f"postgres batch 2 partition {p} attempt 0: 1 row(s) into public.t as gid-{p}",
+            1,
+            Exception(f"postgres: commit of postgres batch 2 partition {p} attempt 0: 1 row(s) "
+                      f"into public.t as gid-{p}: {cause}"),
+        )
+        for p in (3, 0, 2, 1, 7)
+    ]  # fmt: skip
+    explanation = cli_errors.explain(CommitFailedError("s1", 2, failures))
+    text = cli_errors.paragraph("recover", explanation.text, explanation.fix)
+    assert explanation.status == 2  # the server refused: nothing was done
+    assert "5 transactions (batch 2 partitions 0-3, 7)" in text
+    assert text.count("no password supplied") == 1 and "gid-" not in text
+    assert "decision for batch 2 is durable" in text and "PGPASSWORD" in text
+    assert "--sink-option password=..." in " ".join(text.split())
+    assert len(text.splitlines()) < 12
+
+
+def test_the_coordinators_refusals_keep_their_words_and_exit_1() -> None:
+    owned = cli_errors.explain(LogOwnershipError("file:///c/twophase/s", "s", "q-old", "q-new"))
+    assert owned.status == 1 and "twophase.resetLog=true" in owned.text
+    pending = cli_errors.explain(RewritePendingError("s", 4, [1, 2], "ProducerFenced"))
+    assert pending.status == 1 and "restart the query" in pending.text
+    assert "docs/operations.md" in pending.text
+
+
+def test_a_lost_decided_transaction_is_said_once_with_where_to_read_on(
+    crashedQuery: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, _ = crashedQuery
+    staged = [p for p in checkpoint.parent.glob("_twophase-staging/**/*") if p.is_file()]
+    assert staged
+    for path in staged:  # deleted by hand after the decision
+        path.unlink()
+    status, _, err = _run(["recover", "--checkpoint", str(checkpoint)], capsys)
+    assert status == 1
+    assert "is lost: exactly-once is broken for it" in err and "docs/operations.md" in err
+    assert err.count("decision stays in the log") == 1 and "Traceback" not in err
+
+
+def test_a_bad_sink_option_names_the_option_and_never_repeats_a_bare_argument(
+    crashedQuery: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, _ = crashedQuery
+    argv = ["recover", "--checkpoint", str(checkpoint)]
+    status, _, err = _run([*argv, "--sink-option", "commitRetries=abc"], capsys)
+    assert status == 2 and "commitRetries" in err and "Fix: give the option" in err
+    with pytest.raises(SystemExit) as exit:
+        cli.main([*argv, "--sink-option", "Bare-Secret-Typed-Alone"])
+    assert exit.value.code == 2
+    assert "Bare-Secret-Typed-Alone" not in capsys.readouterr().err

@@ -4,28 +4,48 @@
 from the ``sink.json`` kept beside its log and finishes what the log decided, then aborts the
 sink's prepared transactions that no decision covers; ``--dry-run`` only says what it would do.
 ``doctor`` holds each log against what the sink's system holds (``twophase.doctor``).
-``verify`` compares what a source offered with what a sink holds (``twophase.verify``) and
-exits 0 when every record is there exactly once, 1 on any violation, 2 on bad input.
+``verify`` compares what a source offered with what a sink holds (``twophase.cli_verify``).
+
+A failure is one paragraph on stderr (``twophase.cli_errors``), with its traceback only under
+``--debug`` or ``TWOPHASE_DEBUG=1``; exit statuses: 0 done, 1 something left to do, 2 bad input
+or a system that cannot be reached. Sink options given again: ``twophase.cli_options``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
+import os
 import statistics
 import sys
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TextIO
 
+import fsspec.core
+
+from twophase.cli_errors import (
+    EXIT_LEFT_TO_DO,
+    EXIT_OK,
+    CommandError,
+    explain,
+    paragraph,
+)
+from twophase.cli_options import (
+    SinkOptionError,
+    addSinkOptionArguments,
+    sinkOptions,
+)
+from twophase.cli_verify import addVerifyParser, verifyCommand
 from twophase.coordinator import Coordinator, DecisionLog
 from twophase.coordinator.description import SINK_DESCRIPTION, readSinkDescription
-from twophase.coordinator.paths import sinkLogLocations
+from twophase.coordinator.paths import LOG_DIRECTORY, sinkLogLocations
+from twophase.loading import importQualified
 from twophase.protocol import Committer
-from twophase.redaction import getLogger, rememberSecrets
+from twophase.redaction import getLogger, redact, rememberSecrets
 from twophase.settings import coordinatorSettings
-from twophase.verify import EXAMPLES, SINKS, SOURCES, VerifyInputError, verify
 
 log = getLogger(__name__)
 
@@ -54,13 +74,51 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
+def logLocations(checkpoint: str, sinkId: str | None) -> list[tuple[str, str]]:
+    """(sinkId, log URL) of the sinks to act on; a ``CommandError`` saying why there are none."""
+    try:
+        fs, root = fsspec.core.url_to_fs(checkpoint)
+        exists = bool(fs.exists(root))
+    except (OSError, ValueError, ImportError) as exc:
+        raise CommandError(
+            f"cannot open the checkpoint {checkpoint}: {type(exc).__name__}: {exc}. Fix: give "
+            "the query's checkpointLocation, with the storage's credentials in the environment"
+        ) from None
+    if not exists:
+        raise CommandError(
+            f"no checkpoint at {checkpoint}. Fix: give the query's checkpointLocation (the "
+            "option its writeStream got)"
+        )
+    found = list(sinkLogLocations(checkpoint, sinkId))
+    if found:
+        return found
+    base = f"{checkpoint.rstrip('/')}/{LOG_DIRECTORY}"
+    others = [name for name, _ in sinkLogLocations(checkpoint)]
+    if sinkId is not None and others:
+        raise CommandError(
+            f"no decision log of sink {sinkId} under {base}: this checkpoint's query has the "
+            f"sinks {', '.join(others)}. Fix: --sink-id one of them, or the checkpoint of the "
+            f"query whose sink is {sinkId}"
+        )
+    raise CommandError(
+        f"no twophase decision log under {base}: {checkpoint} is not the checkpoint of a "
+        "query with a twophase sink, or its sink never decided a batch. Fix: give the "
+        "checkpointLocation of the query that wrote with the twophase sink"
+    )
+
+
 def status(checkpoint: str, sinkId: str | None, asJson: bool, out: TextIO) -> int:
-    found = False
-    for name, url in sinkLogLocations(checkpoint, sinkId):
-        found = True
+    """Print each sink's decision log; 1 when a decided batch is unfinished, else 0.
+
+    Raises ``CommandError`` when there is no checkpoint or no log (exit status 2).
+    """
+    result = EXIT_OK
+    for name, url in logLocations(checkpoint, sinkId):
         decisionLog = DecisionLog(url)
         info = decisionLog.status()
         times = commitTimes(decisionLog)
+        if info["outstanding"]:
+            result = EXIT_LEFT_TO_DO
         if times:
             info["commitMillis"] = {
                 "batches": len(times),
@@ -94,29 +152,37 @@ def status(checkpoint: str, sinkId: str | None, asJson: bool, out: TextIO) -> in
                 )
             for handle in batch["handles"]:
                 out.write(f"      {json.dumps(handle['handle'], sort_keys=True)}\n")
-    if not found:
-        out.write(f"no twophase decision log under {checkpoint}/twophase\n")
-        return 1
-    return 0
+        if outstanding:
+            out.write(
+                f"  to finish them: twophase recover --checkpoint {checkpoint} --sink-id {name} "
+                "(query stopped), or restart the query\n"
+            )
+    return result
 
 
 def loadSink(url: str, extraOptions: Mapping[str, str]) -> tuple[Committer, dict[str, str]]:
     """Rebuild the committer of the sink described by ``sink.json`` in a log directory.
 
-    ``sink.json`` holds only the sink's safe options; ``extraOptions`` (``--option``) add what
-    it lacks, such as a password, and win over the stored ones.
+    ``sink.json`` holds only the sink's safe options; ``extraOptions`` (``--sink-option``,
+    ``--sink-option-file``) add what it lacks, such as a password, and win over the stored
+    ones. Reads ``sink.json``, never writes it: the query alone writes it.
     """
     description = readSinkDescription(url)
     if description is None:
-        raise SystemExit(
+        raise CommandError(
             f"{url} has no {SINK_DESCRIPTION}: the sink never planned a batch with this "
-            "version of twophase, so recover cannot know which sink finishes its transactions"
+            "version of twophase, so recover cannot know which sink finishes its transactions. "
+            "Fix: restart the query (its start finishes what the log decided)"
         )
     className = MOVED_CLASSES.get(description.className, description.className)
-    moduleName, _, qualName = className.partition(":")
-    target: Any = importlib.import_module(moduleName)
-    for part in qualName.split("."):
-        target = getattr(target, part)
+    try:
+        target: Any = importQualified(className)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(
+            f"{url}/{SINK_DESCRIPTION} names the sink class {className}, which cannot be "
+            f"imported here ({type(exc).__name__}: {exc}). Fix: install the package that "
+            "provides it in this environment"
+        ) from None
     options = {**description.options, **extraOptions}
     rememberSecrets(extraOptions, getattr(target, "safeOptions", ()))
     sink = target(options)
@@ -131,13 +197,20 @@ def recover(
     dryRun: bool,
     out: TextIO,
     extraOptions: Mapping[str, str] | None = None,
+    err: TextIO | None = None,
+    debug: bool = False,
 ) -> int:
-    found = False
-    for name, url in sinkLogLocations(checkpoint, sinkId):
-        found = True
+    """Finish each sink's decided batches; 0 done, 1 left to do, 2 cannot (see cli_errors).
+
+    A sink that fails is said in one paragraph on ``err`` and the others are still recovered.
+    Raises ``CommandError`` when there is no checkpoint or no log.
+    """
+    errors = sys.stderr if err is None else err
+    result = EXIT_OK
+    for name, url in logLocations(checkpoint, sinkId):
         decisionLog = DecisionLog(url)
-        outstanding = decisionLog.outstanding()
         if dryRun:
+            outstanding = decisionLog.outstanding()
             out.write(f"sink {name}: would commit {len(outstanding)} decided batches\n")
             for batch in outstanding:
                 out.write(f"  batch {batch.batchId}: {len(batch.handles)} handles\n")
@@ -145,181 +218,83 @@ def recover(
                 f"sink {name}: would then abort its prepared transactions no decision covers\n"
             )
             continue
-        committer, options = loadSink(url, extraOptions or {})
-        report = Coordinator(committer, decisionLog, name, coordinatorSettings(options)).recover()
+        try:
+            committer, options = loadSink(url, extraOptions or {})
+            settings = coordinatorSettings(options)
+            report = Coordinator(committer, decisionLog, name, settings).recover()
+        except Exception as exc:
+            if debug or debugging():
+                errors.write(redact("".join(traceback.format_exception(exc))))
+            explanation = explain(exc)
+            errors.write(paragraph("recover", explanation.text, explanation.fix))
+            result = max(result, explanation.status)
+            continue
         out.write(
             f"sink {name}: committed {report.handlesCommitted} transactions of "
             f"{len(report.batchesFinished)} decided batches {list(report.batchesFinished)}, "
             f"aborted {report.transactionsAborted} lingering transactions "
             f"in {report.seconds * 1000:.0f} ms\n"
         )
-    if not found:
-        out.write(f"no twophase decision log under {checkpoint}/twophase\n")
-        return 1
-    return 0
+        for batchId, partitions in report.awaitingRewrite.items():
+            result = max(result, EXIT_LEFT_TO_DO)
+            out.write(
+                f"sink {name}: batch {batchId} is decided, but the system aborted the "
+                f"transactions of partitions {list(partitions)}: restart the query, whose "
+                "replay of the batch writes them again once (recover cannot: only the replay "
+                "has the records)\n"
+            )
+    return result
 
 
-VERIFY_SHORTCUTS = {
-    "start": ("source", "sequence", "start"),
-    "end": ("source", "sequence", "end"),
-    "path": ("sink", "files", "path"),
-    "format": ("sink", "files", "format"),
-    "url": ("sink", "postgres", "url"),
-    "table": ("sink", "postgres", "table"),
-    "topic": ("sink", "kafka", "topic"),
-}
-"""``twophase verify`` flags that stand for one option of one source or sink kind."""
+RECOVER_EPILOG = """\
+Rebuilds each sink from the sink.json beside its log (its safe options only) plus the options
+given here, under the names the query used: --sink-option password=..., a --sink-option-file
+only you can read (KEY=VALUE lines or JSON, chmod 600), or the libraries' own places
+(PGPASSWORD, ~/.pgpass, TWOPHASE_KAFKA_OPTIONS). Nothing given here is written anywhere.
+Run it with the query stopped. See docs/operations.md.
 
-VERIFY_EPILOG = """\
-Options are the ones the pipeline's readStream/writeStream got (Spark's names), as KEY=VALUE:
---source-option for the source, --sink-option for the sink. Shortcuts: --start/--end (sequence
-ids [start, end)), --path/--format (files), --url/--table (postgres), --topic (kafka sink).
-Kafka is read read_committed from startingOffsets (default earliest) to endingOffsets (default
-latest; both also take Spark's JSON). A Kafka sink uses the source's kafka.* options when it is
-given no kafka.bootstrap.servers of its own. A sequence source checked against a Kafka sink is
-compared as key = CAST(id AS STRING), value = payload.
-
-exit status: 0 exactly once, 1 missing/duplicated/unexpected records, 2 bad input.
-
-examples:
-  twophase verify --source sequence --start 0 --end 1000000 --sink files --path out/
-  twophase verify --source sequence --end 100000 --sink postgres \\
-      --url postgresql://user@localhost:5432/db --table public.events
-  twophase verify --source kafka --source-option kafka.bootstrap.servers=localhost:9092 \\
-      --source-option subscribe=in --sink kafka --topic out
+exit status: 0 done, 1 something left to do or failed to finish (the decisions stay in the
+log), 2 bad input or a system that cannot be reached (nothing was done).
 """
 
+STATUS_EPILOG = """\
+exit status: 0 nothing decided is unfinished, 1 decided batches wait for their commit
+(twophase recover or a restart finishes them), 2 no checkpoint or no decision log.
+"""
 
-def _keyValue(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
-
-
-def _columnList(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",")]
-    if not all(names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
-    return names
-
-
-def _addVerifyParser(sub: Any) -> None:
-    cmd = sub.add_parser(
-        "verify",
-        help="check that a sink holds what a source offered, exactly once",
-        description="Compare what a source offered with what a sink holds: missing, "
-        "duplicated and unexpected records.",
-        epilog=VERIFY_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cmd.add_argument("--source", required=True, choices=SOURCES)
-    cmd.add_argument("--sink", required=True, choices=SINKS)
-    cmd.add_argument(
-        "--source-option",
-        action="append",
-        type=_keyValue,
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the source (repeat)",
-    )
-    cmd.add_argument(
-        "--sink-option",
-        action="append",
-        type=_keyValue,
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the sink (repeat)",
-    )
-    for flag, (side, kind, option) in VERIFY_SHORTCUTS.items():
-        cmd.add_argument(f"--{flag}", help=f"{kind} {side}: option {option}")
-    cmd.add_argument(
-        "--columns",
-        type=_columnList,
-        help="identity columns of the source (default: id,payload for sequence, key,value "
-        "for kafka)",
-    )
-    cmd.add_argument(
-        "--sink-columns",
-        type=_columnList,
-        help="the same columns' names in the sink, in the same order (default: --columns)",
-    )
-    cmd.add_argument(
-        "--examples",
-        type=int,
-        default=EXAMPLES,
-        help="examples shown per kind of violation (default %(default)s)",
-    )
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def verifyCommand(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run ``twophase verify``: the report on ``out``, input problems on ``err``."""
-    options: dict[str, dict[str, str]] = {
-        "source": dict(args.source_option),
-        "sink": dict(args.sink_option),
-    }
-    chosen = {"source": args.source, "sink": args.sink}
-    for flag, (side, kind, option) in VERIFY_SHORTCUTS.items():
-        value = getattr(args, flag)
-        if value is None:
-            continue
-        if chosen[side] != kind:
-            err.write(f"twophase verify: --{flag} is an option of --{side} {kind}\n")
-            return 2
-        options[side][option] = value
-    if args.source == "kafka" and args.sink == "kafka":
-        if not any(k.lower() == "kafka.bootstrap.servers" for k in options["sink"]):
-            for key, value in options["source"].items():
-                if key.lower().startswith("kafka."):
-                    options["sink"].setdefault(key, value)
-    try:
-        report = verify(
-            args.source,
-            options["source"],
-            args.sink,
-            options["sink"],
-            columns=args.columns,
-            sinkColumns=args.sink_columns,
-            examples=args.examples,
-        )
-    except VerifyInputError as exc:
-        err.write(f"twophase verify: {exc}\n")
-        return 2
-    out.write(json.dumps(report.toJson(), indent=2) + "\n" if args.json else report.describe())
-    return 0 if report.ok else 1
+DEBUG_HELP = "on failure, also print the traceback (or set TWOPHASE_DEBUG=1)"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="twophase", description="Exactly-once sinks for Spark")
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's parser must not reset a --debug given before the subcommand.
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    p = argparse.ArgumentParser(
+        prog="twophase", description="Exactly-once sinks for Spark", parents=[common]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="crash a streaming pipeline and prove exactly-once", add_help=False)
-    for name, helpText in (
-        ("status", "show the decision logs of a query"),
-        ("recover", "finish decided batches, abort undecided transactions"),
+    for name, helpText, epilog in (
+        ("status", "show the decision logs of a query", STATUS_EPILOG),
+        ("recover", "finish decided batches, abort undecided transactions", RECOVER_EPILOG),
     ):
-        cmd = sub.add_parser(name, help=helpText)
+        cmd = sub.add_parser(
+            name,
+            help=helpText,
+            parents=[common],
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         cmd.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
         cmd.add_argument("--sink-id", help="only this sink (default: every sink of the query)")
         if name == "status":
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         else:
             cmd.add_argument("--dry-run", action="store_true", help="only say what would be done")
-            _addOptionArgument(cmd)
-    _addDoctorParser(sub)
-    _addVerifyParser(sub)
+            addSinkOptionArguments(cmd)
+    _addDoctorParser(sub, common)
+    addVerifyParser(sub, common)
     return p
-
-
-def _addOptionArgument(cmd: Any) -> None:
-    cmd.add_argument(
-        "--option",
-        action="append",
-        type=_keyValue,
-        default=[],
-        metavar="KEY=VALUE",
-        help="a sink option that sink.json does not keep, such as a password (repeat)",
-    )
 
 
 DOCTOR_EPILOG = """\
@@ -328,14 +303,18 @@ Kafka open transactions and stalled partitions, the files sink's staged files), 
 compares it with the decision log and prints, per finding, the command that settles it.
 See docs/operations.md for every finding.
 
+Secrets as for twophase recover: --sink-option KEY=VALUE, --sink-option-file PATH (chmod
+600), PGPASSWORD, ~/.pgpass, TWOPHASE_KAFKA_OPTIONS.
+
 exit status: 0 clean, 1 findings that need action or that the next start acts on,
-2 cannot check (no checkpoint or log, a server that does not answer).
+2 cannot check (no checkpoint or log, a server that does not answer, bad options).
 """
 
 
-def _addDoctorParser(sub: Any) -> None:
+def _addDoctorParser(sub: Any, common: argparse.ArgumentParser) -> None:
     cmd = sub.add_parser(
         "doctor",
+        parents=[common],
         help="hold the decision logs against what the systems hold",
         description="Compare each sink's decision log with what its system holds.",
         epilog=DOCTOR_EPILOG,
@@ -344,7 +323,7 @@ def _addDoctorParser(sub: Any) -> None:
     cmd.add_argument("--checkpoint", required=True, help="the query's checkpointLocation")
     cmd.add_argument("--sink-id", help="only this sink (default: every sink of the query)")
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
-    _addOptionArgument(cmd)
+    addSinkOptionArguments(cmd)
     cmd.add_argument(
         "--in-flight-seconds",
         type=float,
@@ -355,41 +334,125 @@ def _addDoctorParser(sub: Any) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["demo"]:
-        from twophase import demo
+def debugging(parsed: argparse.Namespace | None = None) -> bool:
+    """``--debug`` or ``TWOPHASE_DEBUG=1``: failures also print their traceback."""
+    fromEnv = os.environ.get("TWOPHASE_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    return fromEnv or bool(getattr(parsed, "debug", False))
 
-        return demo.main(args[1:])
-    parsed = parser().parse_args(args)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+BRIEF_LOG_CHARS = 200
+"""Without ``--debug``, a log line is cut here: the command's own paragraph says the rest."""
+
+
+class _Briefly(logging.Filter):
+    """Without ``--debug``: warnings once per message template, on one short line, no
+    traceback, and nothing the command says itself (the coordinator's errors become the
+    command's one paragraph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[str, object]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.name.startswith("twophase."):
+            return False
+        key = (record.name, record.msg)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        message = " ".join(record.getMessage().split())
+        if len(message) > BRIEF_LOG_CHARS:
+            message = message[: BRIEF_LOG_CHARS - 3] + "..."
+        record.msg, record.args = message, None
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+@contextmanager
+def _commandLogging(err: TextIO, debug: bool, command: str) -> Iterator[None]:
+    """Log records on ``err`` for the command's duration: everything with ``--debug``, else
+    warnings only, briefly; the Kafka clients' own chatter only with ``--debug``."""
+    root = logging.getLogger()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if not debug:
+        handler.addFilter(_Briefly())
+    quiet = logging.INFO if debug and command != "doctor" else logging.WARNING
+    saved = {name: logging.getLogger(name).level for name in ("", "kafka", "confluent_kafka")}
+    root.addHandler(handler)
+    root.setLevel(quiet)
+    if not debug:
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        logging.getLogger("confluent_kafka").setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def run(parsed: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run a parsed command (not ``demo``) and return its exit status; errors propagate."""
     if parsed.command == "status":
-        return status(parsed.checkpoint, parsed.sink_id, parsed.json, sys.stdout)
+        return status(parsed.checkpoint, parsed.sink_id, parsed.json, out)
     if parsed.command == "verify":
-        return verifyCommand(parsed, sys.stdout, sys.stderr)
+        return verifyCommand(parsed, out, err)
+    try:
+        options = sinkOptions(parsed.sink_option, parsed.sink_option_file)
+    except SinkOptionError as exc:
+        raise CommandError(str(exc)) from None
     if parsed.command == "doctor":
         from twophase.doctor import doctor
 
-        # Its output is the report: only warnings of twophase, nothing of the Kafka client.
-        quieted = {name: logging.getLogger(name).level for name in ("", "kafka")}
-        logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
-        try:
-            return doctor(
-                parsed.checkpoint,
-                parsed.sink_id,
-                parsed.json,
-                sys.stdout,
-                loadSink,
-                dict(parsed.option),
-                parsed.in_flight_seconds,
-            )
-        finally:
-            for name, level in quieted.items():
-                logging.getLogger(name).setLevel(level)
+        lineKeys = {key for key, _ in parsed.sink_option}
+        return doctor(
+            parsed.checkpoint,
+            parsed.sink_id,
+            parsed.json,
+            out,
+            loadSink,
+            options,
+            parsed.in_flight_seconds,
+            tuple(parsed.sink_option_file),
+            frozenset(options) - lineKeys,
+        )
     return recover(
-        parsed.checkpoint, parsed.sink_id, parsed.dry_run, sys.stdout, dict(parsed.option)
+        parsed.checkpoint, parsed.sink_id, parsed.dry_run, out, options, err, debugging(parsed)
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``twophase`` command: one paragraph on stderr per failure, a traceback only with
+    ``--debug``; exit statuses as each subcommand's help says."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    out, err = sys.stdout, sys.stderr
+    if args[:1] == ["demo"]:
+        from twophase import demo
+
+        debug = "--debug" in args or debugging()
+        rest = [a for a in args[1:] if a != "--debug"]
+        with _commandLogging(err, True, "demo"):
+            try:
+                return demo.main(rest)
+            except Exception as exc:
+                return _fail("demo", exc, err, debug)
+    parsed = parser().parse_args(args)
+    debug = debugging(parsed)
+    with _commandLogging(err, debug, parsed.command):
+        try:
+            return run(parsed, out, err)
+        except Exception as exc:
+            return _fail(parsed.command, exc, err, debug)
+
+
+def _fail(command: str, exc: BaseException, err: TextIO, debug: bool) -> int:
+    """Say ``exc`` in one paragraph (after its redacted traceback with ``--debug``)."""
+    if debug:
+        err.write(redact("".join(traceback.format_exception(exc))))
+    explanation = explain(exc)
+    err.write(paragraph(command, explanation.text, explanation.fix))
+    return explanation.status
 
 
 if __name__ == "__main__":

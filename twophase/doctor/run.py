@@ -1,17 +1,18 @@
 """``twophase doctor``: for each sink of a checkpoint, ask its system and compare with the log.
 
 Per sink: read the decision log, rebuild the sink's committer from ``sink.json`` (plus
-``--option``, as ``twophase recover`` does), ask the system through the sink kind's
-``inspect`` module (``twophase.sinks.<kind>.inspect``, found next to the committer's module),
-classify, render. Read-only everywhere; no Spark session. Exit status: 0 clean, 1 findings
-that need action or that the next start acts on, 2 could not check (no checkpoint, no log, a
-server that does not answer).
+``--sink-option`` and ``--sink-option-file``, as ``twophase recover`` does), ask the system
+through the sink kind's ``inspect`` module (``twophase.sinks.<kind>.inspect``, found next to
+the committer's module), classify, render. Read-only everywhere; no Spark session. Exit
+status: 0 clean, 1 findings that need action or that the next start acts on, 2 could not check
+(no checkpoint, no log, a server that does not answer).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any, TextIO
@@ -38,6 +39,22 @@ SinkLoader = Callable[[str, Mapping[str, str]], tuple[Any, dict[str, str]]]
 """``twophase.cli.loadSink``: a log directory and extra options -> (committer, options)."""
 
 
+@dataclass(frozen=True)
+class RecoverCommand(Commands):
+    """``Commands`` whose ``twophase recover`` also names the operator's option files.
+
+    Options read from a ``--sink-option-file`` are not spelled out as ``--option KEY=...``:
+    the fix points at the same file, so a secret kept there stays out of the command line.
+    """
+
+    optionFiles: tuple[str, ...] = ()
+
+    @property
+    def recover(self) -> str:
+        files = "".join(f" --sink-option-file {path}" for path in self.optionFiles)
+        return f"{super().recover}{files}"
+
+
 def inspectorOf(committer: object) -> ModuleType | None:
     """The ``inspect`` module beside a built-in committer's module, or ``None`` (a user's sink)."""
     module = type(committer).__module__
@@ -58,6 +75,8 @@ def checkSink(
     extraOptions: Mapping[str, str],
     now: datetime,
     inFlightSeconds: float,
+    optionFiles: Sequence[str] = (),
+    fileOptionKeys: frozenset[str] = frozenset(),
 ) -> SinkReport:
     """Everything doctor says about one sink (never raises for a system's trouble)."""
     report = SinkReport(sinkId, url)
@@ -89,7 +108,8 @@ def checkSink(
             f"cannot rebuild the sink from {SINK_DESCRIPTION}: {type(exc).__name__}: "
             f"{redact(' '.join(str(exc).split()))}"
         )
-    commands = Commands(checkpoint, sinkId, tuple(sorted(extraOptions)))
+    lineKeys = tuple(sorted(k for k in extraOptions if k not in fileOptionKeys))
+    commands = RecoverCommand(checkpoint, sinkId, lineKeys, tuple(optionFiles))
     try:
         report.findings = classify(
             sinkId, decisionLog, inspection, handleKey, commands, now, inFlightSeconds
@@ -113,8 +133,14 @@ def doctor(
     loadSink: SinkLoader,
     extraOptions: Mapping[str, str] | None = None,
     inFlightSeconds: float = 0.0,
+    optionFiles: Sequence[str] = (),
+    fileOptionKeys: frozenset[str] = frozenset(),
 ) -> int:
-    """Run ``twophase doctor`` and return its exit status (see the module docstring)."""
+    """Run ``twophase doctor`` and return its exit status (see the module docstring).
+
+    ``optionFiles`` are the ``--sink-option-file`` paths and ``fileOptionKeys`` the options
+    that came only from them: the fixes doctor prints name the files, not those options.
+    """
     now = datetime.now(UTC)
     problem = _missing(checkpoint, sinkId)
     if problem is not None:
@@ -124,7 +150,17 @@ def doctor(
             out.write(redact(f"twophase doctor: {problem}") + "\n")
         return EXIT_CANNOT_CHECK
     reports = [
-        checkSink(name, url, checkpoint, loadSink, extraOptions or {}, now, inFlightSeconds)
+        checkSink(
+            name,
+            url,
+            checkpoint,
+            loadSink,
+            extraOptions or {},
+            now,
+            inFlightSeconds,
+            optionFiles,
+            fileOptionKeys,
+        )
         for name, url in sinkLogLocations(checkpoint, sinkId)
     ]
     status = exitStatus(reports)

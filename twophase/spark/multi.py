@@ -10,11 +10,11 @@ and committers to :mod:`twophase.sinks.multi`.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from pyspark.sql.types import StructType
 
+from twophase.loading import importQualified
 from twophase.settings import SinkSettings, TwoPhaseConfigError
 from twophase.sinks.multi import MultiCommitter, MultiWriter, Target, parseTargets, targetOptions
 from twophase.spark.datasource import TwoPhaseDataSource
@@ -34,11 +34,8 @@ def targetClass(kind: str) -> type[TwoPhaseDataSource]:
         from twophase.spark.files import FilesSink
 
         return FilesSink
-    moduleName, _, qualName = kind.partition(":")
     try:
-        found: Any = importlib.import_module(moduleName)
-        for part in qualName.split("."):
-            found = getattr(found, part)
+        found: Any = importQualified(kind)
     except (ImportError, AttributeError) as exc:
         raise TwoPhaseConfigError(
             f"twophase.multi: target class {kind!r} cannot be imported ({exc}); give a data "
