@@ -122,7 +122,7 @@ def test_postgres_leftovers_are_found_with_their_fix_and_no_password_shows(
     assert unfinished["batchId"] == 0 and unfinished["stillHeld"] == 1
     assert [h["id"] for h in unfinished["held"]] == [decided["gid"]]
     assert unfinished["fix"].startswith(
-        f"twophase recover --checkpoint {ckpt} --sink-id {query.sinkId} --option password=***"
+        f"twophase recover --checkpoint {ckpt} --sink-id {query.sinkId} --sink-option password=***"
     )
     orphans = {f["held"][0]["id"]: f for f in kinds["undecided"]}
     assert set(orphans) == {undecided["gid"], staged["token"]}

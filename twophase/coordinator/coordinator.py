@@ -459,7 +459,8 @@ class Coordinator:
                 batchId,
                 [o for o in outcomes if o.job.batchId == batchId and not self._isRewritable(o)],
             )
-        return [s.batchId for s in finished], len(outcomes), keep, awaiting
+        committed = sum(1 for o in outcomes if o.error is None)
+        return [s.batchId for s in finished], committed, keep, awaiting
 
     # ------------------------------------------------------------------ lost partitions
 

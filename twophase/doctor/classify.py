@@ -47,7 +47,7 @@ class Commands:
 
     @property
     def recover(self) -> str:
-        options = "".join(f" --option {k}=..." for k in self.extraOptionKeys)
+        options = "".join(f" --sink-option {k}=..." for k in self.extraOptionKeys)
         return f"twophase recover --checkpoint {self.checkpoint} --sink-id {self.sinkId}{options}"
 
 

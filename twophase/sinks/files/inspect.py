@@ -56,7 +56,7 @@ def inspect(committer: FilesCommitter, sinkId: str, now: datetime) -> Inspection
         raise CannotCheck(
             f"files: cannot list the staging of sink {sinkId} at {where}: "
             f"{type(exc).__name__}: {redact(str(exc))}. Fix: check the path and the "
-            "storage credentials (--option or the environment)"
+            "storage credentials (--sink-option or the environment)"
         ) from None
 
 

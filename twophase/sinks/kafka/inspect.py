@@ -70,7 +70,7 @@ def inspect(committer: KafkaCommitter, sinkId: str, now: datetime) -> Inspection
         raise CannotCheck(
             f"kafka: cannot reach the cluster at {servers} within {timeout:g} s "
             f"({type(exc).__name__}). Fix: start the brokers, or give the right "
-            "--option kafka.bootstrap.servers=... and security options"
+            "--sink-option kafka.bootstrap.servers=... and security options"
         ) from None
     try:
         inspection = Inspection("kafka", f"{servers}, transactional ids {prefix}-*")

@@ -52,7 +52,7 @@ def inspect(committer: PostgresCommitter, sinkId: str, now: datetime) -> Inspect
     except PostgresSinkError as exc:
         raise CannotCheck(
             f"{exc}. Fix: start the server, or give the connection again "
-            "(--option url=..., --option password=..., or PGPASSWORD / ~/.pgpass)"
+            "(--sink-option url=..., --sink-option password=..., or PGPASSWORD / ~/.pgpass)"
         ) from None
     try:
         with conn:
