@@ -259,3 +259,44 @@ def test_classify_keeps_what_recovery_never_touches_apart_and_counts_down_kafka_
     assert found[1].facts["abortsInSeconds"] == 10.0
     assert "the broker aborts it in 10 s" in found[1].summary
     assert not found[2].needsAction
+
+
+def test_a_multi_sink_is_checked_target_by_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twophase.spark.multi import MultiSink
+
+    checkpoint = tmp_path / "ckpt"
+    sink = MultiSink(
+        {
+            "targets": "a=files,b=files",
+            "a.path": str(tmp_path / "out-a"),
+            "b.path": str(tmp_path / "out-b"),
+            "checkpointLocation": str(checkpoint),
+        }
+    )
+    settings = SinkSettings.fromOptions(sink.options, sink.name())
+    describeSink(sink, settings)
+    log = DecisionLog(settings.logLocation)
+    log.claim(settings.sinkId, "q-1")
+    writer = sink.createWriter()
+
+    def prepare(batchId: int) -> TaskResult:
+        txn = writer.beginTransaction(TransactionContext(settings.sinkId, "q-1", batchId, 0, 0))
+        ids = pa.array(range(5), pa.int64())
+        part = pa.StructArray.from_arrays([ids], names=["id"])
+        writer.write(txn, pa.RecordBatch.from_arrays([part, part], names=["a", "b"]))
+        return TaskResult(settings.sinkId, "q-1", batchId, 0, 0, writer.preCommit(txn), 5)
+
+    log.decide(0, [prepare(0)])  # decided, the driver died before its commits
+    prepare(1)  # prepared, never decided
+    status = cli.main(["doctor", "--checkpoint", str(checkpoint), "--json"])
+    [entry] = json.loads(capsys.readouterr().out)["sinks"]
+    assert status == 1 and entry["system"] == "multi"
+    found = {f["finding"]: f for f in entry["findings"]}
+    assert found["decided-unfinished"]["stillHeld"] == 2  # one staged attempt per target
+    orphans = [f for f in entry["findings"] if f["finding"] == "undecided"]
+    assert sorted(h["what"].split(":")[0] for f in orphans for h in f["held"]) == ["a", "b"]
+    assert cli.main(["recover", "--checkpoint", str(checkpoint)]) == 0
+    capsys.readouterr()
+    assert cli.main(["doctor", "--checkpoint", str(checkpoint)]) == 0

@@ -33,7 +33,9 @@ CLOCK_SKEW_SECONDS = 60.0
 """How much earlier than the log's creation a system's clock may date this query's first
 transactions (the server's clock against the driver's) before doctor calls them another's."""
 
-HandleKey = Callable[[Handle], "str | None"]
+HandleKey = Callable[[Handle], "str | tuple[str, ...] | None"]
+"""What a logged handle names in its system: one key, several (one per target of a
+``twophase.multi`` handle), or none."""
 """The value a system's ``Held.key`` would have for a logged handle, or ``None``."""
 
 
@@ -75,7 +77,7 @@ def classify(
     named: set[str] = set()
     for state in outstanding:
         handles = _decisionHandles(state)
-        keys = {k for k in (keyOf(h.handle) for h in handles) if k is not None}
+        keys = {k for h in handles for k in _keys(keyOf(h.handle))}
         named |= keys
         mine = tuple(h for h in held if h.key in keys)
         findings.append(_decided(sinkId, state, handles, mine, inspection, commands, now))
@@ -103,6 +105,12 @@ def classify(
             ),
         )
     return findings
+
+
+def _keys(found: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if found is None:
+        return ()
+    return (found,) if isinstance(found, str) else found
 
 
 def _decisionHandles(state: BatchState) -> list[LoggedHandle]:
