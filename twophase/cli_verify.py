@@ -11,7 +11,7 @@ import json
 from typing import Any, TextIO
 
 from twophase.cli_options import keyValue
-from twophase.verify import EXAMPLES, SINKS, SOURCES, VerifyInputError, verify
+from twophase.verify import EXAMPLES, MULTI_HELP, SINKS, SOURCES, VerifyInputError, verify
 
 VERIFY_SHORTCUTS = {
     "start": ("source", "sequence", "start"),
@@ -24,7 +24,8 @@ VERIFY_SHORTCUTS = {
 }
 """``twophase verify`` flags that stand for one option of one source or sink kind."""
 
-VERIFY_EPILOG = """\
+VERIFY_EPILOG = (
+    """\
 Options are the ones the pipeline's readStream/writeStream got (Spark's names), as KEY=VALUE:
 --source-option for the source, --sink-option for the sink. Shortcuts: --start/--end (sequence
 ids [start, end)), --path/--format (files), --url/--table (postgres), --topic (kafka sink).
@@ -33,6 +34,9 @@ latest; both also take Spark's JSON). A Kafka sink uses the source's kafka.* opt
 given no kafka.bootstrap.servers of its own. A sequence source checked against a Kafka sink is
 compared as key = CAST(id AS STRING), value = payload.
 
+"""
+    + MULTI_HELP
+    + """
 exit status: 0 exactly once, 1 missing/duplicated/unexpected records, 2 bad input or a
 system that cannot be reached.
 
@@ -42,7 +46,14 @@ examples:
       --url postgresql://user@localhost:5432/db --table public.events
   twophase verify --source kafka --source-option kafka.bootstrap.servers=localhost:9092 \\
       --source-option subscribe=in --sink kafka --topic out
+  twophase verify --source sequence --end 100000 --sink multi \\
+      --sink-option targets=orders=postgres,events=kafka \\
+      --sink-option orders.url=postgresql://user@localhost:5432/db \\
+      --sink-option orders.table=orders --sink-option orders.sinkColumns=order_id,status \\
+      --sink-option events.kafka.bootstrap.servers=localhost:9092 \\
+      --sink-option events.topic=order-events
 """
+)
 
 
 def _columnList(text: str) -> list[str]:

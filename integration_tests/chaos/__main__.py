@@ -1,7 +1,7 @@
 """``python -m integration_tests.chaos``: the random chaos soak (``make chaos KILLS=200``).
 
-Runs the four pipelines (files, postgres, kafka, kafka-kafka) one after the other, each with
-its share of ``--kills`` drawn from ``--seed`` (printed: ``--seed N`` replays the same
+Runs the five pipelines (files, postgres, kafka, kafka-kafka, multi) one after the other, each
+with its share of ``--kills`` drawn from ``--seed`` (printed: ``--seed N`` replays the same
 schedules), against the servers of ``make services``; verifies each with ``twophase.verify``;
 prints a Markdown table (kills by kind, batches, records, lost, duplicated, longest recovery)
 and writes it with a JSON twin to ``--out``. Exit 1 when any record is lost or duplicated.

@@ -7,6 +7,9 @@
   the others staged: both commit paths)
 - ``kafka``:    twophase.sequence -> twophase.kafka (key = id, value = payload)
 - ``kafka-kafka``: twophase.kafka source (read_committed) -> twophase.kafka sink (key, value)
+- ``multi``:    twophase.sequence -> twophase.multi: target ``orders`` a PostgreSQL table
+  (``id``, ``payload``; partition 0 prepared, the others staged) and target ``events`` a Kafka
+  topic (key = id, value = payload), every batch in both or in neither
 
 in ``local-cluster[2,1,1024]`` (two executor JVMs, tasks in separate processes, as on a real
 cluster) with ``Trigger.availableNow``, so one start ends when the source is drained. It calls
@@ -26,7 +29,7 @@ from pathlib import Path
 from integration_tests.spark_processes import QUERY_FAILED, awaitDrained, sessionBuilder
 from twophase import faults
 
-PIPELINES = ("files", "postgres", "kafka", "kafka-kafka")
+PIPELINES = ("files", "postgres", "kafka", "kafka-kafka", "multi")
 
 __all__ = ["PIPELINES", "QUERY_FAILED", "PipelineSpec", "run"]
 
@@ -119,6 +122,26 @@ def run(spec: PipelineSpec) -> int:
             stream.writeStream.format("twophase.kafka")
             .option("kafka.bootstrap.servers", spec.bootstrap)
             .option("topic", spec.outputTopic)
+        )
+    elif spec.pipeline == "multi":
+        from pyspark.sql import functions as F
+
+        stream = stream.select(
+            F.struct("id", "payload").alias("orders"),
+            F.struct(
+                F.col("id").cast("string").alias("key"), F.col("payload").alias("value")
+            ).alias("events"),
+        )
+        writer = (
+            stream.writeStream.format("twophase.multi")
+            .option("targets", "orders=postgres,events=kafka")
+            .option("orders.url", spec.pgUrl)
+            .option("orders.table", spec.table)
+            .option("orders.createTable", "true")
+            # partition 0 prepares, the others stage: both commit paths in every batch
+            .option("orders.maxPreparedPartitions", "1")
+            .option("events.kafka.bootstrap.servers", spec.bootstrap)
+            .option("events.topic", spec.outputTopic)
         )
     else:
         raise SystemExit(f"unknown pipeline {spec.pipeline!r}; one of {', '.join(PIPELINES)}")

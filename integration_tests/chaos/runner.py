@@ -8,8 +8,9 @@ the same schedule):
   (PROTOCOL.md section 5); numbered points are armed for the batch ``afterBatches`` after the
   start's first one;
 - an *outage*: a protocol point whose kill keeps the query down for ``downSeconds`` before the
-  next start, longer than the Kafka pipeline's transaction timeout (``KAFKA_TIMEOUT_MS``), so
-  the broker aborts the transactions of a decided batch and the restart must write them again;
+  next start, longer than the Kafka transaction timeout (``KAFKA_TIMEOUT_MS``) of the ``multi``
+  pipeline's Kafka target, so the broker aborts the transactions of a decided batch and the
+  restart must write them again, while PostgreSQL keeps its prepared half of the same batch;
 - a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM, the Kafka
   ``broker`` or ``postgres`` (brought back after ``downSeconds``), delivered once the running
   query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so it lands inside a
@@ -64,12 +65,21 @@ RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED]
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
 
 KAFKA_TIMEOUT_MS = 15_000
-"""The ``kafka`` pipeline's ``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+"""The ``multi`` pipeline's Kafka target's (and the ``kafka`` pipeline's)
+``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+OUTAGE_PIPELINE = "multi"
+"""The pipeline whose schedule has outages: its Kafka target's transactions time out while the
+query is down after a decision, and PostgreSQL's prepared ones of the same batch do not."""
 OUTAGE_SECONDS = 2.5 * KAFKA_TIMEOUT_MS / 1000
 """How long an outage keeps the query down: past the timeout and the broker's abort sweep."""
 
-SERVICE_KINDS = {"postgres": "postgres", "kafka": "broker", "kafka-kafka": "broker"}
-"""The server a pipeline depends on, by pipeline (files has none)."""
+SERVICE_KINDS = {
+    "postgres": ("postgres",),
+    "kafka": ("broker",),
+    "kafka-kafka": ("broker",),
+    "multi": ("postgres", "broker"),
+}
+"""The servers a pipeline depends on, by pipeline (files has none)."""
 
 START_TIMEOUT = 600.0
 """Seconds one start may run before the runner gives up on it (a hang is a failure)."""
@@ -103,24 +113,23 @@ class Schedule:
 
     @classmethod
     def draw(cls, seed: int, pipeline: str, kills: int, *, coverPoints: bool) -> Schedule:
-        """``kills`` events for ``pipeline``: with ``coverPoints`` every protocol point first;
-        then one timed kill of each kind the pipeline has (driver, executor, its server), in
-        seeded order; then seeded random events."""
+        """``kills`` events for ``pipeline``: with ``coverPoints`` every protocol point first
+        (and the outage, for ``OUTAGE_PIPELINE``); then one timed kill of each kind the pipeline
+        has (driver, executor, its servers), in seeded order, all of them with ``coverPoints``
+        even past ``kills``; then seeded random events."""
         rng = random.Random(f"{seed}:{pipeline}")
-        timedKinds = ["driver", "executor"]
-        if pipeline in SERVICE_KINDS:
-            timedKinds.append(SERVICE_KINDS[pipeline])
+        timedKinds = ["driver", "executor", *SERVICE_KINDS.get(pipeline, ())]
         events: list[Event] = []
         if coverPoints:
             events += [Event("point", p, rng.randint(0, 1)) for p in TASK_POINTS + DRIVER_POINTS]
-            if pipeline == "kafka":
+            if pipeline == OUTAGE_PIPELINE:
                 events.append(Event("point", "driver.afterDecision", downSeconds=OUTAGE_SECONDS))
         queue = rng.sample(timedKinds, len(timedKinds))
-        while len(events) < kills:
+        while len(events) < kills or (coverPoints and queue):
             kind = queue.pop(0) if queue else rng.choice([*timedKinds, "executor", "point"])
             if kind == "point":
                 point = rng.choice(RANDOM_POINTS)
-                outage = pipeline == "kafka" and point == "driver.afterDecision"
+                outage = pipeline == OUTAGE_PIPELINE and point == "driver.afterDecision"
                 down = OUTAGE_SECONDS if outage and rng.random() < 0.3 else 0.0
                 events.append(Event("point", point, rng.randint(0, 2), downSeconds=down))
                 if point == "driver.afterDecision" and rng.random() < 0.5:

@@ -63,12 +63,14 @@ def prepare(
 ) -> PipelineSpec:
     """The spec of a fresh run of ``pipeline``: its own table or topics, ``rows`` of input."""
     spec = PipelineSpec(pipeline, str(workdir), rows=rows, rowsPerBatch=perBatch)
-    if pipeline == "postgres":
+    if pipeline in ("postgres", "multi"):
         spec.pgUrl = _need(services.pgUrl, "PostgreSQL")
         spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
     if pipeline == "kafka":
         spec.sinkOptions["kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
-    if pipeline in ("kafka", "kafka-kafka"):
+    if pipeline == "multi":
+        spec.sinkOptions["events.kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
+    if pipeline in ("kafka", "kafka-kafka", "multi"):
         spec.bootstrap = _need(services.bootstrap, "Kafka")
         spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")
     if pipeline == "kafka-kafka":
@@ -78,7 +80,15 @@ def prepare(
 
 
 def verifyOutput(spec: PipelineSpec) -> Any:
-    """Compare what the pipeline's sink holds with what its source offered."""
+    """Compare what the pipeline's sink holds with what its source offered (for ``multi``:
+    each target, and the two joined on the id, with ``twophase verify``'s multi check)."""
+    if spec.pipeline == "multi":
+        return verify.verify(
+            "sequence",
+            {"start": "0", "end": str(spec.rows)},
+            "multi",
+            multiOptions(spec),
+        )
     if spec.pipeline == "kafka-kafka":
         expected = verify.expectedFromKafka(
             {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.inputTopic}
@@ -99,6 +109,17 @@ def verifyOutput(spec: PipelineSpec) -> Any:
             expected = verify.asKafkaRecords(expected)
             columns = ["key", "value"]
     return verify.compare(expected, actual, columns)
+
+
+def multiOptions(spec: PipelineSpec) -> dict[str, str]:
+    """The ``multi`` pipeline's sink options, as ``twophase verify --sink multi`` takes them."""
+    return {
+        "targets": "orders=postgres,events=kafka",
+        "orders.url": spec.pgUrl,
+        "orders.table": spec.table,
+        "events.kafka.bootstrap.servers": spec.bootstrap,
+        "events.topic": spec.outputTopic,
+    }
 
 
 def runPipeline(

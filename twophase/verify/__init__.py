@@ -2,13 +2,15 @@
 
 Reads what a source offered (a ``twophase.sequence`` range, or the committed records of Kafka
 topics in an offset range) and what a sink holds (a ``twophase.files`` directory, a PostgreSQL
-table, Kafka topics read ``read_committed``), and compares the two as multisets of identity
-tuples: missing, duplicated and unexpected records, with the first examples of each.
+table, Kafka topics read ``read_committed``, every target of a ``twophase.multi`` sink), and
+compares the two as multisets of identity tuples: missing, duplicated and unexpected records,
+with the first examples of each.
 
 Modules by role: ``offered`` (what a source offered), ``held`` (what a sink holds), ``kafka``
 (committed Kafka records in an offset range, for either side), ``compare`` (the comparison),
 ``report`` (its outcome), ``run`` (one verification by kind and options, as the command runs
-it) and ``errors`` (why a verification cannot start).
+it), ``multi`` (a ``twophase.multi`` sink: each target, then the targets joined on the identity)
+and ``errors`` (why a verification cannot start).
 """
 
 from twophase.verify.compare import (
@@ -20,6 +22,7 @@ from twophase.verify.compare import (
 )
 from twophase.verify.errors import VerifyInputError
 from twophase.verify.held import actualFromFiles, actualFromKafka, actualFromPostgres
+from twophase.verify.multi import MULTI_HELP, MultiVerifyReport, TargetReport, verifyMulti
 from twophase.verify.offered import asKafkaRecords, expectedFromKafka, expectedFromSequence
 from twophase.verify.report import Example, VerifyReport
 from twophase.verify.run import SINKS, SOURCES, verify
@@ -27,10 +30,13 @@ from twophase.verify.run import SINKS, SOURCES, verify
 __all__ = [
     "EXAMPLES",
     "KAFKA_COLUMNS",
+    "MULTI_HELP",
     "SEQUENCE_COLUMNS",
     "SINKS",
     "SOURCES",
     "Example",
+    "MultiVerifyReport",
+    "TargetReport",
     "VerifyInputError",
     "VerifyReport",
     "actualFromFiles",
@@ -42,4 +48,5 @@ __all__ = [
     "expectedFromKafka",
     "expectedFromSequence",
     "verify",
+    "verifyMulti",
 ]

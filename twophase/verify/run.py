@@ -22,8 +22,39 @@ from twophase.verify.report import VerifyReport
 SOURCES = ("sequence", "kafka")
 """The source kinds ``verify`` reads."""
 
-SINKS = ("files", "postgres", "kafka")
+SINKS = ("files", "postgres", "kafka", "multi")
 """The sink kinds ``verify`` reads."""
+
+
+def readSink(
+    sink: str, options: Mapping[str, str], columns: Sequence[str], hints: pa.Schema
+) -> tuple[pa.Table, str]:
+    """What one ``files``, ``postgres`` or ``kafka`` sink holds, and a description for the report.
+
+    ``columns`` are the identity columns to read (files and postgres), ``hints`` their types on
+    the source's side (to read JSON and CSV files with).
+    """
+    if sink == "files":
+        path = optionOf(options, "path") or ""
+        fmt = optionOf(options, "format") or "parquet"
+        return readFiles(path, fmt, columns, hints, options)
+    if sink == "postgres":
+        url = optionOf(options, "url") or ""
+        table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
+        return readPostgres(url, table, columns, options)
+    from twophase.verify.kafka import readKafka
+
+    return readKafka(options, "sink")
+
+
+def readSource(source: str, options: Mapping[str, str]) -> tuple[pa.Table, str]:
+    """What a ``sequence`` or ``kafka`` source offered, and a description for the report."""
+    if source == "sequence":
+        start, end = sequenceRange(options)
+        return expectedFromSequence(start, end), f"sequence ids [{start}, {end})"
+    from twophase.verify.kafka import readKafka
+
+    return readKafka(options, "source")
 
 
 def verify(
@@ -42,25 +73,32 @@ def verify(
     and ``totalRows``) or ``kafka`` (the Kafka source's options, see ``expectedFromKafka``).
     ``sink``: ``files`` (the sink's options: ``path``, ``format``, ``partitionBy``...),
     ``postgres`` (``url``, ``table``...) or ``kafka`` (``topic`` or ``subscribe``,
-    ``kafka.*``...). For a sequence source and a Kafka sink the rows are compared as the
-    records ``CAST(id AS STRING) AS key, payload AS value`` (``asKafkaRecords``).
+    ``kafka.*``...) or ``multi`` (``targets`` and each target's prefixed options: every target
+    checked on its own, then joined on the identity, see :mod:`~twophase.verify.multi`; the
+    report is then a :class:`~twophase.verify.multi.MultiVerifyReport`). For
+    a sequence source and a Kafka sink the rows are compared as the records
+    ``CAST(id AS STRING) AS key, payload AS value`` (``asKafkaRecords``).
     """
     started = time.monotonic()
     if source not in SOURCES:
         raise VerifyInputError(f"unknown source {source!r}; use one of {', '.join(SOURCES)}")
     if sink not in SINKS:
         raise VerifyInputError(f"unknown sink {sink!r}; use one of {', '.join(SINKS)}")
-    if source == "sequence":
-        start, end = sequenceRange(sourceOptions)
-        expected = expectedFromSequence(start, end)
-        sourceText = f"sequence ids [{start}, {end})"
-        if sink == "kafka":
-            expected = asKafkaRecords(expected)
-            sourceText += " as key = CAST(id AS STRING), value = payload"
-    else:
-        from twophase.verify.kafka import readKafka
+    if sink == "multi":
+        from twophase.verify.multi import verifyMulti
 
-        expected, sourceText = readKafka(sourceOptions, "source")
+        return verifyMulti(
+            source,
+            sourceOptions,
+            sinkOptions,
+            columns=columns,
+            sinkColumns=sinkColumns,
+            examples=examples,
+        )
+    expected, sourceText = readSource(source, sourceOptions)
+    if source == "sequence" and sink == "kafka":
+        expected = asKafkaRecords(expected)
+        sourceText += " as key = CAST(id AS STRING), value = payload"
     names = tuple(columns) if columns else defaultColumns(expected)
     sinkNames = tuple(sinkColumns) if sinkColumns else names
     requireColumns(expected, names, "the source")
@@ -69,18 +107,7 @@ def verify(
     hints = pa.schema(
         [pa.field(s, expected.schema.field(n).type) for n, s in zip(names, sinkNames, strict=True)]
     )
-    if sink == "files":
-        path = optionOf(sinkOptions, "path") or ""
-        fmt = optionOf(sinkOptions, "format") or "parquet"
-        actual, sinkText = readFiles(path, fmt, sinkNames, hints, sinkOptions)
-    elif sink == "postgres":
-        url = optionOf(sinkOptions, "url") or ""
-        table = optionOf(sinkOptions, "table") or optionOf(sinkOptions, "dbtable") or ""
-        actual, sinkText = readPostgres(url, table, sinkNames, sinkOptions)
-    else:
-        from twophase.verify.kafka import readKafka
-
-        actual, sinkText = readKafka(sinkOptions, "sink")
+    actual, sinkText = readSink(sink, sinkOptions, sinkNames, hints)
     report = compare(expected, actual, names, actualColumns=sinkNames, examples=examples)
     return replace(
         report,
@@ -90,4 +117,4 @@ def verify(
     )
 
 
-__all__ = ["SINKS", "SOURCES", "verify"]
+__all__ = ["SINKS", "SOURCES", "readSink", "readSource", "verify"]
