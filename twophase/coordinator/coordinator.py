@@ -23,7 +23,6 @@ fingerprint matches the decided one.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -33,14 +32,14 @@ from twophase.coordinator.errors import (
     CommitFailedError,
     CoordinatorError,
     LogOwnershipError,
-    RewriteMismatchError,
     RewritePendingError,
 )
 from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
 from twophase.coordinator.log import DecisionLog
+from twophase.coordinator.lost import LostPartitions
 from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
-from twophase.coordinator.settings import REWRITE_MISMATCH_OPTION, CoordinatorSettings
+from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import crashPoint
 from twophase.protocol import (
     Committer,
@@ -52,7 +51,6 @@ from twophase.protocol import (
     dumpsHandle,
 )
 from twophase.protocol.checks import checkedDescription
-from twophase.protocol.fingerprint import differenceOf
 from twophase.redaction import getLogger, redact
 
 log = getLogger(__name__)
@@ -89,6 +87,7 @@ class Coordinator:
         self.sinkId = sinkId
         self.settings = settings or CoordinatorSettings()
         self.executor = CommitExecutor(sinkId, self.settings, self._describe)
+        self.lost = LostPartitions(committer, log, sinkId, self.settings, self._describe)
 
     # ------------------------------------------------------------------ public API
 
@@ -189,7 +188,7 @@ class Coordinator:
                 batchId,
             )
             if state.awaitingRewrite:
-                state = self._takeRewrites(state, results)
+                state = self.lost.take(state, results, self._abortHandles)
             return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         skipped = [r.partitionId for r in results if r.handle is None]
         if skipped:
@@ -363,11 +362,11 @@ class Coordinator:
             crashBetween=batchId,
         )
         commitSeconds = time.monotonic() - commitStart
-        lost = self._rewritable(outcomes)
+        lost = self.lost.rewritable(outcomes)
         if lost:
-            self._recordLost(state, lost)
+            self.lost.record(state, lost)
             raise RewritePendingError(
-                self.sinkId, batchId, sorted(lost), self._lostDetails(lost.values())
+                self.sinkId, batchId, sorted(lost), self.lost.details(lost.values())
             )
         self._raiseFailures(batchId, outcomes)
         crashPoint("driver.afterCommits", batchId)
@@ -433,13 +432,13 @@ class Coordinator:
         seconds = time.monotonic() - started
         awaiting: dict[int, tuple[int, ...]] = {}
         for state in outstanding:
-            lost = self._rewritable([o for o in outcomes if o.job.batchId == state.batchId])
+            lost = self.lost.rewritable([o for o in outcomes if o.job.batchId == state.batchId])
             if lost:
-                state = self._recordLost(state, lost)
+                state = self.lost.record(state, lost)
             if state.awaitingRewrite:
                 awaiting[state.batchId] = state.awaitingRewrite
         failedBatches = {
-            o.job.batchId for o in outcomes if o.error is not None and not self._isRewritable(o)
+            o.job.batchId for o in outcomes if o.error is not None and not self.lost.isRewritable(o)
         }
         finished = [
             s for s in outstanding if s.batchId not in failedBatches and s.batchId not in awaiting
@@ -457,7 +456,7 @@ class Coordinator:
         for batchId in sorted(failedBatches):
             self._raiseFailures(
                 batchId,
-                [o for o in outcomes if o.job.batchId == batchId and not self._isRewritable(o)],
+                [o for o in outcomes if o.job.batchId == batchId and not self.lost.isRewritable(o)],
             )
         committed = sum(1 for o in outcomes if o.error is None)
         return [s.batchId for s in finished], committed, keep, awaiting
@@ -476,116 +475,6 @@ class Coordinator:
             else:
                 jobs.append(CommitJob(state.batchId, entry, action))
         return jobs
-
-    def _isRewritable(self, outcome: JobOutcome) -> bool:
-        """A decided transaction the participant aborted, in a sink that fingerprints it."""
-        error = outcome.error
-        return (
-            isinstance(error, TransactionLostError)
-            and error.rewritable
-            and self._fingerprint(outcome.job.entry.handle) is not None
-        )
-
-    def _rewritable(self, outcomes: Sequence[JobOutcome]) -> dict[int, JobOutcome]:
-        """The rewritable losses among ``outcomes``, by partition."""
-        return {o.job.entry.partitionId: o for o in outcomes if self._isRewritable(o)}
-
-    def _fingerprint(self, handle: Handle) -> str | None:
-        try:
-            return self.committer.fingerprint(handle)
-        except Exception:  # a broken fingerprint must not hide the loss
-            log.warning(
-                "twophase sink %s: fingerprint of a handle failed", self.sinkId, exc_info=True
-            )
-            return None
-
-    def _recordLost(self, state: BatchState, lost: dict[int, JobOutcome]) -> BatchState:
-        """Record the partitions of ``lost`` as awaiting their rewrite; returns the new state."""
-        partitions = tuple(sorted(set(state.lostPartitions) | set(lost)))
-        replacements = tuple(r for r in state.replacements if r.partitionId not in lost)
-        self.log.recordRewrite(state.batchId, partitions, replacements)
-        for outcome in lost.values():
-            log.warning(
-                "twophase sink %s: batch %d partition %d: decided transaction %s was aborted by "
-                "the system (%s); the replay of the batch writes it again",
-                self.sinkId,
-                state.batchId,
-                outcome.job.entry.partitionId,
-                self._describe(outcome.job.entry.handle),
-                outcome.error,
-            )
-        replaced = {r.partitionId for r in replacements}
-        return dataclasses.replace(
-            state,
-            lostPartitions=partitions,
-            awaitingRewrite=tuple(p for p in partitions if p not in replaced),
-            replacements=replacements,
-        )
-
-    def _lostDetails(self, outcomes: Any) -> str:
-        first = next(iter(outcomes))
-        return f"{self._describe(first.job.entry.handle)}: {first.error}"
-
-    def _takeRewrites(self, state: BatchState, results: Sequence[TaskResult]) -> BatchState:
-        """Take the replay's handles for the partitions awaiting a rewrite, once they match.
-
-        Every awaiting partition needs a replay handle whose fingerprint equals the decided
-        one; otherwise (a non-deterministic query, other partitioning) nothing of the replay is
-        written and ``RewriteMismatchError`` names what differs, unless the
-        ``twophase.rewriteMismatch=write`` setting accepts the replay's records.
-        """
-        batchId = state.batchId
-        known = state.handleKeys
-        replay = {
-            r.partitionId: r
-            for r in results
-            if r.handle is not None and LoggedHandle.fromResult(r).key not in known
-        }
-        replacements = list(state.replacements)
-        differences: list[tuple[int, str]] = []
-        for partitionId in state.awaitingRewrite:
-            original = state.loggedHandleOf(partitionId)
-            expected = None if original is None else self._fingerprint(original.handle)
-            result = replay.get(partitionId)
-            if result is None or result.handle is None:
-                differences.append(
-                    (partitionId, "the replay wrote nothing for it (fewer partitions?)")
-                )
-                continue
-            got = self._fingerprint(result.handle)
-            difference = (
-                "no fingerprint to compare"
-                if expected is None or got is None
-                else differenceOf(expected, got)
-            )
-            if difference is not None:
-                differences.append((partitionId, difference))
-                if self.settings.rewriteMismatch != "write":
-                    continue
-            replacements.append(LoggedHandle.fromResult(result))
-        unwritable = [d for d in differences if d[0] not in {r.partitionId for r in replacements}]
-        if unwritable or (differences and self.settings.rewriteMismatch != "write"):
-            self._abortHandles(batchId, results, decided=known)
-            error = RewriteMismatchError(self.sinkId, batchId, differences, REWRITE_MISMATCH_OPTION)
-            log.error("%s", error)
-            raise error
-        if differences:
-            log.warning(
-                "twophase sink %s: batch %d: writing the replay's records for lost partitions "
-                "although they differ from the decided ones (%s=write): %s",
-                self.sinkId,
-                batchId,
-                REWRITE_MISMATCH_OPTION,
-                "; ".join(f"partition {p}: {what}" for p, what in differences),
-            )
-        self.log.recordRewrite(batchId, state.lostPartitions, replacements)
-        log.info(
-            "twophase sink %s: batch %d: the replay rewrites lost partitions %s",
-            self.sinkId,
-            batchId,
-            list(state.awaitingRewrite),
-        )
-        return dataclasses.replace(state, replacements=tuple(replacements), awaitingRewrite=())
 
     def _abortHandles(
         self, batchId: int, results: Sequence[TaskResult], *, decided: frozenset[str]
