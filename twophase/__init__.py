@@ -4,7 +4,8 @@ Subclass ``TwoPhaseCommitSink`` (one class) or ``TwoPhaseDataSource`` (a ``Trans
 and a ``Committer``) for any system with a prepare/commit protocol, register it with
 ``spark.dataSource.register`` and write with ``df.writeStream.format(MySink.name())``; or wrap
 it with ``twophase.foreachBatch``. ``twophase.register(spark)`` registers the built-in sources
-and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.kafka``, ``twophase.sequence``).
+and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.kafka``, ``twophase.sequence``),
+on a classic session or a Spark Connect one (docs/spark-connect.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from twophase.protocol import (
     TwoPhaseParticipant,
 )
 from twophase.settings import SinkSettings, TwoPhaseConfigError
+
+__version__ = "0.1.0"
+"""This release; pyproject.toml reads it, and ``register`` compares a Connect server's to it."""
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,6 +70,7 @@ __all__ = [
     "TwoPhaseConfigError",
     "TwoPhaseDataSource",
     "TwoPhaseParticipant",
+    "__version__",
     "builtinDataSources",
     "foreachBatch",
     "register",
@@ -83,7 +88,17 @@ def builtinDataSources() -> list[type]:
     return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource]
 
 
-def register(spark: SparkSession) -> None:
-    """Register every built-in twophase source and sink with ``spark``."""
+def register(spark: SparkSession, *, checkServer: bool = True) -> None:
+    """Register every built-in twophase source and sink with ``spark``.
+
+    On a Spark Connect session the classes go to the server by reference, so its Python
+    workers must import the same twophase: unless ``checkServer`` is false, one small job
+    (``twophase.probe``) checks that at once and raises
+    ``twophase.spark.connect.ConnectServerError``, saying what to install where, if not.
+    """
     for dataSource in builtinDataSources():
         spark.dataSource.register(dataSource)
+    from twophase.spark import connect
+
+    if checkServer and connect.isConnectSession(spark):
+        connect.checkServer(spark)

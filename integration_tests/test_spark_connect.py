@@ -1,0 +1,237 @@
+"""twophase through Spark Connect: a server SIGKILLed mid-batch, and a server without twophase.
+
+The server is the one pip's pyspark ships (``org.apache.spark.sql.connect.service.
+SparkConnectServer``, what ``sbin/start-connect-server.sh`` starts), run in the foreground by
+``spark-submit`` in a session of its own on a free loopback port, ``local[2]``, with the same
+private ``SPARK_HOME``, C1-only JVM and loopback settings as every test child
+(``integration_tests.spark_processes``). The client is this process: a Connect session, as a
+user's thin client would be. Only the files sink runs here (the test-time budget); the
+PostgreSQL and Kafka sinks go through the very same registration and server-side code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import twophase
+from integration_tests.sink_outputs import FILES, exactlyOnceReport
+from integration_tests.spark_processes import (
+    FAST_JVM,
+    childEnvironment,
+    freePort,
+    killSession,
+    makeSparkHome,
+)
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+START_TIMEOUT = 120.0
+QUERY_TIMEOUT = 180.0
+ROWS = 6000
+ROWS_PER_BATCH = 1500
+
+
+@dataclass
+class ConnectServer:
+    """One Spark Connect server process (and its session), started and stopped by a test."""
+
+    workdir: Path
+    python: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def start(self, name: str) -> ConnectServer:
+        """Start and wait until the gRPC port accepts connections (the server is ready then)."""
+        home = makeSparkHome(self.workdir / "spark-home")
+        self.port = freePort()
+        env = childEnvironment(self.workdir, home, {})
+        env["PYSPARK_PYTHON"] = self.python
+        env.update(self.env)
+        args = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS]
+        args += ["--master", "local[2]", "--driver-java-options", FAST_JVM]
+        for key, value in {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+        }.items():
+            args += ["--conf", f"{key}={value}"]
+        # A driver.* crash point kills the process group named here: the server's session.
+        shell = 'TWOPHASE_CRASH_PGID=$$; export TWOPHASE_CRASH_PGID; exec "$@"'
+        self.log = self.workdir / f"{name}.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                ["/bin/sh", "-c", shell, "sh", *args, "spark-internal"],
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the Connect server exited at start; {self.tail()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        self.kill()
+        raise AssertionError(f"the Connect server did not start in {START_TIMEOUT:.0f}s")
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL whatever is left of the server's session."""
+        if self.process is not None:
+            killSession(self.process.pid)
+            self.process.wait()
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return f"log {self.log}:\n" + "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(autouse=True)
+def restoredEnvironment() -> Iterator[None]:
+    """The environment as it was before the test: a Connect client sets ``SPARK_REMOTE`` and
+    ``SPARK_CONNECT_MODE_ENABLED`` in it, which would turn every later test's (and child's)
+    classic session into a Connect one."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[ConnectServer]]:
+    """Servers a test starts; every one is killed afterwards, whatever happened."""
+    started: list[ConnectServer] = []
+    yield started
+    for server in started:
+        server.kill()
+
+
+def _connect(server: ConnectServer) -> Any:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(server.url).create()
+
+
+def _startQuery(spark: Any, workdir: Path) -> Any:
+    return (
+        spark.readStream.format("twophase.sequence")
+        .option("totalRows", ROWS)
+        .option("rowsPerBatch", ROWS_PER_BATCH)
+        .option("numPartitions", 2)
+        .load()
+        .writeStream.format("twophase.files")
+        .option("path", str(workdir / "output"))
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
+    tmp_path: Path, servers: list[ConnectServer]
+) -> None:
+    """register() on a Connect session, a query into twophase.files, the server SIGKILLed
+    after batch 1's commit decision (driver, workers and all); a restarted server and a new
+    client session finish the query: every id once, no staged debris."""
+    once = tmp_path / "crashed"
+    crash = {"TWOPHASE_CRASH_AT": "driver.afterDecision:1", "TWOPHASE_CRASH_ONCE_FILE": str(once)}
+    first = ConnectServer(tmp_path, sys.executable, crash)
+    servers.append(first)
+    first.start("server-1")
+    spark = _connect(first)
+    twophase.register(spark)
+    _startQuery(spark, tmp_path)
+    returncode = first.wait(QUERY_TIMEOUT)
+    assert once.exists() and once.read_text().strip() == "driver.afterDecision:1", (
+        f"the crash point did not fire (exit {returncode}); {first.tail()}"
+    )
+    assert returncode == -9, f"expected the server to die by SIGKILL; {first.tail()}"
+    assert not (tmp_path / "checkpoint" / "commits" / "1").exists()
+
+    second = ConnectServer(tmp_path, sys.executable)
+    servers.append(second)
+    second.start("server-2")
+    spark = _connect(second)
+    twophase.register(spark)
+    query = _startQuery(spark, tmp_path)
+    assert query.awaitTermination(QUERY_TIMEOUT), f"the query did not drain; {second.tail()}"
+    assert query.exception() is None, f"{query.exception()}; {second.tail()}"
+    spark.stop()
+
+    report = exactlyOnceReport(FILES.read(tmp_path / "output"), ROWS)
+    want = {"rows": ROWS, "duplicates": 0, "missing": 0, "unexpected": 0, "wrongPayloads": 0}
+    assert report == want, second.tail()
+    assert not FILES.prepared(tmp_path / "output", None)
+
+
+def _pythonWithoutTwophase(venv: Path) -> Path:
+    """A venv whose Python imports pyspark, pyarrow and pandas (this venv's site-packages as a
+    plain path, so its ``.pth`` files, among them the editable install of twophase, are not
+    run) but not twophase."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = next(p for p in sys.path if p.endswith("site-packages") and "pyspark" in os.listdir(p))
+    Path(site, "spark-only.pth").write_text(ours + "\n")
+    check = subprocess.run(
+        [str(python), "-c", "import pyspark, pyarrow\nimport twophase"],
+        cwd=venv,
+        capture_output=True,
+        text=True,
+    )
+    assert "No module named 'twophase'" in check.stderr, check.stderr
+    return python
+
+
+def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(
+    tmp_path: Path, servers: list[ConnectServer]
+) -> None:
+    """A server whose Python lacks twophase: register() fails at once, naming the client's
+    version and where to install it, not later at writeStream.start()."""
+    from twophase.spark.connect import ConnectServerError
+
+    python = _pythonWithoutTwophase(tmp_path / "bare")
+    server = ConnectServer(tmp_path, str(python), {"PYTHONPATH": ""})
+    servers.append(server)
+    server.start("server")
+    spark = _connect(server)
+    with pytest.raises(ConnectServerError) as raised:
+        twophase.register(spark)
+    message = str(raised.value)
+    assert f"install twophase=={twophase.__version__}" in message, message
+    for where in ("server driver's Python", "executors' Python", "docs/spark-connect.md"):
+        assert where in message, message
+    assert raised.value.seen == {"client": twophase.__version__}
+    spark.stop()
