@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master(args.master)
         .appName("twophase-bench-multi")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
         .getOrCreate()
     )
