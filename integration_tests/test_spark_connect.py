@@ -133,10 +133,28 @@ def servers() -> Iterator[list[ConnectServer]]:
         server.kill()
 
 
-def _connect(server: ConnectServer) -> Any:
+@pytest.fixture
+def sessions() -> Iterator[list[Any]]:
+    """Client sessions a test opens; each one's channel is closed afterwards, whatever happened.
+
+    A client whose server is gone would otherwise retry its clean-up RPCs at interpreter exit
+    for minutes (PySpark's default retry policy), holding up the end of the whole test run.
+    """
+    opened: list[Any] = []
+    yield opened
+    for session in opened:
+        try:
+            session.client.close()
+        except Exception:  # already closed, or the channel is gone: nothing left to do
+            pass
+
+
+def _connect(server: ConnectServer, sessions: list[Any]) -> Any:
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.remote(server.url).create()
+    session = SparkSession.builder.remote(server.url).create()
+    sessions.append(session)
+    return session
 
 
 def _startQuery(spark: Any, workdir: Path) -> Any:
@@ -155,7 +173,7 @@ def _startQuery(spark: Any, workdir: Path) -> Any:
 
 
 def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
-    tmp_path: Path, servers: list[ConnectServer]
+    tmp_path: Path, servers: list[ConnectServer], sessions: list[Any]
 ) -> None:
     """register() on a Connect session, a query into twophase.files, the server SIGKILLed
     after batch 1's commit decision (driver, workers and all); a restarted server and a new
@@ -165,7 +183,7 @@ def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
     first = ConnectServer(tmp_path, sys.executable, crash)
     servers.append(first)
     first.start("server-1")
-    spark = _connect(first)
+    spark = _connect(first, sessions)
     twophase.register(spark)
     _startQuery(spark, tmp_path)
     returncode = first.wait(QUERY_TIMEOUT)
@@ -178,7 +196,7 @@ def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
     second = ConnectServer(tmp_path, sys.executable)
     servers.append(second)
     second.start("server-2")
-    spark = _connect(second)
+    spark = _connect(second, sessions)
     twophase.register(spark)
     query = _startQuery(spark, tmp_path)
     assert query.awaitTermination(QUERY_TIMEOUT), f"the query did not drain; {second.tail()}"
@@ -216,7 +234,7 @@ def _pythonWithoutTwophase(venv: Path) -> Path:
 
 
 def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(
-    tmp_path: Path, servers: list[ConnectServer]
+    tmp_path: Path, servers: list[ConnectServer], sessions: list[Any]
 ) -> None:
     """A server whose Python lacks twophase: register() fails at once, naming the client's
     version and where to install it, not later at writeStream.start()."""
@@ -226,7 +244,7 @@ def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(
     server = ConnectServer(tmp_path, str(python), {"PYTHONPATH": ""})
     servers.append(server)
     server.start("server")
-    spark = _connect(server)
+    spark = _connect(server, sessions)
     with pytest.raises(ConnectServerError) as raised:
         twophase.register(spark)
     message = str(raised.value)
