@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from twophase.doctor.findings import CannotCheck, Inspection
+from twophase.doctor.run import inspectorOf
 from twophase.protocol import Handle
 from twophase.sinks.multi.targets import KIND
 
@@ -48,13 +49,12 @@ def inspect(committer: MultiCommitter, sinkId: str, now: datetime) -> Inspection
     places: list[str] = []
     merged = Inspection("multi", "")
     for target, part in committer.parts:
-        module = type(part).__module__
-        package = module.split(".")[2] if module.startswith("twophase.sinks.") else None
-        if package not in BUILT_IN:
+        inspector = inspectorOf(part)
+        if inspector is None:
             places.append(f"{target.name}: not asked (a sink of your own)")
             continue
         try:
-            found = _inspector(str(package)).inspect(part, target.sinkId, now)
+            found = inspector.inspect(part, target.sinkId, now)
         except CannotCheck as exc:
             raise CannotCheck(f"target {target.name}: {exc}") from None
         places.append(f"{target.name}: {found.system} at {found.where}")
