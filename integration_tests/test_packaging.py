@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 import twophase
 from integration_tests.spark_processes import REPO_ROOT
 
-PACKAGE_INPUTS = ("pyproject.toml", "README.md", "twophase")
+PACKAGE_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "twophase")
 DEV_ONLY = ("pytest", "ruff", "mypy", "duckdb", "polars", "yaml", "build", "integration_tests")
 
 
@@ -139,6 +139,12 @@ def test_the_wheel_and_the_sdist_install_into_clean_venvs_and_the_demo_runs(
     tmp_path: Path,
 ) -> None:
     sdist, wheel = _build(tmp_path)
+    with zipfile.ZipFile(wheel) as z:
+        licenses = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert licenses, "the wheel carries no LICENSE file"
+        assert "Apache License" in z.read(licenses[0]).decode()
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: Apache-2.0" in z.read(meta).decode().splitlines()
     closure = tmp_path / "runtime-deps"
     _linkClosure(_closure(wheel), closure)
     work = tmp_path / "elsewhere"
