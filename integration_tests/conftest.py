@@ -240,3 +240,14 @@ def pg_role(pg_url: str) -> Iterator[PgRole]:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(sql.SQL("REVOKE ALL ON SCHEMA public FROM {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg_table(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL table name; the table and the postgres sink's helper tables are
+    dropped afterwards."""
+    name = f"it_table_{uuid.uuid4().hex[:10]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for dropped in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))

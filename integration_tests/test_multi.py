@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +57,8 @@ def multiOptions(
 
 
 @pytest.fixture
-def table(pg_url: str) -> Iterator[str]:
-    name = f"it_multi_{os.urandom(5).hex()}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        for dropped in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))
+def table(pg_table: str) -> str:
+    return pg_table
 
 
 def pgIds(pgUrl: str, table: str) -> list[int]:

@@ -5,8 +5,8 @@ SparkConnectServer``, what ``sbin/start-connect-server.sh`` starts), run in the 
 ``spark-submit`` in a session of its own on a free loopback port, ``local[2]``, with the same
 private ``SPARK_HOME``, C1-only JVM and loopback settings as every test child
 (``integration_tests.spark_processes``). The client is this process: a Connect session, as a
-user's thin client would be. Only the files sink runs here (the test-time budget); the
-PostgreSQL and Kafka sinks go through the very same registration and server-side code.
+user's thin client would be. Three queries, into files, PostgreSQL and Kafka, run side by
+side on one server, so one SIGKILL interrupts each sink at some point of its batch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+import pyarrow as pa
 import pytest
 
 import twophase
@@ -32,6 +34,8 @@ from integration_tests.spark_processes import (
     killSession,
     makeSparkHome,
 )
+from integration_tests.test_kafka_helpers import createTopic, readTopic
+from integration_tests.test_multi import pgIds
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT = 120.0
@@ -157,27 +161,80 @@ def _connect(server: ConnectServer, sessions: list[Any]) -> Any:
     return session
 
 
-def _startQuery(spark: Any, workdir: Path) -> Any:
+@dataclass(frozen=True)
+class Targets:
+    """Where the three queries write: a files path, a PostgreSQL table, a Kafka topic."""
+
+    workdir: Path
+    pgUrl: str
+    table: str
+    bootstrap: str
+    topic: str
+
+
+def _sequence(spark: Any) -> Any:
     return (
         spark.readStream.format("twophase.sequence")
         .option("totalRows", ROWS)
         .option("rowsPerBatch", ROWS_PER_BATCH)
         .option("numPartitions", 2)
         .load()
-        .writeStream.format("twophase.files")
-        .option("path", str(workdir / "output"))
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
     )
 
 
-def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
-    tmp_path: Path, servers: list[ConnectServer], sessions: list[Any]
+def _startQueries(spark: Any, to: Targets) -> list[Any]:
+    """The files, PostgreSQL and Kafka queries, each with its own checkpoint."""
+    files = (
+        _sequence(spark)
+        .writeStream.format("twophase.files")
+        .option("path", str(to.workdir / "output"))
+    )
+    postgres = (
+        _sequence(spark)
+        .writeStream.format("twophase.postgres")
+        .option("url", to.pgUrl)
+        .option("dbtable", to.table)
+        .option("createTable", "true")
+        .option("sinkId", to.table.replace("_", "-"))
+    )
+    kafka = (
+        _sequence(spark)
+        .selectExpr("cast(id AS string) AS key", "payload AS value")
+        .writeStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", to.bootstrap)
+        .option("topic", to.topic)
+    )
+    return [
+        writer.option("checkpointLocation", str(to.workdir / f"checkpoint-{name}"))
+        .trigger(availableNow=True)
+        .start()
+        for name, writer in (("files", files), ("postgres", postgres), ("kafka", kafka))
+    ]
+
+
+def _kafkaTable(bootstrap: str, topic: str) -> pa.Table:
+    records = readTopic(bootstrap, topic)
+    return pa.table(
+        {
+            "id": pa.array([int(r.key or b"-1") for r in records], pa.int64()),
+            "payload": pa.array([(r.value or b"").decode() for r in records], pa.string()),
+        }
+    )
+
+
+def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
+    tmp_path: Path,
+    servers: list[ConnectServer],
+    sessions: list[Any],
+    pg_url: str,
+    pg_table: str,
+    kafka_bootstrap: str,
 ) -> None:
-    """register() on a Connect session, a query into twophase.files, the server SIGKILLed
-    after batch 1's commit decision (driver, workers and all); a restarted server and a new
-    client session finish the query: every id once, no staged debris."""
+    """register() on a Connect session, queries into twophase.files, twophase.postgres and
+    twophase.kafka side by side, the server SIGKILLed (driver, workers and all) after the first
+    commit decision of batch 1 in any of them; a restarted server and a new client session
+    finish every query: each id once in each system, nothing left prepared or staged."""
+    to = Targets(tmp_path, pg_url, pg_table, kafka_bootstrap, createTopic(kafka_bootstrap))
     once = tmp_path / "crashed"
     crash = {"TWOPHASE_CRASH_AT": "driver.afterDecision:1", "TWOPHASE_CRASH_ONCE_FILE": str(once)}
     first = ConnectServer(tmp_path, sys.executable, crash)
@@ -185,28 +242,34 @@ def test_connect_files_exactly_once_across_a_server_sigkill_after_the_decision(
     first.start("server-1")
     spark = _connect(first, sessions)
     twophase.register(spark)
-    _startQuery(spark, tmp_path)
+    _startQueries(spark, to)
     returncode = first.wait(QUERY_TIMEOUT)
     assert once.exists() and once.read_text().strip() == "driver.afterDecision:1", (
         f"the crash point did not fire (exit {returncode}); {first.tail()}"
     )
     assert returncode == -9, f"expected the server to die by SIGKILL; {first.tail()}"
-    assert not (tmp_path / "checkpoint" / "commits" / "1").exists()
 
     second = ConnectServer(tmp_path, sys.executable)
     servers.append(second)
     second.start("server-2")
     spark = _connect(second, sessions)
     twophase.register(spark)
-    query = _startQuery(spark, tmp_path)
-    assert query.awaitTermination(QUERY_TIMEOUT), f"the query did not drain; {second.tail()}"
-    assert query.exception() is None, f"{query.exception()}; {second.tail()}"
+    for query in _startQueries(spark, to):
+        assert query.awaitTermination(QUERY_TIMEOUT), f"a query did not drain; {second.tail()}"
+        assert query.exception() is None, f"{query.exception()}; {second.tail()}"
     spark.stop()
 
-    report = exactlyOnceReport(FILES.read(tmp_path / "output"), ROWS)
     want = {"rows": ROWS, "duplicates": 0, "missing": 0, "unexpected": 0, "wrongPayloads": 0}
-    assert report == want, second.tail()
+    assert exactlyOnceReport(FILES.read(tmp_path / "output"), ROWS) == want, second.tail()
     assert not FILES.prepared(tmp_path / "output", None)
+    assert pgIds(pg_url, to.table) == list(range(ROWS)), second.tail()
+    assert exactlyOnceReport(_kafkaTable(kafka_bootstrap, to.topic), ROWS) == want
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        leftovers = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
+            (f"tp1:{to.table.replace('_', '-')}:%",),
+        ).fetchall()
+    assert not leftovers, leftovers
 
 
 def _pythonWithoutTwophase(venv: Path) -> Path:
