@@ -50,7 +50,7 @@ define with_services
 endef
 
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest tests integration_tests)
+	$(call with_services,$(VENV)/bin/pytest --durations=25 tests integration_tests)
 
 # The chaos soak: KILLS kills over the four pipelines, seeded (SEED=<n> replays a schedule);
 # prints the table and writes chaos-runs/report.{md,json}. Servers as for `make test`.
