@@ -225,6 +225,7 @@ DRIVER_WINDOWS = [
 the batch committed, the other open) is the crash of the Kafka -> Spark -> Kafka test."""
 
 
+@pytest.mark.windows
 @pytest.mark.timeout(1200)
 def test_driver_sigkill_at_every_window_then_a_broker_crash_is_exactly_once(
     kafka_bootstrap: str, kafka_broker: ServiceControl, tmp_path: Path
@@ -317,6 +318,7 @@ def rewriteRecords(h: Harness) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.windows
 @pytest.mark.timeout(1200)
 def test_down_longer_than_the_transaction_timeout_loses_nothing(tmp_path: Path) -> None:
     """A broker whose transaction.max.timeout.ms is 10 s (so the sink's timeout is 10 s); the

@@ -115,6 +115,7 @@ def assertDone(run: Run) -> None:
 # -- the driver at every crash window, and the server restarted ----------------------------------
 
 
+@pytest.mark.windows
 @pytest.mark.timeout(900)
 def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     pg_url: str, table: str, postgres_server: ServiceControl, tmp_path: Path
