@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
+from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import getLogger, redact
 
 log = getLogger(__name__)
@@ -56,7 +57,9 @@ def adminClient(config: Mapping[str, Any]) -> Any:
     """
     from confluent_kafka.admin import AdminClient
 
-    return newClient(AdminClient, connectionConfig(config), "admin client")
+    settings = connectionConfig(config)
+    settings.setdefault("logger", ClientLog("admin client"))
+    return newClient(AdminClient, settings, "admin client")
 
 
 def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: float = 30) -> int:

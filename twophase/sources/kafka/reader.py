@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from twophase.clients.kafka import newClient
+from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import getLogger, redact
 from twophase.sources.kafka.errors import KafkaSourceError
 from twophase.sources.kafka.offsets import KafkaRange
@@ -51,6 +52,7 @@ def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.Recor
     config.update(
         {"enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "error"}
     )
+    config.setdefault("logger", ClientLog("consumer"))
     consumer = newClient(Consumer, config, "consumer")
     where = f"{r.topic}-{r.partition} [{r.start}, {r.end})"
     try:
