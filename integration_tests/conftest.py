@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -188,6 +189,111 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
     if not _managed_by_scripts(script, ["url"], pg_url):
         pytest.fail(
             f"the server at {pg_url} was not started by services/postgres.sh, so this test "
+            "cannot restart it; run it after `make services`",
+            pytrace=False,
+        )
+    control = ServiceControl(script, "server")
+    yield control
+    control.start()
+
+
+@pytest.fixture(scope="session")
+def mariadb_url() -> str:
+    """The SQLAlchemy URL of the MariaDB of services/mariadb.sh (TWOPHASE_MARIADB_URL)."""
+    url = service_setting("TWOPHASE_MARIADB_URL")
+    if not url:
+        pytest.fail(
+            f"MariaDB is not configured: TWOPHASE_MARIADB_URL is unset and {SERVICES_ENV} "
+            f"has none; {HOW_TO_START}",
+            pytrace=False,
+        )
+    import sqlalchemy as sa
+
+    problem = None
+    try:
+        with sa.create_engine(url, poolclass=sa.pool.NullPool).connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.SQLAlchemyError as exc:
+        problem = " ".join(str(getattr(exc, "orig", exc)).split())
+    if problem is not None:
+        pytest.fail(f"MariaDB is not reachable ({problem}); {HOW_TO_START}", pytrace=False)
+    return url
+
+
+@pytest.fixture
+def mariadb_server(mariadb_url: str, services_dir: Path) -> Iterator[ServiceControl]:
+    """Control of the MariaDB server; it is running again after the test, whatever happened."""
+    script = services_dir / "mariadb.sh"
+    if not _managed_by_scripts(script, ["url"], mariadb_url):
+        pytest.fail(
+            "the MariaDB server was not started by services/mariadb.sh, so this test cannot "
+            "restart it; run it after `make services`",
+            pytrace=False,
+        )
+    control = ServiceControl(script, "server")
+    yield control
+    control.start()
+
+
+@dataclass(frozen=True)
+class S3Service:
+    """The S3 server of services/s3.sh: endpoint, credentials, bucket."""
+
+    endpoint: str
+    accessKey: str
+    secretKey: str
+    bucket: str
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix.strip('/')}"
+
+    def options(self) -> dict[str, str]:
+        """The files sink's ``fs.*`` options that reach this server."""
+        return {
+            "fs.endpoint_url": self.endpoint,
+            "fs.key": self.accessKey,
+            "fs.secret": self.secretKey,
+        }
+
+    def filesystem(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(
+            endpoint_url=self.endpoint, key=self.accessKey, secret=self.secretKey
+        )
+
+
+@pytest.fixture(scope="session")
+def s3() -> S3Service:
+    names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
+    values = {n: service_setting(f"TWOPHASE_S3_{n}") for n in names}
+    if not all(values.values()):
+        pytest.fail(
+            f"S3 is not configured: TWOPHASE_S3_* are unset and {SERVICES_ENV} has none; "
+            f"{HOW_TO_START}",
+            pytrace=False,
+        )
+    service = S3Service(*(str(values[n]) for n in names))
+    problem = None
+    try:
+        service.filesystem().ls(service.bucket)
+    except Exception as exc:  # any failure to list means the server is not usable
+        problem = " ".join(str(exc).split())
+    if problem is not None:
+        pytest.fail(
+            f"S3 is not reachable at {service.endpoint} ({problem}); {HOW_TO_START}",
+            pytrace=False,
+        )
+    return service
+
+
+@pytest.fixture
+def s3_server(s3: S3Service, services_dir: Path) -> Iterator[ServiceControl]:
+    """Control of the S3 server; it is running again after the test, whatever happened."""
+    script = services_dir / "s3.sh"
+    if not _managed_by_scripts(script, ["endpoint"], s3.endpoint):
+        pytest.fail(
+            f"the S3 server at {s3.endpoint} was not started by services/s3.sh, so this test "
             "cannot restart it; run it after `make services`",
             pytrace=False,
         )

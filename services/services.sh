@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Kafka and PostgreSQL together, for the integration tests and the demo.
+# Kafka, PostgreSQL, MariaDB and S3 (versitygw) together, for the integration tests and the demo.
 #
-#   services/services.sh up      start both (harmless when they already run) and write
+#   services/services.sh up      start all four (harmless when they already run) and write
 #                                .services.env at the repo root
-#   services/services.sh down    stop both, delete their state and .services.env
-#   services/services.sh status  exit 0 when both are running
+#   services/services.sh down    stop all four, delete their state and .services.env
+#   services/services.sh status  exit 0 when all four are running
 #
 # .services.env can be sourced by sh/bash (`set -a; . ./.services.env; set +a`) and included
 # by make; integration_tests/conftest.py reads it when the variables are not in the environment.
@@ -20,6 +20,8 @@ cmd_up() {
     local bootstrap pg_url
     "$SERVICES_DIR/postgres.sh" up
     "$SERVICES_DIR/kafka.sh" up
+    "$SERVICES_DIR/mariadb.sh" up
+    "$SERVICES_DIR/s3.sh" up
     pg_url=$("$SERVICES_DIR/postgres.sh" url)
     bootstrap=$("$SERVICES_DIR/kafka.sh" bootstrap)
     # Write to a temporary file and rename, so a reader never sees half a file.
@@ -28,6 +30,11 @@ cmd_up() {
 export TWOPHASE_PG_URL=$pg_url
 export TWOPHASE_KAFKA_BOOTSTRAP=$bootstrap
 export TWOPHASE_CACHE=$CACHE
+export TWOPHASE_MARIADB_URL=$("$SERVICES_DIR/mariadb.sh" url)
+export TWOPHASE_S3_ENDPOINT=$("$SERVICES_DIR/s3.sh" endpoint)
+export TWOPHASE_S3_ACCESS_KEY=${TWOPHASE_S3_ACCESS_KEY:-$TWOPHASE_DEFAULT_S3_ACCESS_KEY}
+export TWOPHASE_S3_SECRET_KEY=${TWOPHASE_S3_SECRET_KEY:-$TWOPHASE_DEFAULT_S3_SECRET_KEY}
+export TWOPHASE_S3_BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
 EOF
     mv "$ENV_FILE.tmp" "$ENV_FILE"
     log "wrote $ENV_FILE"
@@ -35,9 +42,11 @@ EOF
 }
 
 cmd_down() {
-    # Stop both even when one of them fails to stop.
+    # Stop every server even when one of them fails to stop.
     local rc=0
     "$SERVICES_DIR/kafka.sh" down || rc=$?
+    "$SERVICES_DIR/mariadb.sh" down || rc=$?
+    "$SERVICES_DIR/s3.sh" down || rc=$?
     "$SERVICES_DIR/postgres.sh" down || rc=$?
     rm -f "$ENV_FILE"
     return "$rc"
@@ -47,6 +56,8 @@ cmd_status() {
     local rc=0
     "$SERVICES_DIR/postgres.sh" status || rc=$?
     "$SERVICES_DIR/kafka.sh" status || rc=$?
+    "$SERVICES_DIR/mariadb.sh" status || rc=$?
+    "$SERVICES_DIR/s3.sh" status || rc=$?
     return "$rc"
 }
 

@@ -157,6 +157,47 @@ def test_docker_env_points_at_the_compose_services(settings: dict[str, str]) -> 
     assert url.path == "/" + settings["TWOPHASE_PG_DATABASE"]
 
 
+def test_s3_settings_match_the_script(settings: dict[str, str], compose: dict[str, Any]) -> None:
+    s3 = compose["services"]["s3"]
+    assert s3["image"] == f"versity/versitygw:v{settings['TWOPHASE_VERSITYGW_VERSION']}"
+    assert s3["environment"] == {
+        "ROOT_ACCESS_KEY": settings["TWOPHASE_DEFAULT_S3_ACCESS_KEY"],
+        "ROOT_SECRET_KEY": settings["TWOPHASE_DEFAULT_S3_SECRET_KEY"],
+    }
+    assert "127.0.0.1:7070:7070" in s3["ports"]
+    bucket = compose["services"]["s3-bucket"]
+    assert bucket["command"][-1] == settings["TWOPHASE_DEFAULT_S3_BUCKET"]
+    env = read_env_file(SERVICES / "docker.env")
+    assert env["TWOPHASE_S3_ENDPOINT"] == "http://127.0.0.1:7070"
+    assert env["TWOPHASE_S3_ACCESS_KEY"] == settings["TWOPHASE_DEFAULT_S3_ACCESS_KEY"]
+    assert env["TWOPHASE_S3_SECRET_KEY"] == settings["TWOPHASE_DEFAULT_S3_SECRET_KEY"]
+    assert env["TWOPHASE_S3_BUCKET"] == settings["TWOPHASE_DEFAULT_S3_BUCKET"]
+    assert "TWOPHASE_VERSITYGW_VERSION" in (SERVICES / "s3.sh").read_text()
+
+
+def test_mariadb_settings_match_the_script(
+    settings: dict[str, str], compose: dict[str, Any]
+) -> None:
+    db = compose["services"]["mariadb"]
+    assert db["image"] == f"mariadb:{settings['TWOPHASE_MARIADB_VERSION']}"
+    assert f"--max-connections={settings['TWOPHASE_MARIADB_MAX_CONNECTIONS']}" in db["command"]
+    env = {key: as_text(value) for key, value in db["environment"].items()}
+    assert env["MARIADB_USER"] == settings["TWOPHASE_MARIADB_USER"]
+    assert env["MARIADB_PASSWORD"] == settings["TWOPHASE_MARIADB_PASSWORD"]
+    assert env["MARIADB_DATABASE"] == settings["TWOPHASE_MARIADB_DATABASE"]
+    assert "127.0.0.1:3306:3306" in db["ports"]
+    grants = compose["configs"]["mariadb-grants"]["content"]
+    assert f"TO '{settings['TWOPHASE_MARIADB_USER']}'@'%'" in grants
+    url = urlsplit(read_env_file(SERVICES / "docker.env")["TWOPHASE_MARIADB_URL"])
+    assert url.scheme == "mysql+pymysql" and (url.hostname, url.port) == ("127.0.0.1", 3306)
+    assert url.username == settings["TWOPHASE_MARIADB_USER"]
+    assert url.password == settings["TWOPHASE_MARIADB_PASSWORD"]
+    assert url.path == "/" + settings["TWOPHASE_MARIADB_DATABASE"]
+    script = (SERVICES / "mariadb.sh").read_text()
+    for name in ("TWOPHASE_MARIADB_USER", "TWOPHASE_MARIADB_MAX_CONNECTIONS", "lib.sh"):
+        assert name in script, name
+
+
 def test_scripts_take_their_settings_from_settings_env() -> None:
     kafka = (SERVICES / "kafka.sh").read_text()
     postgres = (SERVICES / "postgres.sh").read_text()
