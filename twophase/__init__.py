@@ -4,8 +4,8 @@ Subclass ``TwoPhaseCommitSink`` (one class) or ``TwoPhaseDataSource`` (a ``Trans
 and a ``Committer``) for any system with a prepare/commit protocol, register it with
 ``spark.dataSource.register`` and write with ``df.writeStream.format(MySink.name())``; or wrap
 it with ``twophase.foreachBatch``. ``twophase.register(spark)`` registers the built-in sources
-and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.kafka``, ``twophase.sequence``),
-on a classic session or a Spark Connect one (docs/spark-connect.md).
+and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.sql``, ``twophase.kafka``,
+``twophase.sequence``), on a classic session or a Spark Connect one (docs/spark-connect.md).
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def builtinDataSources() -> list[type]:
     from twophase.spark.multi import MultiSink
     from twophase.spark.postgres import PostgresSink
     from twophase.spark.sequence import SequenceSource
+    from twophase.spark.sql import SqlSink
 
-    return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource]
+    return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource, SqlSink]
 
 
 def register(spark: SparkSession, *, checkServer: bool = True) -> None:

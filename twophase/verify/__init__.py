@@ -26,6 +26,7 @@ from twophase.verify.multi import MULTI_HELP, MultiVerifyReport, TargetReport, v
 from twophase.verify.offered import asKafkaRecords, expectedFromKafka, expectedFromSequence
 from twophase.verify.report import Example, VerifyReport
 from twophase.verify.run import SINKS, SOURCES, verify
+from twophase.verify.sql import actualFromSql
 
 __all__ = [
     "EXAMPLES",
@@ -42,6 +43,7 @@ __all__ = [
     "actualFromFiles",
     "actualFromKafka",
     "actualFromPostgres",
+    "actualFromSql",
     "asKafkaRecords",
     "compare",
     "defaultColumns",

@@ -22,7 +22,7 @@ from twophase.verify.report import VerifyReport
 SOURCES = ("sequence", "kafka")
 """The source kinds ``verify`` reads."""
 
-SINKS = ("files", "postgres", "kafka", "multi")
+SINKS = ("files", "postgres", "kafka", "multi", "sql")
 """The sink kinds ``verify`` reads."""
 
 
@@ -42,6 +42,10 @@ def readSink(
         url = optionOf(options, "url") or ""
         table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
         return readPostgres(url, table, columns, options)
+    if sink == "sql":
+        from twophase.verify.sql import readSql
+
+        return readSql(options, columns, hints)
     from twophase.verify.kafka import readKafka
 
     return readKafka(options, "sink")

@@ -1,0 +1,578 @@
+"""The sql sink's writer and committer against the real MariaDB and PostgreSQL (no Spark).
+
+Each test drives ``beginTransaction`` -> ``write`` -> ``preCommit`` and the committer's
+``commit``/``abort``/``recoverAndAbort`` directly, and reads the table back over an ordinary
+connection (a reader that only sees committed rows). Tests named after the crash windows of
+docs/protocol.md use real processes killed with SIGKILL. Every test has its own table and sink
+id, so it never touches another test's prepared transactions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from integration_tests.conftest import ServiceControl
+from twophase.protocol import (
+    RecoveryScope,
+    TransactionContext,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.sql import (
+    SqlCommitter,
+    SqlSettings,
+    SqlSinkError,
+    SqlUnavailableError,
+    SqlWriter,
+    XidTooLongError,
+    publicOptionValue,
+    validateTarget,
+)
+from twophase.sinks.sql.dialect import preparedXids
+from twophase.sinks.sql.xid import sinkPrefix
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def sqlalchemyPgUrl(pgUrl: str) -> str:
+    return pgUrl.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+@pytest.fixture(params=["mariadb", "postgresql"])
+def db(request: pytest.FixtureRequest) -> str:
+    """The SQLAlchemy URL of each server the sink is tested on."""
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("mariadb_url"))
+    return sqlalchemyPgUrl(str(request.getfixturevalue("pg_url")))
+
+
+@pytest.fixture
+def mariadb(mariadb_url: str) -> str:
+    return mariadb_url
+
+
+class Target:
+    """One test's table and sink id on one server, with a plain reader; cleaned up after."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.table = unique("it_sql")
+        self.sinkId = unique("s")
+        self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        self.family = "mysql" if url.startswith("mysql") else "postgresql"
+
+    def options(self, **extra: str) -> dict[str, str]:
+        return {"url": self.url, "dbtable": self.table, **extra}
+
+    def settings(self, **extra: str) -> SqlSettings:
+        return SqlSettings.fromOptions(self.options(**extra))
+
+    def ctx(self, batch: int, partition: int = 0, attempt: int = 0) -> TransactionContext:
+        return TransactionContext(self.sinkId, "q", batch, partition, attempt)
+
+    def execute(self, statement: str) -> None:
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql(statement)
+
+    def rows(self, order: str = "id") -> list[tuple[object, ...]]:
+        with self.engine.connect() as conn:
+            return [
+                tuple(r)
+                for r in conn.exec_driver_sql(f"SELECT * FROM {self.table} ORDER BY {order}")
+            ]
+
+    def prepared(self) -> list[str]:
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return preparedXids(conn, self.family, sinkPrefix(self.sinkId))
+
+    def cleanup(self) -> None:
+        committer = SqlCommitter(self.settings())
+        committer.recoverAndAbort(RecoveryScope(self.sinkId))
+        self.execute(f"DROP TABLE IF EXISTS {self.table}")
+        self.engine.dispose()
+
+
+@pytest.fixture
+def target(db: str) -> Iterator[Target]:
+    t = Target(db)
+    yield t
+    t.cleanup()
+
+
+@pytest.fixture
+def mtarget(mariadb: str) -> Iterator[Target]:
+    t = Target(mariadb)
+    yield t
+    t.cleanup()
+
+
+SIMPLE = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+def simple(ids: range, tag: str = "x") -> pa.RecordBatch:
+    return pa.record_batch(
+        [pa.array(list(ids), pa.int64()), pa.array([f"{tag}{i}" for i in ids])], schema=SIMPLE
+    )
+
+
+def prepare(t: Target, batch: int, rows: pa.RecordBatch, partition: int = 0, **opts: str) -> dict:
+    writer = SqlWriter(t.settings(**opts))
+    txn = writer.beginTransaction(t.ctx(batch, partition))
+    writer.write(txn, rows)
+    return writer.preCommit(txn)
+
+
+def createSimple(t: Target, **opts: str) -> None:
+    validateTarget(t.settings(createTable="true", **opts), SIMPLE, t.sinkId)
+
+
+# -- the property the design relies on ---------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import pyarrow as pa
+    import sqlalchemy as sa
+    from twophase.protocol import TransactionContext
+    from twophase.sinks.sql import SqlSettings, SqlWriter
+    url, table, sinkId, mode = sys.argv[1:5]
+    if mode == "raw":  # prepare and keep the session open until killed
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        conn = engine.connect()
+        xid = "tp1:" + sinkId + ":b1:p0:a0:0000abcd"
+        txn = conn.begin_twophase(xid)
+        conn.exec_driver_sql("INSERT INTO " + table + " VALUES (%s, %s)", [(1, "a"), (2, "b")])
+        txn.prepare()
+        print(json.dumps({"xid": xid}), flush=True)
+        sys.stdin.read()
+    else:  # the sink's writer, then SIGKILL of itself right after preCommit
+        writer = SqlWriter(SqlSettings.fromOptions({"url": url, "dbtable": table}))
+        txn = writer.beginTransaction(TransactionContext(sinkId, "q", 2, 0, 0))
+        writer.write(txn, pa.record_batch([pa.array([3, 4], pa.int64()), pa.array(["c", "d"])],
+                                          names=["id", "v"]))
+        print(json.dumps(writer.preCommit(txn)), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def runChild(t: Target, mode: str) -> tuple[subprocess.Popen[str], dict]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, t.url, t.table, t.sinkId, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line, "the child process printed no handle"
+    return child, json.loads(line)
+
+
+def test_xa_prepared_by_a_sigkilled_process_stays_prepared_and_another_connection_commits_it(
+    mtarget: Target,
+) -> None:
+    t = mtarget
+    createSimple(t)
+    child, raw = runChild(t, "raw")
+    assert raw["xid"] in t.prepared()  # listed by XA RECOVER while its session still lives
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(10)
+    assert raw["xid"] in t.prepared()  # ... and after its process was SIGKILLed
+    assert t.rows() == []
+    committer = SqlCommitter(t.settings())
+    # A raw xid has no marker, so commit it through the dialect the way the committer does.
+    with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        t.engine.dialect.do_commit_twophase(conn, raw["xid"], is_prepared=True, recover=True)
+    assert t.rows() == [(1, "a"), (2, "b")]
+
+    child2, handle = runChild(t, "writer")
+    child2.wait(10)
+    assert child2.returncode == -signal.SIGKILL
+    assert handle["xid"] in t.prepared()
+    committer.commit(handle)
+    committer.commit(handle)  # again: no longer prepared, marker found: a no-op
+    assert t.rows() == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    assert t.prepared() == []
+
+
+def test_commit_waits_for_a_prepared_xid_still_attached_to_its_session(mtarget: Target) -> None:
+    """MariaDB answers XAER_NOTA while the preparing session lives: not a loss, a wait."""
+    t = mtarget
+    createSimple(t)
+    settings = t.settings()
+    writer = SqlWriter(settings)
+    txn = writer.beginTransaction(t.ctx(1))
+    writer.write(txn, simple(range(3)))
+    assert txn.conn is not None and txn.twophase is not None
+    from twophase.sinks.sql.dialect import markerTable
+
+    txn.conn.execute(
+        markerTable(settings.markerTable)
+        .insert()
+        .values(xid=txn.xid, sink_id=t.sinkId, batch_id=1, partition_id=0, row_count=3)
+    )
+    txn.twophase.prepare()
+    handle = {
+        "kind": "sql",
+        "xid": txn.xid,
+        "batchId": 1,
+        "partitionId": 0,
+        "attempt": 0,
+        "rows": 3,
+        "table": t.table,
+        "url": settings.publicUrl,
+    }
+    timer = threading.Timer(1.0, lambda: (txn.conn.invalidate(), txn.conn.close()))  # type: ignore[union-attr]
+    timer.start()
+    SqlCommitter(settings).commit(handle)
+    timer.join()
+    assert [r[0] for r in t.rows()] == [0, 1, 2]
+
+
+# -- crash windows (docs/protocol.md), participant level ----------------------------------------
+
+
+def test_crash_after_a_task_began_before_precommit_leaves_nothing(target: Target) -> None:
+    t = target
+    createSimple(t)
+    writer = SqlWriter(t.settings())
+    txn = writer.beginTransaction(t.ctx(1))
+    writer.write(txn, simple(range(5)))
+    # The task dies: its connection drops without a prepare.
+    assert txn.conn is not None
+    txn.conn.invalidate()
+    assert t.prepared() == []
+    assert SqlCommitter(t.settings()).recoverAndAbort(RecoveryScope(t.sinkId)) == []
+    assert t.rows() == []
+
+
+def test_crash_after_precommit_before_the_decision_is_aborted_by_recovery(target: Target) -> None:
+    t = target
+    createSimple(t)
+    h0 = prepare(t, 1, simple(range(3)), 0)
+    h1 = prepare(t, 1, simple(range(3, 6)), 1)
+    assert sorted(t.prepared()) == sorted([h0["xid"], h1["xid"]])
+    aborted = SqlCommitter(t.settings()).recoverAndAbort(RecoveryScope(t.sinkId))
+    assert sorted(h["xid"] for h in aborted) == sorted([h0["xid"], h1["xid"]])
+    assert {h["partitionId"] for h in aborted} == {0, 1}
+    assert t.prepared() == [] and t.rows() == []
+    with pytest.raises(TransactionLostError, match="neither prepared"):
+        SqlCommitter(t.settings()).commit(h0)
+
+
+def test_crash_after_the_decision_before_all_commits_recover_and_commit_finishes(
+    target: Target,
+) -> None:
+    t = target
+    createSimple(t)
+    handles = [prepare(t, 1, simple(range(p * 2, p * 2 + 2)), p) for p in range(3)]
+    # The driver committed one handle, then died; a new committer (another process) recovers.
+    SqlCommitter(t.settings()).commit(handles[0])
+    fresh = SqlCommitter.fromOptions(t.options())
+    scope = RecoveryScope(t.sinkId, keep=tuple(handles), batchId=1)
+    assert fresh.recoverAndAbort(scope) == []  # kept handles are never aborted
+    for h in handles:
+        fresh.recoverAndCommit(h)
+    assert [r[0] for r in t.rows()] == list(range(6))
+
+
+def test_crash_after_all_commits_before_committed_mark_recommit_is_a_noop(target: Target) -> None:
+    t = target
+    createSimple(t)
+    h = prepare(t, 1, simple(range(4)))
+    committer = SqlCommitter(t.settings())
+    committer.commit(h)
+    committer.recoverAndCommit(h)
+    committer.commit(h)
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
+
+
+def test_failed_attempt_or_speculative_duplicate_is_swept_after_the_decision(
+    target: Target,
+) -> None:
+    t = target
+    createSimple(t)
+    loser = prepare(t, 1, simple(range(2), "old"))
+    winner = prepare(t, 1, simple(range(2), "new"))
+    committer = SqlCommitter(t.settings())
+    committer.commit(winner)
+    aborted = committer.recoverAndAbort(RecoveryScope(t.sinkId, keep=(winner,), batchId=1))
+    assert [h["xid"] for h in aborted] == [loser["xid"]]
+    assert t.rows() == [(0, "new0"), (1, "new1")]
+
+
+def test_recovery_touches_only_this_sinks_prefix(target: Target) -> None:
+    t = target
+    createSimple(t)
+    other = Target(t.url)
+    other.table = t.table
+    mine = prepare(t, 1, simple(range(2)))
+    theirs = prepare(other, 1, simple(range(2, 4)))
+    try:
+        aborted = SqlCommitter(t.settings()).recoverAndAbort(RecoveryScope(t.sinkId))
+        assert [h["xid"] for h in aborted] == [mine["xid"]]
+        assert other.prepared() == [theirs["xid"]]
+    finally:
+        SqlCommitter(other.settings()).abort(theirs)
+        other.engine.dispose()
+
+
+def test_abort_is_idempotent_and_an_empty_task_opens_nothing(target: Target) -> None:
+    t = target
+    createSimple(t)
+    h = prepare(t, 1, simple(range(2)))
+    committer = SqlCommitter(t.settings())
+    committer.abort(h)
+    committer.abort(h)
+    assert t.prepared() == [] and t.rows() == []
+    writer = SqlWriter(t.settings())
+    txn = writer.beginTransaction(t.ctx(2))
+    writer.write(txn, simple(range(0)))
+    empty = writer.preCommit(txn)
+    assert empty["xid"] is None and empty["rows"] == 0 and txn.conn is None
+    committer.commit(empty)
+
+
+def test_markers_are_pruned_to_the_last_two_batches(target: Target) -> None:
+    t = target
+    createSimple(t)
+    committer = SqlCommitter(t.settings())
+    handles = [prepare(t, b, simple(range(b * 10, b * 10 + 1))) for b in range(1, 5)]
+    for h in handles:
+        committer.commit(h)
+    committer.recoverAndAbort(RecoveryScope(t.sinkId, batchId=4))
+    with t.engine.connect() as conn:
+        kept = (
+            conn.exec_driver_sql(
+                "SELECT batch_id FROM twophase_sql_commits WHERE sink_id = %s ORDER BY batch_id",
+                (t.sinkId,),
+            )
+            .scalars()
+            .all()
+        )
+    assert kept == [3, 4]
+    committer.commit(handles[-1])  # still a no-op: its marker is kept
+
+
+# -- bulk, modes and types -----------------------------------------------------------------------
+
+
+def test_bulk_insert_in_batchsize_chunks_invisible_until_commit(target: Target) -> None:
+    t = target
+    createSimple(t)
+    h = prepare(t, 1, simple(range(2500)), batchsize="1000")
+    assert h["rows"] == 2500 and t.rows() == []
+    password = sa.make_url(t.url).password
+    assert password and f":{password}@" not in json.dumps(h)  # the handle has no password
+    SqlCommitter(t.settings()).commit(h)
+    assert len(t.rows()) == 2500
+    # 3,000 rows of 2 kB in one batchsize: more than one statement's byte limit (4 MiB).
+    wide = pa.record_batch(
+        [pa.array(range(10_000, 13_000), pa.int64()), pa.array(["w" * 2000] * 3000)],
+        schema=SIMPLE,
+    )
+    SqlCommitter(t.settings()).commit(prepare(t, 2, wide, batchsize="3000"))
+    assert len(t.rows()) == 2500 + 3000
+
+
+def test_upsert_updates_existing_keys(target: Target) -> None:
+    t = target
+    createSimple(t, mode="upsert", keyColumns="id")
+    committer = SqlCommitter(t.settings(mode="upsert", keyColumns="id"))
+    committer.commit(prepare(t, 1, simple(range(3), "a"), mode="upsert", keyColumns="id"))
+    committer.commit(prepare(t, 2, simple(range(1, 5), "b"), mode="upsert", keyColumns="id"))
+    assert t.rows() == [(0, "a0"), (1, "b1"), (2, "b2"), (3, "b3"), (4, "b4")]
+
+
+TYPES = pa.schema(
+    [
+        ("id", pa.int32()),
+        ("small", pa.int16()),
+        ("big", pa.int64()),
+        ("flag", pa.bool_()),
+        ("ratio", pa.float64()),
+        ("amount", pa.decimal128(20, 6)),
+        ("at", pa.timestamp("us", tz="UTC")),
+        ("day", pa.date32()),
+        ("text", pa.string()),
+        ("blob", pa.binary()),
+    ]
+)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["with-binary", "as-sql-text"])
+def test_types_round_trip_with_nulls(target: Target, binary: bool) -> None:
+    """Without a binary column, MariaDB's rows go as SQL text built by Arrow (the bulk path);
+    with one, through the driver's ``executemany``: both must give the same values."""
+    t = target
+    schema = TYPES if binary else TYPES.remove(TYPES.get_field_index("blob"))
+    validateTarget(t.settings(createTable="true"), schema, t.sinkId)
+    utc = dt.UTC
+    values = [
+        [1, 2, 3],
+        [-32768, 0, None],
+        [2**63 - 1, -(2**63), None],
+        [True, False, None],
+        [1.5, -0.25, None],
+        [decimal.Decimal("12345678901234.123456"), decimal.Decimal("-0.000001"), None],
+        [
+            dt.datetime(2024, 2, 29, 23, 59, 59, 123456, utc),
+            dt.datetime(1970, 1, 1, tzinfo=utc),
+            None,
+        ],
+        [dt.date(2024, 2, 29), dt.date(1, 1, 1), None],
+        ["héllo 'quoted' \\' \\\\ %s %% \\0 \n😀", "", None],
+        [b"\x00\x01\xff'", b"", None],
+    ]
+    values = values if binary else values[:-1]
+    batch = pa.record_batch(
+        [pa.array(v, f.type) for v, f in zip(values, schema, strict=True)], schema=schema
+    )
+    SqlCommitter(t.settings()).commit(prepare(t, 1, batch))
+    got = t.rows()
+    expected = list(zip(*values, strict=True))
+    for row, want in zip(got, expected, strict=True):
+        for value, wanted in zip(row, want, strict=True):
+            if isinstance(wanted, dt.datetime) and isinstance(value, dt.datetime):
+                # MariaDB DATETIME has no zone: the sink stores UTC.
+                value = value if value.tzinfo else value.replace(tzinfo=utc)
+            if isinstance(wanted, bool) and value is not None:
+                value = bool(value)
+            if isinstance(wanted, bytes) and value is not None:
+                value = bytes(value)
+            assert value == wanted, (row, want)
+
+
+# -- clear, early errors -------------------------------------------------------------------------
+
+
+def test_a_rejected_row_names_the_batch_and_nothing_is_prepared_or_visible(
+    target: Target,
+) -> None:
+    t = target
+    createSimple(t, keyColumns="id")  # append mode, id the primary key
+    writer = SqlWriter(t.settings(keyColumns="id"))
+    txn = writer.beginTransaction(t.ctx(7, 3))
+    with pytest.raises(SqlSinkError, match="batch 7, partition 3.*rejected a row") as info:
+        writer.write(txn, simple(range(3)))
+        writer.write(txn, simple(range(2, 4)))  # id 2 again
+    assert "restart the query" in str(info.value)
+    writer.abortTransaction(txn)
+    assert t.prepared() == [] and t.rows() == []
+
+
+def test_missing_table_without_create_table_says_how_to_fix(target: Target) -> None:
+    with pytest.raises(SqlSinkError, match="createTable=true"):
+        validateTarget(target.settings(), SIMPLE, target.sinkId)
+
+
+def test_missing_columns_are_named(target: Target) -> None:
+    t = target
+    t.execute(f"CREATE TABLE {t.table} (id BIGINT)")
+    with pytest.raises(SqlSinkError, match=r"no column\(s\) \['v'\]"):
+        validateTarget(t.settings(), SIMPLE, t.sinkId)
+
+
+def test_a_table_on_an_engine_without_xa_is_refused_with_alter_table(mtarget: Target) -> None:
+    t = mtarget
+    t.execute(f"CREATE TABLE {t.table} (id BIGINT, v TEXT) ENGINE=Aria")
+    with pytest.raises(SqlSinkError, match="ENGINE=InnoDB"):
+        validateTarget(t.settings(), SIMPLE, t.sinkId)
+    t.execute(f"ALTER TABLE {t.table} ENGINE=MyISAM")
+    with pytest.raises(SqlSinkError, match="MyISAM.*ALTER TABLE"):
+        validateTarget(t.settings(), SIMPLE, t.sinkId)
+
+
+def test_an_xid_too_long_for_xa_is_refused_before_writing(mtarget: Target) -> None:
+    t = mtarget
+    longId = "s" * 40
+    with pytest.raises(XidTooLongError, match="64"):
+        validateTarget(t.settings(createTable="true"), SIMPLE, longId)
+    writer = SqlWriter(t.settings())
+    with pytest.raises(XidTooLongError, match="sinkId"):
+        writer.beginTransaction(TransactionContext(longId, "q", 10**12, 5, 0))
+
+
+def test_bad_url_and_options_name_the_fix() -> None:
+    with pytest.raises(TwoPhaseConfigError, match="SQLAlchemy URL"):
+        SqlSettings.fromOptions({"url": "not a url", "dbtable": "t"})
+    with pytest.raises(TwoPhaseConfigError, match="not supported"):
+        SqlSettings.fromOptions({"url": "sqlite:///x.db", "dbtable": "t"})
+    with pytest.raises(TwoPhaseConfigError, match="dbtable"):
+        SqlSettings.fromOptions({"url": "mysql+pymysql://u@h/db"})
+    with pytest.raises(TwoPhaseConfigError, match="keyColumns"):
+        SqlSettings.fromOptions({"url": "mysql+pymysql://u@h/db", "dbtable": "t", "mode": "upsert"})
+    assert publicOptionValue("url", "mysql+pymysql://u:s3cret@h:1/db") == "mysql+pymysql://u@h:1/db"
+
+
+def test_server_down_is_retryable_on_both_sides() -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    url = f"mysql+pymysql://u:p@127.0.0.1:{port}/db"
+    options = {"url": url, "dbtable": "t", "connectTimeout": "2", "connectRetrySeconds": "1"}
+    settings = SqlSettings.fromOptions(options)
+    started = time.monotonic()
+    with pytest.raises(SqlUnavailableError, match="cannot connect"):
+        validateTarget(settings, SIMPLE, "s1")
+    assert time.monotonic() - started >= 0.9  # retried for connectRetrySeconds
+    handle = {
+        "kind": "sql",
+        "xid": "tp1:s1:b1:p0:a0:0000abcd",
+        "url": settings.publicUrl,
+        "batchId": 1,
+        "partitionId": 0,
+        "attempt": 0,
+        "rows": 1,
+        "table": "t",
+    }
+    with pytest.raises(TransientCommitError):
+        SqlCommitter(settings).commit(handle)
+
+
+def test_prepared_xa_survives_a_server_kill_and_commits_after_restart(
+    mtarget: Target, mariadb_server: ServiceControl
+) -> None:
+    t = mtarget
+    createSimple(t)
+    h = prepare(t, 1, simple(range(3)))
+    mariadb_server.kill()
+    with pytest.raises(TransientCommitError):
+        SqlCommitter(t.settings(connectTimeout="2")).commit(h)
+    # A task that starts while the server is down waits for it (connectRetrySeconds).
+    restart = threading.Timer(1.0, mariadb_server.start)
+    restart.start()
+    h2 = prepare(t, 2, simple(range(3, 5)))
+    restart.join()
+    t.engine.dispose()
+    assert h["xid"] in t.prepared()
+    committer = SqlCommitter(t.settings())
+    committer.commit(h)
+    committer.commit(h2)
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 3, 4]

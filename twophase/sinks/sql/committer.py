@@ -1,0 +1,211 @@
+"""The driver half of the sql sink: commit or roll back prepared transactions by xid.
+
+A prepared XA transaction (MariaDB >= 10.5, MySQL >= 5.7) or PostgreSQL prepared transaction
+survives its session, the executor and a server restart, so any process with a handle and the
+sink's options can finish it through SQLAlchemy's dialect (``do_commit_twophase(...,
+recover=True)``) on an autocommit connection.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from twophase.protocol import (
+    Committer,
+    Handle,
+    RecoveryScope,
+    TransactionLostError,
+    TransientCommitError,
+)
+from twophase.redaction import getLogger
+from twophase.sinks.sql.connections import connection, engineFor, isUnavailable
+from twophase.sinks.sql.dialect import (
+    DRIVER_ERRORS,
+    errorMessage,
+    isUnknownXid,
+    markerTable,
+    preparedXids,
+)
+from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
+from twophase.sinks.sql.handles import KIND, checkHandle, foundHandle, handleUrl
+from twophase.sinks.sql.settings import SqlSettings
+from twophase.sinks.sql.xid import batchPrefix, sinkPrefix
+
+log = getLogger(__name__)
+
+ATTACHED_WAIT_SECONDS = 30.0
+"""How long a commit waits for a prepared xid still attached to the session that prepared it.
+
+MariaDB refuses ``XA COMMIT`` from another connection (``XAER_NOTA``) until the preparing
+session has ended; the task closes it right after ``XA PREPARE``, so this is the time the
+server takes to notice that."""
+
+
+class SqlCommitter(Committer):
+    """Every method idempotent, in any process: finish the prepared transactions of a sink.
+
+    - ``commit`` of an xid that is not prepared any more reads the commit marker its
+      transaction wrote: there, the commit happened before (a no-op, logged at INFO); absent,
+      the transaction was rolled back: ``TransactionLostError``.
+    - ``recoverAndAbort`` rolls back only xids with this sink's prefix.
+    - An unreachable server raises ``TransientCommitError`` (the coordinator retries).
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(self, settings: SqlSettings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> SqlCommitter:
+        return cls(SqlSettings.fromOptions(options))
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"SqlCommitter(table={s.qualifiedName}, mode={s.mode}, at={s.describe()})"
+
+    def _engine(self, handle: Handle | None = None) -> sa.Engine:
+        s = self.settings
+        url = s.url if handle is None else handleUrl(handle, s)
+        return engineFor(url, pooled=True, connectTimeout=s.connectTimeout)
+
+    def commit(self, handle: Handle) -> None:
+        """Idempotent: commit the prepared xid; one no longer prepared is checked (marker)."""
+        h = checkHandle(handle)
+        xid = h["xid"]
+        if xid is None:
+            return
+        what = f"commit of {self.describe(h)}"
+        engine = self._engine(h)
+        deadline = time.monotonic() + ATTACHED_WAIT_SECONDS
+        try:
+            with connection(engine, what, autocommit=True) as conn:
+                while True:
+                    try:
+                        engine.dialect.do_commit_twophase(conn, xid, is_prepared=True, recover=True)
+                        log.debug("sql: committed %s", xid)
+                        return
+                    except Exception as exc:  # the psycopg dialect raises psycopg's own
+                        if not isUnknownXid(exc, self.settings.family):
+                            raise
+                    if not self._stillPrepared(conn, xid):
+                        break
+                    if time.monotonic() > deadline:
+                        raise TransientCommitError(
+                            f"sql: {what}: the xid is prepared but still attached to the "
+                            f"session that prepared it after {ATTACHED_WAIT_SECONDS:g} s"
+                        )
+                    time.sleep(0.05)
+                if self._markerExists(conn, xid):
+                    log.info(
+                        "sql: %s: not prepared any more, marker found: already committed", what
+                    )
+                    return
+        except SqlUnavailableError as exc:
+            raise TransientCommitError(str(exc)) from None
+        except DRIVER_ERRORS as exc:
+            if isUnavailable(exc):
+                raise TransientCommitError(f"sql: {what}: {errorMessage(exc)}") from None
+            raise SqlSinkError(f"sql: {what}: {errorMessage(exc)}") from None
+        raise TransactionLostError(
+            f"sql: {what}: the xid is neither prepared on the server nor committed (no marker "
+            f"in {self.settings.markerTable}): it was rolled back (by hand, or by another "
+            "process's recovery), so its rows are lost; the batch is decided and cannot be "
+            "written again"
+        )
+
+    def _stillPrepared(self, conn: Connection, xid: str) -> bool:
+        return xid in preparedXids(conn, self.settings.family, xid)
+
+    def _markerExists(self, conn: Connection, xid: str) -> bool:
+        s = self.settings
+        markers = markerTable(s.markerTable, s.schema)
+        row = conn.execute(sa.select(markers.c.xid).where(markers.c.xid == xid)).first()
+        return row is not None
+
+    def abort(self, handle: Handle) -> None:
+        """Idempotent: roll back the prepared xid; one not prepared is a no-op."""
+        h = checkHandle(handle)
+        xid = h["xid"]
+        if xid is None:
+            return
+        what = f"abort of {self.describe(h)}"
+        engine = self._engine(h)
+        with connection(engine, what, autocommit=True) as conn:
+            self._rollback(conn, xid)
+
+    def _rollback(self, conn: Connection, xid: str) -> bool:
+        try:
+            conn.engine.dialect.do_rollback_twophase(conn, xid, is_prepared=True, recover=True)
+        except DRIVER_ERRORS as exc:
+            if isUnknownXid(exc, self.settings.family):
+                return False  # finished meanwhile, or never prepared
+            raise SqlSinkError(f"sql: rollback of {xid}: {errorMessage(exc)}") from None
+        return True
+
+    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
+        """Idempotent: roll back this sink's prepared xids that no kept handle names (all
+        batches, or only ``scope.batchId``); after a batch, prune old commit markers."""
+        s = self.settings
+        prefix = (
+            sinkPrefix(scope.sinkId)
+            if scope.batchId is None
+            else batchPrefix(scope.sinkId, scope.batchId)
+        )
+        keep = {h.get("xid") for h in scope.keep if h.get("kind") == KIND}
+        aborted: list[Handle] = []
+        what = f"recoverAndAbort of sql sink {scope.sinkId}"
+        try:
+            with connection(self._engine(), what, autocommit=True) as conn:
+                for xid in preparedXids(conn, s.family, prefix):
+                    if xid not in keep and self._rollback(conn, xid):
+                        aborted.append(foundHandle(xid, s))
+                if scope.batchId is not None:
+                    self._pruneMarkers(conn, scope.sinkId, scope.batchId)
+        except SqlUnavailableError as exc:
+            raise TransientCommitError(str(exc)) from None
+        if aborted:
+            log.info(
+                "sql: recoverAndAbort rolled back %d prepared transaction(s) of sink %s: %s",
+                len(aborted),
+                scope.sinkId,
+                ", ".join(str(h["xid"]) for h in aborted),
+            )
+        return aborted
+
+    def _pruneMarkers(self, conn: Connection, sinkId: str, batchId: int) -> None:
+        """Delete this sink's markers of batches other than ``batchId`` and the one before.
+
+        Batches commit in order: once batch N is decided no commit asks for a marker of an
+        earlier batch but N-1 (kept for margin); a higher id is from an earlier query."""
+        s = self.settings
+        m = markerTable(s.markerTable, s.schema)
+        # Read the committed markers first, then delete them by key: a DELETE by sink would
+        # wait for the row locks of markers still in prepared transactions.
+        old = (
+            conn.execute(
+                sa.select(m.c.xid).where(
+                    m.c.sink_id == sinkId,
+                    sa.or_(m.c.batch_id < batchId - 1, m.c.batch_id > batchId),
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for start in range(0, len(old), 500):
+            conn.execute(sa.delete(m).where(m.c.xid.in_(old[start : start + 500])))
+
+    def describe(self, handle: Handle) -> str:
+        rows = f"{handle['rows']} row(s)" if "rows" in handle else "a prepared transaction"
+        return (
+            f"sql batch {handle.get('batchId')} partition {handle.get('partitionId')} attempt "
+            f"{handle.get('attempt')}: {rows} into {handle.get('table')} as {handle.get('xid')}"
+        )
+
+
+__all__ = ["SqlCommitter"]

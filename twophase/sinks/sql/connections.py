@@ -1,0 +1,118 @@
+"""Engines and connections of the sql sink: one engine per URL and process, clear errors.
+
+Executors use unpooled engines (a task's connection ends with its prepared transaction, which
+must leave the session for another connection to commit it); the driver's committer keeps a
+pool as large as the coordinator's parallel commits (16). MySQL/MariaDB sessions use
+``time_zone = '+00:00'`` so ``DATETIME`` values are UTC.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import sqlalchemy as sa
+import tenacity
+from sqlalchemy.engine import URL, Connection, Engine
+
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlCode, pgState
+from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
+from twophase.sinks.sql.settings import FAMILIES
+
+_engines: dict[tuple[str, bool, int], Engine] = {}
+_lock = threading.Lock()
+
+
+def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
+    """The process's engine for ``url`` (created once); ``pooled`` for the committer."""
+    key = (url.render_as_string(hide_password=False), pooled, connectTimeout)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            family = FAMILIES[url.get_backend_name()]
+            args: dict[str, object] = {"connect_timeout": connectTimeout}
+            if family == "mysql":
+                args["init_command"] = "SET time_zone = '+00:00'"
+            extra: dict[str, object] = (
+                {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": True}
+                if pooled
+                else {"poolclass": sa.pool.NullPool}
+            )
+            try:
+                engine = sa.create_engine(url, connect_args=args, **extra)
+            except ModuleNotFoundError as exc:
+                raise TwoPhaseConfigError(
+                    f"option url: the {url.drivername} dialect needs the {exc.name} package; "
+                    "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
+                ) from None
+            _engines[key] = engine
+        return engine
+
+
+def isUnavailable(exc: BaseException) -> bool:
+    """A connection-level failure: server down, unreachable or gone mid-statement."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if type(exc).__name__ in ("InterfaceError",) and type(exc).__module__.startswith("pymysql"):
+        return True  # pymysql's "(0, '')": the connection is gone
+    code = mysqlCode(exc)
+    if code is not None:
+        return code in (2002, 2003, 2006, 2013, 2055, 1927, 1053)
+    state = pgState(exc)
+    if state is not None:
+        return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return isinstance(exc, sa.exc.OperationalError | psycopg.OperationalError)
+
+
+def isAccessDenied(exc: BaseException) -> bool:
+    code = mysqlCode(exc)
+    if code is not None:
+        return code in MYSQL_ACCESS_DENIED
+    return pgState(exc) in ("42501", "28P01", "28000")
+
+
+def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
+    """A new connection of ``engine``, retried while the server is unreachable for up to
+    ``retrySeconds`` (a restarting server); then ``SqlUnavailableError``. A refused login is
+    ``SqlSinkError`` at once. Both name ``what`` and the server (never a password)."""
+    where = f"{engine.url.get_backend_name()} at {engine.url.host}:{engine.url.port}"
+    attempts = tenacity.Retrying(
+        stop=tenacity.stop_after_delay(retrySeconds),
+        wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+        retry=tenacity.retry_if_exception(
+            lambda e: isinstance(e, sa.exc.DBAPIError) and not isAccessDenied(e)
+        ),
+        reraise=True,
+    )
+    try:
+        return attempts(engine.connect)
+    except sa.exc.DBAPIError as exc:
+        if isAccessDenied(exc):
+            raise SqlSinkError(
+                f"sql sink: {what}: {where} refused the login of user "
+                f"{engine.url.username!r}: {errorMessage(exc)}. Check the user and password "
+                "(url, or options user/password)."
+            ) from None
+        raise SqlUnavailableError(
+            f"sql sink: {what}: cannot connect to {where}: {errorMessage(exc)}"
+        ) from None
+
+
+@contextmanager
+def connection(
+    engine: Engine, what: str, *, autocommit: bool = False, retrySeconds: float = 0.0
+) -> Iterator[Connection]:
+    """``connect``, closed at the end of the block; ``autocommit`` for XA and DDL."""
+    conn = connect(engine, what, retrySeconds)
+    try:
+        if autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
+    finally:
+        conn.close()
+
+
+__all__ = ["connect", "connection", "engineFor", "isAccessDenied", "isUnavailable"]

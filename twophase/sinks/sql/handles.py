@@ -1,0 +1,67 @@
+"""The sql handle: what a task's ``preCommit`` returns and what a committer reads back.
+
+Format (JSON, in the decision log)::
+
+    {"kind": "sql", "xid": <xid, or null when the task had no rows>, "batchId": N,
+     "partitionId": p, "attempt": a, "rows": n, "table": "<dbtable>",
+     "url": "<SQLAlchemy URL without password>"}
+
+The ``url`` says where the transaction lives; the committer adds its own password only when
+the handle's URL is the one it was configured with.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import URL, make_url
+
+from twophase.protocol import Handle, TransactionContext
+from twophase.sinks.sql.settings import SqlSettings
+from twophase.sinks.sql.xid import SqlXid
+
+KIND = "sql"
+
+
+def taskHandle(ctx: TransactionContext, s: SqlSettings, xid: str | None, rows: int) -> Handle:
+    """The handle of one task attempt (``xid`` is ``None`` when it had no rows)."""
+    return {
+        "kind": KIND,
+        "xid": xid,
+        "batchId": ctx.batchId,
+        "partitionId": ctx.partitionId,
+        "attempt": ctx.attemptNumber,
+        "rows": rows,
+        "table": s.qualifiedName,
+        "url": s.publicUrl,
+    }
+
+
+def foundHandle(xid: str, s: SqlSettings) -> Handle:
+    """A handle for a prepared transaction found by recovery (no row count)."""
+    handle: Handle = {"kind": KIND, "xid": xid, "table": s.qualifiedName, "url": s.publicUrl}
+    parts = SqlXid.parse(xid)
+    if parts is not None:
+        handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
+    return handle
+
+
+def checkHandle(handle: Handle) -> Handle:
+    """Refuse anything that is not a well-formed sql handle before touching the server."""
+    if handle.get("kind") != KIND:
+        raise ValueError(f"not an sql handle (kind={handle.get('kind')!r})")
+    xid = handle.get("xid")
+    if xid is not None and (not isinstance(xid, str) or SqlXid.parse(xid) is None):
+        raise ValueError(f"sql handle has a bad xid {xid!r}")
+    if not isinstance(handle.get("url"), str):
+        raise ValueError("sql handle has no url")
+    return handle
+
+
+def handleUrl(handle: Handle, s: SqlSettings) -> URL:
+    """Where the handle's transaction lives, with the sink's password when it is the sink's."""
+    text = str(handle["url"])
+    if text == s.publicUrl:
+        return s.url
+    return make_url(text)
+
+
+__all__ = ["KIND", "checkHandle", "foundHandle", "handleUrl", "taskHandle"]

@@ -1,0 +1,192 @@
+"""The sql sink's options, parsed and checked once into ``SqlSettings``.
+
+Also says which options may be written to the checkpoint's ``sink.json`` (``SAFE_OPTIONS``, in
+the form ``publicOptionValue`` gives them): what a committer needs to commit, abort or recover
+from there alone, and no secret (the ``url`` is kept without its password).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from twophase.settings import TwoPhaseConfigError, boolOption, intOption, optionOf
+
+MODES = ("append", "upsert")
+
+FAMILIES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql"}
+"""SQLAlchemy dialect names the sink supports, and the family whose statements they take."""
+
+SAFE_OPTIONS = frozenset(
+    {"url", "dbtable", "table", "user", "mode", "keycolumns", "batchsize", "createtable"}
+    | {"markertable", "connecttimeout", "connectretryseconds"}
+)
+"""Options (lower-cased) that may be persisted: never ``password``; ``url`` without it."""
+
+_SECRET_PARAMETER = re.compile(r"pass|secret|key|token|credential", re.IGNORECASE)
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}$")
+
+
+def publicOptionValue(key: str, value: str) -> str | None:
+    """How an allowed option is written to ``sink.json``: ``url`` without any password."""
+    if key.lower() != "url":
+        return value
+    try:
+        return withoutPassword(parseUrl(value))
+    except TwoPhaseConfigError:
+        return None
+
+
+def withoutPassword(url: URL) -> str:
+    """``url`` as text with no password (``URL.set`` cannot remove one), nor a query
+    parameter that may hold a secret (``password``, ``passwd``, ``ssl_key``...)."""
+    query = {k: v for k, v in url.query.items() if not _SECRET_PARAMETER.search(k)}
+    bare = URL.create(
+        url.drivername,
+        username=url.username,
+        host=url.host,
+        port=url.port,
+        database=url.database,
+        query=query,
+    )
+    return bare.render_as_string(hide_password=False)
+
+
+def parseUrl(text: str) -> URL:
+    """An SQLAlchemy URL of a supported dialect; ``TwoPhaseConfigError`` names the fix."""
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        url = None
+    example = "mysql+pymysql://user:password@host:3306/db or postgresql+psycopg://user@host/db"
+    if url is None or not url.database:
+        raise TwoPhaseConfigError(
+            f"option url must be an SQLAlchemy URL naming a database, e.g. {example}; got "
+            f"{_shown(text)}"
+        )
+    if url.get_backend_name() not in FAMILIES:
+        raise TwoPhaseConfigError(
+            f"option url: dialect {url.get_backend_name()!r} is not supported by twophase.sql "
+            f"(two-phase commit through SQLAlchemy is tested on MySQL/MariaDB XA and "
+            f"PostgreSQL); use e.g. {example}"
+        )
+    return url
+
+
+def _shown(text: str) -> str:
+    return repr(text.split("@")[-1]) if "@" in text else repr(text)
+
+
+def _splitColumns(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise TwoPhaseConfigError(
+            f"option keyColumns={text!r} must list distinct column names separated by commas"
+        )
+    return names
+
+
+@dataclass(frozen=True)
+class SqlSettings:
+    """The sql sink's options (``SqlSettings.fromOptions``).
+
+    - ``url`` (required): an SQLAlchemy URL, ``mysql+pymysql://user:pw@host:port/db``
+      (MariaDB or MySQL) or ``postgresql+psycopg://user:pw@host:port/db``; ``user`` and
+      ``password`` options override the URL's.
+    - ``dbtable`` (or ``table``): the target table, ``name`` or ``schema.name``.
+    - ``mode``: ``append`` (default) or ``upsert`` on ``keyColumns`` (``ON DUPLICATE KEY
+      UPDATE`` / ``ON CONFLICT``).
+    - ``batchsize``: rows per multi-row ``INSERT`` (default 1000).
+    - ``createTable``: create a missing table from the stream's schema (default false).
+    - ``markerTable``: the table of commit markers next to the target (default
+      ``twophase_sql_commits``).
+    - ``connectTimeout``: seconds to wait for a connection (default 10).
+    - ``connectRetrySeconds``: how long tasks and the driver's checks keep retrying to
+      connect to a server that is down or restarting (default 30; 0: no retry).
+    """
+
+    url: URL = field(repr=False)
+    schema: str | None
+    table: str
+    mode: str = "append"
+    keyColumns: tuple[str, ...] = ()
+    batchsize: int = 1000
+    createTable: bool = False
+    markerTable: str = "twophase_sql_commits"
+    connectTimeout: int = 10
+    connectRetrySeconds: float = 30.0
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> SqlSettings:
+        raw = optionOf(options, "url")
+        if not raw:
+            raise TwoPhaseConfigError(
+                "option url is required: an SQLAlchemy URL such as "
+                "mysql+pymysql://user:password@host:3306/db"
+            )
+        url = parseUrl(raw)
+        user = optionOf(options, "user")
+        password = optionOf(options, "password")
+        if user:
+            url = url.set(username=user)
+        if password is not None:
+            url = url.set(password=password)
+        tableText = optionOf(options, "dbtable") or optionOf(options, "table")
+        if not tableText:
+            raise TwoPhaseConfigError("option dbtable (or table) is required: the target table")
+        parts = tableText.split(".")
+        if len(parts) > 2 or not all(_NAME.match(p) for p in parts):
+            raise TwoPhaseConfigError(
+                f"option dbtable={tableText!r} must be <table> or <schema>.<table>, each part "
+                "letters, digits, _ or $ (at most 64 characters)"
+            )
+        mode = (optionOf(options, "mode") or "append").lower()
+        if mode not in MODES:
+            raise TwoPhaseConfigError(f"option mode={mode!r} must be one of {', '.join(MODES)}")
+        keysText = optionOf(options, "keyColumns")
+        keys = _splitColumns(keysText) if keysText else ()
+        if mode == "upsert" and not keys:
+            raise TwoPhaseConfigError(
+                "option mode=upsert needs keyColumns: the columns of the table's primary key "
+                "or unique index, separated by commas"
+            )
+        marker = optionOf(options, "markerTable") or "twophase_sql_commits"
+        if not _NAME.match(marker):
+            raise TwoPhaseConfigError(f"option markerTable={marker!r} is not a plain table name")
+        return cls(
+            url=url,
+            schema=parts[0] if len(parts) == 2 else None,
+            table=parts[-1],
+            mode=mode,
+            keyColumns=keys,
+            batchsize=intOption(options, "batchsize", 1000, minimum=1),
+            createTable=boolOption(options, "createTable", False),
+            markerTable=marker,
+            connectTimeout=intOption(options, "connectTimeout", 10, minimum=1),
+            connectRetrySeconds=float(intOption(options, "connectRetrySeconds", 30, minimum=0)),
+        )
+
+    @property
+    def family(self) -> str:
+        """``mysql`` (MySQL, MariaDB) or ``postgresql``: which statements to use."""
+        return FAMILIES[self.url.get_backend_name()]
+
+    @property
+    def qualifiedName(self) -> str:
+        return f"{self.schema}.{self.table}" if self.schema else self.table
+
+    @property
+    def publicUrl(self) -> str:
+        """The URL without its password: for handles, logs and ``sink.json``."""
+        return withoutPassword(self.url)
+
+    def describe(self) -> str:
+        u = self.url
+        return f"{u.get_backend_name()} {u.host or 'localhost'}:{u.port or ''}/{u.database}"
+
+
+__all__ = ["FAMILIES", "MODES", "SAFE_OPTIONS", "SqlSettings", "parseUrl", "publicOptionValue"]

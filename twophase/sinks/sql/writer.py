@@ -1,0 +1,281 @@
+"""The executor half of the sql sink: one two-phase transaction per task attempt.
+
+At its first rows a task attempt connects, opens ``begin_twophase(<xid>)`` (``XA BEGIN`` on
+MySQL/MariaDB, ``BEGIN`` on PostgreSQL), sends its rows as multi-row ``INSERT``s of
+``batchsize`` rows, writes its commit marker and ``prepare()``s. The connection is then
+dropped without a rollback: the prepared transaction stays on the server for the driver to
+commit from another connection. A failed attempt rolls back; a killed one leaves at most a
+prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, TwoPhaseTransaction
+
+from twophase.protocol import Handle, TransactionContext, TransactionWriter
+from twophase.redaction import getLogger, redact
+from twophase.sinks.sql.committer import SqlCommitter
+from twophase.sinks.sql.connections import connect, engineFor, isUnavailable
+from twophase.sinks.sql.dialect import (
+    MAX_XID_BYTES,
+    errorMessage,
+    insertParts,
+    insertStatement,
+    isDriverError,
+    markerTable,
+    mysqlCode,
+    pgState,
+    rowsOf,
+    tableText,
+    valuesText,
+)
+from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
+from twophase.sinks.sql.handles import KIND, taskHandle
+from twophase.sinks.sql.settings import SqlSettings
+from twophase.sinks.sql.xid import SqlXid
+
+log = getLogger(__name__)
+
+MAX_STATEMENT_BYTES = 4 << 20
+"""Largest multi-row ``INSERT`` sent at once (MariaDB's ``max_allowed_packet`` is 16 MiB)."""
+
+
+@dataclass(eq=False)
+class SqlTransaction:
+    """One task attempt's transaction: its xid, connection and insert statement.
+
+    Lives in one executor task only (holds a connection); never pickled. The connection is
+    opened at the first non-empty record batch, so an empty partition costs nothing.
+    """
+
+    ctx: TransactionContext
+    xid: str
+    conn: Connection | None = None
+    twophase: TwoPhaseTransaction | None = None
+    schema: pa.Schema | None = None
+    statement: str = ""
+    parts: tuple[str, str] = ("", "")
+    backslashEscapes: bool = True
+    rows: int = 0
+    state: str = "open"
+    handle: Handle | None = None
+
+
+class SqlWriter(TransactionWriter[SqlTransaction]):
+    """Executor, once per task attempt: rows into one prepared two-phase transaction.
+
+    Nothing is visible before the driver commits. Memory per task: one record batch as Python
+    tuples.
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(self, settings: SqlSettings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> SqlWriter:
+        return cls(SqlSettings.fromOptions(options))
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"SqlWriter(table={s.qualifiedName}, mode={s.mode}, at={s.describe()})"
+
+    def beginTransaction(self, ctx: TransactionContext) -> SqlTransaction:
+        """Executor: name this attempt's xid (checked against the server's limit)."""
+        xid = str(SqlXid.forContext(ctx, MAX_XID_BYTES[self.settings.family]))
+        return SqlTransaction(ctx=ctx, xid=xid)
+
+    def write(self, txn: SqlTransaction, batch: pa.RecordBatch) -> None:
+        """Executor: insert one record batch into the open transaction; nothing visible yet."""
+        if txn.state != "open":
+            raise RuntimeError(f"sql: write to a {txn.state} transaction {txn.xid}")
+        if batch.num_rows == 0:
+            return
+        s = self.settings
+        with self._taskErrors(txn):
+            if txn.conn is None:
+                self._open(txn, batch.schema)
+            elif not batch.schema.equals(txn.schema, check_metadata=False):
+                raise ValueError(
+                    f"sql: the record batch schema changed within one transaction "
+                    f"({txn.schema} -> {batch.schema})"
+                )
+            assert txn.conn is not None
+            values = valuesText(batch, txn.backslashEscapes) if s.family == "mysql" else None
+            if values is not None:
+                self._insertText(txn, values)
+            else:
+                rows = rowsOf(batch, s.family)
+                for start in range(0, len(rows), s.batchsize):
+                    txn.conn.exec_driver_sql(txn.statement, rows[start : start + s.batchsize])
+            txn.rows += batch.num_rows
+
+    def _insertText(self, txn: SqlTransaction, values: pa.Array) -> None:
+        """MySQL/MariaDB: multi-row ``INSERT``s of at most ``batchsize`` rows and
+        ``MAX_STATEMENT_BYTES``, from rows already in SQL text (``dialect.valuesText``)."""
+        assert txn.conn is not None
+        head, tail = txn.parts
+        pending = [
+            values.slice(start, self.settings.batchsize)
+            for start in range(0, len(values), self.settings.batchsize)
+        ]
+        while pending:
+            chunk = pending.pop(0)
+            size = pc.sum(pc.binary_length(chunk)).as_py() or 0
+            if size > MAX_STATEMENT_BYTES and len(chunk) > 1:
+                half = len(chunk) // 2
+                pending[:0] = [chunk.slice(0, half), chunk.slice(half)]
+                continue
+            # The DBAPI cursor without parameters: the text is final, nothing may treat its
+            # '%' as a placeholder.
+            with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+                cursor.execute(head + ",".join(chunk.to_pylist()) + tail)
+
+    def _open(self, txn: SqlTransaction, schema: pa.Schema) -> None:
+        s = self.settings
+        engine = engineFor(s.url, pooled=False, connectTimeout=s.connectTimeout)
+        what = f"batch {txn.ctx.batchId} partition {txn.ctx.partitionId}"
+        conn = connect(engine, what, s.connectRetrySeconds)
+        try:
+            txn.twophase = conn.begin_twophase(txn.xid)
+        except BaseException:
+            conn.close()
+            raise
+        txn.conn = conn
+        txn.schema = schema
+        target = tableText(engine.dialect, s.schema, s.table)
+        names = list(schema.names)
+        txn.statement = insertStatement(
+            engine.dialect, s.family, target, names, s.mode, s.keyColumns
+        )
+        txn.parts = insertParts(engine.dialect, s.family, target, names, s.mode, s.keyColumns)
+        if s.family == "mysql":
+            from pymysql.constants import SERVER_STATUS
+
+            raw = conn.connection.dbapi_connection
+            status = int(getattr(raw, "server_status", 0))
+            txn.backslashEscapes = not status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+
+    def preCommit(self, txn: SqlTransaction) -> Handle:
+        """Executor: write the commit marker, ``prepare()``, drop the connection (the prepared
+        transaction stays) and return the handle. Calling it again returns the same handle; a
+        task with no rows returns one whose xid is ``None``."""
+        if txn.state == "prepared" and txn.handle is not None:
+            return txn.handle
+        if txn.state != "open":
+            raise RuntimeError(f"sql: preCommit of a {txn.state} transaction {txn.xid}")
+        ctx = txn.ctx
+        s = self.settings
+        xid: str | None = None
+        if txn.conn is not None and txn.twophase is not None:
+            with self._taskErrors(txn):
+                markers = markerTable(s.markerTable, s.schema)
+                txn.conn.execute(
+                    markers.insert().values(
+                        xid=txn.xid,
+                        sink_id=ctx.sinkId,
+                        batch_id=ctx.batchId,
+                        partition_id=ctx.partitionId,
+                        row_count=txn.rows,
+                    )
+                )
+                txn.twophase.prepare()
+            xid = txn.xid
+            _release(txn)
+        txn.state = "prepared"
+        txn.handle = taskHandle(ctx, s, xid, txn.rows)
+        log.debug("sql: prepared %s: %d row(s) as %s", ctx.transactionTag, txn.rows, xid)
+        return txn.handle
+
+    def abortTransaction(self, txn: SqlTransaction) -> None:
+        """Executor, best effort: roll back; undo a prepared one. Never raises; what is left
+        is found by ``recoverAndAbort``."""
+        prepared = txn.state == "prepared" and txn.handle is not None
+        txn.state = "aborted"
+        if txn.conn is not None:
+            try:
+                if txn.twophase is not None and txn.twophase.is_active:
+                    txn.twophase.rollback()
+            except Exception:
+                log.debug("sql: rollback of %s during abort failed", txn.xid, exc_info=True)
+            _release(txn)
+        if prepared and txn.handle is not None and txn.handle.get("xid"):
+            try:
+                SqlCommitter(self.settings).abort(txn.handle)
+            except Exception:
+                log.warning("sql: could not undo %s; recovery will", txn.xid)
+
+    @contextmanager
+    def _taskErrors(self, txn: SqlTransaction) -> Iterator[None]:
+        """Driver errors of a task, turned into errors that name the batch and the fix."""
+        try:
+            yield
+        except Exception as exc:
+            if not isDriverError(exc):
+                raise
+            errorType, message = self._taskError(txn, exc)
+            raise errorType(redact(message)) from None
+
+    def _taskError(self, txn: SqlTransaction, exc: Exception) -> tuple[type[SqlSinkError], str]:
+        s = self.settings
+        ctx = txn.ctx
+        where = (
+            f"sql sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
+            f"(attempt {ctx.attemptNumber}), table {s.qualifiedName} at {s.describe()}"
+        )
+        text = errorMessage(exc)
+        if isUnavailable(exc):
+            return SqlUnavailableError, (
+                f"{where}: lost the connection: {text}. Nothing of this task is visible; Spark "
+                "retries the task, and a failed batch is written again when the query restarts."
+            )
+        if pgState(exc) == "53200" or (
+            pgState(exc) == "55000" and "prepared transactions are disabled" in text
+        ):
+            return SqlSinkError, (
+                f"{where}: PostgreSQL refused PREPARE TRANSACTION: {text}. Each partition holds "
+                "one prepared transaction until the driver commits: set "
+                "max_prepared_transactions in postgresql.conf above the number of partitions "
+                "(and restart the server), or write fewer partitions (df.coalesce(n))."
+            )
+        if isinstance(exc, sa.exc.IntegrityError | sa.exc.DataError) or mysqlCode(exc) in (
+            1048,
+            1062,
+            1264,
+            1366,
+            1406,
+            1452,
+        ):
+            return SqlSinkError, (
+                f"{where}: the database rejected a row: {text}. Nothing of batch "
+                f"{ctx.batchId} becomes visible; the query fails. Fix the data or the table, "
+                "then restart the query: the batch is written again."
+            )
+        return SqlSinkError, f"{where}: {text}"
+
+
+def _release(txn: SqlTransaction) -> None:
+    """Drop the task's connection without the rollback SQLAlchemy would send on close: a
+    prepared transaction must outlive it (the server detaches it when the session ends)."""
+    conn = txn.conn
+    txn.conn = None
+    txn.twophase = None
+    if conn is None:
+        return
+    try:
+        conn.invalidate()
+        conn.close()
+    except Exception:
+        log.debug("sql: closing the connection of %s failed", txn.xid, exc_info=True)
+
+
+__all__ = ["SqlTransaction", "SqlWriter"]
