@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from integration_tests.conftest import S3Service
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
 
 
@@ -96,3 +98,33 @@ def test_the_multi_example_writes_every_order_to_postgres_and_kafka_once(
         )
         assert run.returncode == 0, run.stderr[-3000:]
         assert run.stdout.splitlines()[-2:] == ["orders: 10000", "events: 10000"], run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_s3_example_writes_every_row_once(tmp_path: Path, s3: S3Service) -> None:
+    doc = (DOC.parent / "files.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    assert len(blocks) == 1, "docs/files.md should hold one runnable example"
+    prefix = f"docs-{os.urandom(4).hex()}"
+    code = blocks[0].replace('f"s3://{bucket}/events"', f'f"s3://{{bucket}}/{prefix}"')
+    code = code.replace('f"{bucket}/events"', f'f"{{bucket}}/{prefix}"')
+    assert prefix in code, "the example's output path changed: update this test"
+    script = tmp_path / "s3_example.py"
+    script.write_text(code)
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
+        TWOPHASE_S3_ENDPOINT=s3.endpoint,
+        TWOPHASE_S3_ACCESS_KEY=s3.accessKey,
+        TWOPHASE_S3_SECRET_KEY=s3.secretKey,
+        TWOPHASE_S3_BUCKET=s3.bucket,
+    )
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == "rows: 10000", run.stdout

@@ -1,15 +1,18 @@
-"""The files sink: Parquet, JSON lines or CSV files made visible by temp-file-rename.
+"""The files sink: Parquet, JSON lines or CSV files made visible by rename, or on S3 by
+completing a multipart upload.
 
 Each task attempt streams its rows into part files under a staging path outside the output
 path, beside it by default (:class:`FilesWriter`); the driver renames them to their final
 names once the batch is decided (:class:`FilesCommitter`), so no reader of the output path
-(DuckDB and polars ``**`` globs included) sees a staged row. Plain Python: no Spark here;
-``twophase.spark.files`` binds both as the data source ``twophase.files``.
+(DuckDB and polars ``**`` globs included) sees a staged row. On ``s3://`` each file is
+instead a multipart upload to its final key, invisible until the commit completes it
+(``multipart``; docs/files.md has the table of commits by file system). Plain Python: no
+Spark here; ``twophase.spark.files`` binds both as the data source ``twophase.files``.
 
 Modules by role: ``settings`` (options), ``formats`` (encoders), ``layout`` (staging and final
 names), ``partitioning`` (Hive directories), ``jsonlines`` (JSON encoding), ``storage`` (the
-filesystem), ``durability`` (the fsyncs), ``handles`` (what the decision log holds),
-``writer`` and ``committer``.
+filesystem), ``durability`` (the fsyncs), ``s3`` and ``multipart`` (the S3 path),
+``handles`` (what the decision log holds), ``writer`` and ``committer``.
 """
 
 from twophase.sinks.files.committer import FilesCommitter

@@ -29,6 +29,8 @@ from twophase.sinks.files.layout import (
     legacySinkStagingDir,
     sinkStagingDir,
 )
+from twophase.sinks.files.multipart import Multipart, isMultipartHandle, uploadIds
+from twophase.sinks.files.s3 import isS3
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import (
     Storage,
@@ -53,6 +55,10 @@ class FilesCommitter(Committer):
       file.
     - On the local filesystem the final directories are fsynced after the renames; on object
       stores a rename is copy + delete, so a final object still appears whole.
+    - On ``s3://`` handles are multipart uploads (:mod:`twophase.sinks.files.multipart`):
+      ``commit`` completes them, ``abort`` aborts them, recovery sweeps the sink's incomplete
+      uploads below the output path (``ListMultipartUploads``), and an upload a lifecycle
+      rule aborted after the decision is written again from the replay (``fingerprint``).
 
     Needs only the handle and the same settings (from ``sink.json`` plus credentials from the
     environment): no state of the writer.
@@ -100,6 +106,11 @@ class FilesCommitter(Committer):
         this call stopped.
         """
         h = checkHandle(handle)
+        if isMultipartHandle(h):
+            with transientErrors(f"commit of {self.describe(h)}"):
+                Multipart(self._storages.get(h["path"])).commit(h, self.describe(h))
+            log.debug("files: committed %s", self.describe(h))
+            return
         storage = self._storages.get(h["path"])
         stagingStore = self._storages.get(stagingBase(h))
         legacy = "stagingPath" not in h
@@ -142,6 +153,11 @@ class FilesCommitter(Committer):
     def abort(self, handle: Handle) -> None:
         """Idempotent: delete the handle's staged files; never a final file."""
         h = checkHandle(handle)
+        if isMultipartHandle(h):
+            with transientErrors(f"abort of {self.describe(h)}"):
+                removed = Multipart(self._storages.get(h["path"])).abort(h)
+            log.debug("files: aborted %s (%s)", self.describe(h), "aborted" if removed else "gone")
+            return
         stagingStore = self._storages.get(stagingBase(h))
         with transientErrors(f"abort of {self.describe(h)}"):
             stagingStore.invalidateCache()
@@ -173,6 +189,8 @@ class FilesCommitter(Committer):
             aborted += _sweep(
                 stagingStore, sinkStagingDir(scope.sinkId), scope, keep, storage.url()
             )
+            if isS3(storage.fs):
+                aborted += Multipart(storage).sweep(scope, uploadIds(scope.keep))
             if scope.batchId is None:
                 storage.invalidateCache()
                 legacy = legacySinkStagingDir(scope.sinkId)
@@ -181,12 +199,28 @@ class FilesCommitter(Committer):
                     storage.removeEmptyDir(directory)
         if aborted:
             log.info(
-                "files: recoverAndAbort deleted %d lingering staging attempt(s) of sink %s: %s",
+                "files: recoverAndAbort removed %d leftover attempt(s) or upload(s) of sink %s: %s",
                 len(aborted),
                 scope.sinkId,
-                ", ".join(h["staging"] for h in aborted),
+                ", ".join(str(h["staging"]) for h in aborted),
             )
         return aborted
+
+    def fingerprint(self, handle: Handle) -> str | None:
+        """The records' fingerprint of a multipart handle: an upload a bucket lifecycle rule
+        aborted after the decision is written again from the replay. ``None`` for the rename
+        path, whose staged files nothing deletes on its own."""
+        value = handle.get("fingerprint") if isMultipartHandle(handle) else None
+        return value if isinstance(value, str) else None
+
+    def commitReplacement(self, original: Handle, replacement: Handle) -> None:
+        """Commit the replay's files for a lost partition; on S3 then delete what the lost
+        original did complete under a name the replay did not write (no row twice)."""
+        self.commit(replacement)
+        if isMultipartHandle(original) and isMultipartHandle(replacement):
+            h = checkHandle(original)
+            with transientErrors(f"commit of the replacement of {self.describe(h)}"):
+                Multipart(self._storages.get(h["path"])).dropReplaced(h, replacement)
 
     def describe(self, handle: Handle) -> str:
         """``files batch N partition p attempt a: k file(s), r row(s) at <path>``."""

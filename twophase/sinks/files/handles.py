@@ -9,6 +9,11 @@ to the staging path) with its final name (relative to the output path) and row c
      "files": [{"staging": <sinkTag>/<attempt name>-f0000.staged, "final": <relative>,
                 "rows": n}, ...]}
 
+On ``s3://`` the handle says ``"commit": "multipart"`` and, instead of staged files, lists
+each part file's final name with its multipart upload id, part ETags, bytes and rows, plus the
+task's record ``fingerprint`` (:mod:`twophase.sinks.files.multipart`); bucket and key are the
+output path's joined with the final name.
+
 A handle without ``stagingPath`` was written by an earlier release: ``staging`` is a directory
 relative to the output path below ``_twophase/staging/`` that holds its files; it still
 commits.
@@ -101,6 +106,12 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed files handle before touching a file."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a files handle (kind={handle.get('kind')!r}): {handle!r}")
+    if handle.get("commit") is not None:
+        from twophase.sinks.files.multipart import checkMultipartHandle, isMultipartHandle
+
+        if not isMultipartHandle(handle):
+            raise ValueError(f"files handle has an unknown commit {handle.get('commit')!r}")
+        return checkMultipartHandle(handle, isSafeRelative)
     staging = handle.get("staging")
     if "stagingPath" in handle:
         base = handle["stagingPath"]

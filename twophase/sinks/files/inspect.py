@@ -6,6 +6,9 @@ layout's ``<path>/_twophase/staging/<sinkTag>/<batch>/<attempt>/``. Nothing is c
 recovery would do (``FilesCommitter.recoverAndAbort``) sets the ``Held`` flags: it deletes
 attempts whose name carries a batch, so any other file in the sink's staging directory is
 ``foreign``.
+
+On ``s3://`` it also lists the sink's incomplete multipart uploads below the output path
+(``ListMultipartUploads``; a prepared task on S3 is one upload per file), keyed by upload id.
 """
 
 from __future__ import annotations
@@ -23,16 +26,21 @@ from twophase.sinks.files.layout import (
     legacySinkStagingDir,
     sinkStagingDir,
 )
+from twophase.sinks.files.multipart import isMultipartHandle, sinkUploads
+from twophase.sinks.files.s3 import isS3
+from twophase.sinks.files.s3 import isTransient as s3IsTransient
 from twophase.sinks.files.storage import Storage
 
 if TYPE_CHECKING:
     from twophase.sinks.files.committer import FilesCommitter
 
 
-def handleKey(handle: Handle) -> str | None:
-    """What a logged handle names in the staging area: its attempt (``staging``)."""
+def handleKey(handle: Handle) -> str | tuple[str, ...] | None:
+    """What a logged handle names: its attempt (``staging``), or on S3 its upload ids."""
     if handle.get("kind") != KIND:
         return None
+    if isMultipartHandle(handle):
+        return tuple(str(f.get("uploadId")) for f in handle.get("files") or [])
     staging = handle.get("staging")
     return staging if isinstance(staging, str) else None
 
@@ -51,8 +59,12 @@ def inspect(committer: FilesCommitter, sinkId: str, now: datetime) -> Inspection
         output = committer.storage
         output.invalidateCache()
         inspection.held.extend(_legacy(output, legacySinkStagingDir(sinkId)))
+        if isS3(output.fs):
+            inspection.held.extend(_uploads(output, sinkId))
         return inspection
-    except OSError as exc:
+    except Exception as exc:
+        if not isinstance(exc, OSError) and not s3IsTransient(exc):
+            raise
         raise CannotCheck(
             f"files: cannot list the staging of sink {sinkId} at {where}: "
             f"{type(exc).__name__}: {redact(str(exc))}. Fix: check the path and the "
@@ -123,6 +135,21 @@ def _current(storage: Storage, root: str) -> list[Held]:
             )
         )
     return held
+
+
+def _uploads(storage: Storage, sinkId: str) -> list[Held]:
+    return [
+        Held(
+            system="files",
+            key=upload.uploadId,
+            what="multipart upload",
+            batchId=upload.batchId,
+            partitionId=upload.partitionId,
+            since=_mtime({"created": upload.initiated}),
+            detail=f"incomplete upload of {storage.url()}/{upload.rel}",
+        )
+        for upload in sinkUploads(storage, sinkId)
+    ]
 
 
 def _legacy(storage: Storage, root: str) -> list[Held]:

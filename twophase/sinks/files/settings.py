@@ -21,6 +21,10 @@ from twophase.sinks.files.formats import (
     FORMATS,
 )
 from twophase.sinks.files.layout import defaultStagingPath, strippedPath
+from twophase.sinks.files.s3 import MIN_PART_SIZE
+
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+"""Bytes per uploaded part on S3 (option ``partSize``): the memory one open file holds."""
 
 STORAGE_PREFIX = "fs."
 """Options named ``fs.<name>`` are passed to the fsspec filesystem as storage option ``<name>``."""
@@ -35,6 +39,7 @@ SAFE_OPTIONS = frozenset(
         "maxopenfiles",
         "header",
         "stagingpath",
+        "partsize",
         # Storage options that address a store but cannot hold a credential. Keys, secrets,
         # tokens, passwords, connection strings and free-form ``fs.client_kwargs`` or
         # ``fs.config_kwargs`` never reach sink.json: the committer reads them from the
@@ -90,6 +95,8 @@ class FilesSettings:
     - ``stagingPath``: where task attempts stage their files until the commit renames them,
       outside ``path`` and on the same filesystem (default ``<parent>/_twophase-staging/<name>``
       beside ``path``; see :mod:`twophase.sinks.files.layout`).
+    - ``partSize``: on ``s3://``, bytes per multipart upload part (default 8 MiB, at least
+      5 MiB): a task holds one part in memory per open file (docs/files.md).
     - ``fs.<name>``: passed to the fsspec filesystem as storage option ``<name>``.
 
     Other options (the binding's own, Spark's ``checkpointLocation``...) are ignored.
@@ -104,6 +111,7 @@ class FilesSettings:
     header: bool = True
     stagingPath: str = ""
     """Empty means the default beside ``path``; :attr:`staging` is the one in use."""
+    partSize: int = DEFAULT_PART_SIZE
     storageOptions: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +131,11 @@ class FilesSettings:
             raise ValueError(
                 f"option maxRecordsPerFile={self.maxRecordsPerFile} must be >= 0 "
                 "(0 means unlimited)"
+            )
+        if self.partSize < MIN_PART_SIZE:
+            raise ValueError(
+                f"option partSize={self.partSize} is below S3's smallest multipart part "
+                f"({MIN_PART_SIZE} bytes, 5 MiB); set it to at least that"
             )
         if self.maxOpenFiles < 1:
             raise ValueError(f"option maxOpenFiles={self.maxOpenFiles} must be >= 1")
@@ -173,6 +186,7 @@ class FilesSettings:
 
         maxRecords = _intOption(lowered, "maxrecordsperfile", "maxRecordsPerFile", 0)
         maxOpen = _intOption(lowered, "maxopenfiles", "maxOpenFiles", 32)
+        partSize = _intOption(lowered, "partsize", "partSize", DEFAULT_PART_SIZE)
 
         partitionText = lowered.get("partitionby", "").strip()
         partitionBy = (
@@ -196,6 +210,7 @@ class FilesSettings:
             maxOpenFiles=maxOpen,
             header=headerText == "true",
             stagingPath=stagingPath,
+            partSize=partSize,
             storageOptions=storage,
         )
 
@@ -262,6 +277,7 @@ def checkProtocol(path: str, option: str = "path") -> None:
 
 
 __all__ = [
+    "DEFAULT_PART_SIZE",
     "SAFE_OPTIONS",
     "STORAGE_PREFIX",
     "FilesSettings",

@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from twophase.protocol import TransientCommitError
 from twophase.redaction import redact
 from twophase.sinks.files.durability import DIRECTORIES, closeDurably, syncAncestorsOnce
+from twophase.sinks.files.s3 import isTransient as s3IsTransient
 
 _TRANSIENT_ERRNOS = frozenset(
     {
@@ -52,6 +53,8 @@ def isTransient(exc: BaseException) -> bool:
     Missing files, permissions and full disks are permanent.
     """
     if isinstance(exc, ConnectionError | TimeoutError | InterruptedError | BlockingIOError):
+        return True
+    if s3IsTransient(exc):  # botocore's connection errors are not OSErrors
         return True
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, cast
 
 import pyarrow as pa
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
+from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
 from twophase.sinks.files.handles import StagedFile, preparedHandle
@@ -24,7 +25,14 @@ from twophase.sinks.files.layout import (
     sinkStagingDir,
     stagedFileName,
 )
+from twophase.sinks.files.multipart import (
+    MultipartFile,
+    UploadedFile,
+    multipartHandle,
+    recordFingerprint,
+)
 from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartition
+from twophase.sinks.files.s3 import S3Calls, isS3, splitKey
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import Storage, Storages, parentOf
 
@@ -75,6 +83,10 @@ class FilesTransaction:
     rows: int = 0
     state: str = "open"
     handle: Handle | None = None
+    multipart: bool = False
+    """On S3: each part file is a multipart upload to its final key (``uploads``)."""
+    uploads: list[UploadedFile] = field(default_factory=list)
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
 
 
 class FilesWriter(TransactionWriter[FilesTransaction]):
@@ -86,6 +98,9 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
       fsyncs the attempt's directories and the sink's staging directory (the directories
       above it once per process); elsewhere a closed file is as durable as the store makes it.
     - A task with no rows creates, opens and syncs nothing.
+    - On ``s3://`` nothing is staged: each part file streams to its final key as a multipart
+      upload left incomplete, invisible until the commit completes it
+      (:mod:`twophase.sinks.files.multipart`); memory is one part per open file.
     - Memory per task is bounded by a small multiple of one record batch: rows stream into
       at most ``maxOpenFiles`` open writers and are never accumulated.
     """
@@ -127,6 +142,7 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             path=self.storage.url(),
             stagingPath=self.stagingStorage.url(),
             staging=staging,
+            multipart=isS3(self.storage.fs),
         )
         log.debug("files: begin %s staging at %s", ctx.transactionTag, staging)
         return txn
@@ -154,6 +170,8 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
                 "files: the record batch schema changed within one transaction "
                 f"({txn.schema} -> {batch.schema}); all rows of a task must share one schema"
             )
+        if txn.multipart:
+            recordFingerprint(txn.fingerprint, batch)
         for directory, rows in splitByPartition(batch, self.settings.partitionBy, txn.dataColumns):
             self._append(txn, directory, rows)
         txn.rows += batch.num_rows
@@ -188,7 +206,7 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         txn.nextPart += 1
         final = f"{directory}/{name}" if directory else name
         staging = stagedFileName(txn.staging, txn.nextPart - 1)
-        raw = self._create(staging)
+        raw = cast(IO[bytes], self._upload(final)) if txn.multipart else self._create(staging)
         assert txn.dataSchema is not None
         s = self.settings
         try:
@@ -210,8 +228,23 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             self.stagingStorage.makedirs(parentOf(staging))
             return self.stagingStorage.create(staging)
 
+    def _upload(self, final: str) -> MultipartFile:
+        """Start the multipart upload of a part file at its final key (S3 only)."""
+        bucket, key = splitKey(self.storage.full(final))
+        return MultipartFile(S3Calls(self.storage.fs), bucket, key, self.settings.partSize)
+
     def _closePart(self, txn: FilesTransaction, part: OpenPart) -> None:
         del txn.openParts[part.directory]
+        if isinstance(part.raw, MultipartFile):
+            raw = part.raw
+            try:
+                part.writer.close()
+            finally:
+                raw.close()
+            txn.uploads.append(
+                UploadedFile(part.final, raw.uploadId, tuple(raw.partEtags), raw.size, part.rows)
+            )
+            return
         try:
             part.writer.close()
         finally:
@@ -236,7 +269,11 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             sinkDir = parentOf(txn.staging)
             self.stagingStorage.syncDirs([sinkDir])
             self.stagingStorage.syncAncestorsOnce(sinkDir)
-        handle = preparedHandle(txn.ctx, txn.path, txn.stagingPath, txn.staging, txn.files)
+        if txn.multipart:
+            fingerprint = txn.fingerprint.toText() if txn.uploads else None
+            handle = multipartHandle(txn.ctx, txn.path, txn.staging, txn.uploads, fingerprint)
+        else:
+            handle = preparedHandle(txn.ctx, txn.path, txn.stagingPath, txn.staging, txn.files)
         txn.state = "prepared"
         txn.handle = handle
         log.debug(
@@ -258,15 +295,24 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             except Exception:  # best effort: the files are discarded anyway
                 log.debug("files: closing %s during abort failed", part.staging, exc_info=True)
             try:
-                part.raw.close()
+                if isinstance(part.raw, MultipartFile):
+                    part.raw.discard()
+                else:
+                    part.raw.close()
             except Exception:  # best effort
                 log.debug("files: closing %s during abort failed", part.staging, exc_info=True)
+        uploads = list(txn.uploads)
         staged = [p.staging for p in txn.openParts.values()] + [f.staging for f in txn.files]
         txn.openParts.clear()
         txn.state = "aborted"
         try:
-            for name in staged:
+            for name in [] if txn.multipart else staged:
                 self.stagingStorage.removeFile(name)
+            calls = S3Calls(self.storage.fs) if uploads else None
+            for upload in uploads:
+                assert calls is not None
+                bucket, key = splitKey(self.storage.full(upload.final))
+                calls.abort(bucket, key, upload.uploadId)
         except Exception:  # best effort by contract
             log.warning(
                 "files: could not delete staging %s of aborted %s; recoverAndAbort will",
