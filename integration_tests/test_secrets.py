@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from integration_tests.conftest import S3Service
 from integration_tests.postgres_harness import QuerySpec, runChild
 
 PG_SECRET = "Tp-S3cret-pg-9f4e@x"
@@ -251,3 +252,104 @@ def test_multi_target_secrets_stay_out_of_the_checkpoint_and_the_logs(
     description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
     assert description["options"]["orders.table"] == table
     assert not {f"events.{k}" for k in kafkaSecrets} & {k.lower() for k in description["options"]}
+
+
+def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
+    s3: S3Service, tmp_path: Path
+) -> None:
+    """``twophase.files`` on S3: the ``fs.secret`` (and ``fs.key``) options reach neither
+    ``sink.json``, nor a handle, nor a log line; recover takes them from an option file."""
+    from integration_tests.spark_harness import Harness
+    from twophase import verify
+
+    path = s3.url(f"it-secrets/{uuid.uuid4().hex[:10]}/out")
+    query = Harness(
+        tmp_path / "query",
+        "local",
+        rows=ROWS,
+        rowsPerBatch=ROWS_PER_BATCH,
+        options={"path": path, **s3.options()},
+    )
+    env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
+    crashed = query.run("driver.afterDecision:1", env=env)
+    assert crashed.killed, crashed.describe()
+
+    optionFile = tmp_path / "s3.options"
+    optionFile.write_text(f"fs.key={s3.accessKey}\nfs.secret={s3.secretKey}\n")
+    optionFile.chmod(0o600)
+    recovered = _recover(
+        query.checkpoint, {**os.environ, **env}, "--sink-option-file", str(optionFile)
+    )
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "of 1 decided batches [1]" in recovered.stdout
+
+    ids = verify.actualFromFiles(path, "parquet", options=s3.options()).column("id").to_pylist()
+    assert sorted(ids) == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+
+    leaks = _secretsIn(query.workdir, (s3.secretKey,))
+    output = recovered.stdout + recovered.stderr
+    assert not leaks and s3.secretKey not in output, leaks or output
+    description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
+    assert description["options"]["path"] == path
+    assert not {"fs.key", "fs.secret"} & {k.lower() for k in description["options"]}
+
+
+SQL_SECRET = "Tp-S3cret-sql-6c1d@x"
+"""The MariaDB user's password: with an '@', which the SQLAlchemy URL percent-encodes."""
+SQL_MARK = "S3cret-sql-6c1d"
+
+
+@pytest.mark.timeout(600)
+def test_sql_password_stays_out_of_the_checkpoint_and_the_logs(
+    mariadb_url: str, tmp_path: Path
+) -> None:
+    """``twophase.sql`` on MariaDB: the URL's password reaches neither ``sink.json``, nor a
+    handle, nor a log line; recover takes it from an option file."""
+    import sqlalchemy as sa
+
+    from integration_tests.spark_harness import Harness
+
+    user, table = f"tp_secret_{uuid.uuid4().hex[:8]}", f"it_secret_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
+    where = sa.make_url(mariadb_url)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{SQL_SECRET}'")
+        conn.exec_driver_sql(f"GRANT ALL ON `{where.database}`.* TO '{user}'@'127.0.0.1'")
+    url = f"mysql+pymysql://{user}:{quote(SQL_SECRET, safe='')}@{where.host}:{where.port}/"
+    url += str(where.database)
+    try:
+        query = Harness(
+            tmp_path / "query",
+            "local",
+            sink="twophase.spark.sql:SqlSink",
+            rows=ROWS,
+            rowsPerBatch=ROWS_PER_BATCH,
+            options={"url": url, "dbtable": table, "createTable": "true"},
+        )
+        env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
+        crashed = query.run("driver.afterDecision:1", env=env)
+        assert crashed.killed, crashed.describe()
+
+        optionFile = tmp_path / "sql.options"
+        optionFile.write_text(f"password={SQL_SECRET}\n")
+        optionFile.chmod(0o600)
+        recovered = _recover(
+            query.checkpoint, {**os.environ, **env}, "--sink-option-file", str(optionFile)
+        )
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert "of 1 decided batches [1]" in recovered.stdout
+        with admin.connect() as conn:
+            ids = conn.exec_driver_sql(f"SELECT id FROM {table}").scalars().all()
+        assert sorted(ids) == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+
+        leaks = _secretsIn(query.workdir, (SQL_MARK,))
+        output = recovered.stdout + recovered.stderr
+        assert not leaks and SQL_MARK not in output, leaks or output
+        description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
+        assert description["options"]["dbtable"] == table
+        assert "password" not in {k.lower() for k in description["options"]}
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+            conn.exec_driver_sql(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+        admin.dispose()

@@ -1,6 +1,6 @@
 """``python -m integration_tests.chaos``: the random chaos soak (``make chaos KILLS=200``).
 
-Runs the five pipelines (files, postgres, kafka, kafka-kafka, multi) one after the other, each
+Runs every pipeline of ``pipeline.PIPELINES`` (files, postgres, kafka...) one after another, each
 with its share of ``--kills`` drawn from ``--seed`` (printed: ``--seed N`` replays the same
 schedules), against the servers of ``make services``; verifies each with ``twophase.verify``;
 prints a Markdown table (kills by kind, batches, records, lost, duplicated, longest recovery)

@@ -3,9 +3,11 @@
 ``python -m integration_tests.chaos.pipeline <spec.json>`` reads a :class:`PipelineSpec` and runs
 
 - ``files``:    twophase.sequence -> twophase.files (Parquet)
+- ``s3``:       twophase.sequence -> twophase.files (Parquet) on ``s3://`` (multipart uploads)
 - ``postgres``: twophase.sequence -> twophase.postgres (partition 0 in a prepared transaction,
   the others staged: both commit paths)
 - ``kafka``:    twophase.sequence -> twophase.kafka (key = id, value = payload)
+- ``mariadb``:  twophase.sequence -> twophase.sql on MariaDB (XA transactions)
 - ``kafka-kafka``: twophase.kafka source (read_committed) -> twophase.kafka sink (key, value)
 - ``multi``:    twophase.sequence -> twophase.multi: target ``orders`` a PostgreSQL table
   (``id``, ``payload``; partition 0 prepared, the others staged) and target ``events`` a Kafka
@@ -29,7 +31,7 @@ from pathlib import Path
 from integration_tests.spark_processes import QUERY_FAILED, awaitDrained, sessionBuilder
 from twophase import faults
 
-PIPELINES = ("files", "postgres", "kafka", "kafka-kafka", "multi")
+PIPELINES = ("files", "postgres", "kafka", "kafka-kafka", "multi", "s3", "mariadb")
 
 __all__ = ["PIPELINES", "QUERY_FAILED", "PipelineSpec", "run"]
 
@@ -50,6 +52,10 @@ class PipelineSpec:
     bootstrap: str = ""
     inputTopic: str = ""
     outputTopic: str = ""
+    s3Path: str = ""
+    """The ``s3`` pipeline's output URL (its ``fs.*`` options are in ``sinkOptions``)."""
+    sqlUrl: str = ""
+    """The ``mariadb`` pipeline's SQLAlchemy URL (``table`` names its table)."""
     sparkConf: dict[str, str] = field(default_factory=dict)
     sinkOptions: dict[str, str] = field(default_factory=dict)
     """Extra options of the sink, beside the ones the pipeline sets."""
@@ -104,8 +110,9 @@ def run(spec: PipelineSpec) -> int:
             .option("numPartitions", spec.partitions)
             .load()
         )
-    if spec.pipeline == "files":
-        writer = stream.writeStream.format("twophase.files").option("path", spec.output)
+    if spec.pipeline in ("files", "s3"):
+        output = spec.s3Path if spec.pipeline == "s3" else spec.output
+        writer = stream.writeStream.format("twophase.files").option("path", output)
     elif spec.pipeline == "postgres":
         writer = (
             stream.writeStream.format("twophase.postgres")
@@ -114,6 +121,13 @@ def run(spec: PipelineSpec) -> int:
             .option("createTable", "true")
             # partition 0 prepares, the others stage: both commit paths in every batch
             .option("maxPreparedPartitions", "1")
+        )
+    elif spec.pipeline == "mariadb":
+        writer = (
+            stream.writeStream.format("twophase.sql")
+            .option("url", spec.sqlUrl)
+            .option("dbtable", spec.table)
+            .option("createTable", "true")
         )
     elif spec.pipeline in ("kafka", "kafka-kafka"):
         if spec.pipeline == "kafka":

@@ -78,6 +78,8 @@ SERVICE_KINDS = {
     "kafka": ("broker",),
     "kafka-kafka": ("broker",),
     "multi": ("postgres", "broker"),
+    "s3": ("s3",),
+    "mariadb": ("mariadb",),
 }
 """The servers a pipeline depends on, by pipeline (files has none)."""
 
@@ -135,7 +137,11 @@ class Schedule:
                 if point == "driver.afterDecision" and rng.random() < 0.5:
                     events.append(Event("point", "driver.duringRecovery"))
                 continue
-            down = round(rng.uniform(0.5, 4.0), 1) if kind in ("broker", "postgres") else 0.0
+            down = (
+                round(rng.uniform(0.5, 4.0), 1)
+                if kind in ("broker", "postgres", "s3", "mariadb")
+                else 0.0
+            )
             events.append(
                 Event(
                     kind,
@@ -197,11 +203,18 @@ class Services:
 
     pgUrl: str = ""
     bootstrap: str = ""
+    s3: Any = None
+    """The S3 server (``conftest.S3Service``) of the ``s3`` pipeline."""
+    mariadbUrl: str = ""
+    """The SQLAlchemy URL of the MariaDB of the ``mariadb`` pipeline."""
 
     def crash(self, kind: str, downSeconds: float) -> None:
-        script, noun = {"broker": ("kafka.sh", "broker"), "postgres": ("postgres.sh", "server")}[
-            kind
-        ]
+        script, noun = {
+            "broker": ("kafka.sh", "broker"),
+            "postgres": ("postgres.sh", "server"),
+            "s3": ("s3.sh", "server"),
+            "mariadb": ("mariadb.sh", "server"),
+        }[kind]
         control = ServiceControl(SERVICES_DIR / script, noun)
         control.kill()
         time.sleep(downSeconds)
@@ -458,7 +471,8 @@ def _epoch() -> float:
 
 def summaryTable(results: list[ChaosResult]) -> str:
     """The soak's Markdown table: kills by kind, batches, records, lost, duplicated, recovery."""
-    kinds = ["driver", "executor", "broker", "postgres", "driver point", "task point"]
+    kinds = ["driver", "executor", "broker", "postgres", "s3", "mariadb"]
+    kinds += ["driver point", "task point"]
     head = ["pipeline", "seed", *kinds, "kills", "starts", "batches", "records"]
     head += ["lost", "duplicated", "unexpected", "longest recovery s", "minutes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -15,7 +15,7 @@ from integration_tests.chaos.runner import (
     Schedule,
     Services,
 )
-from integration_tests.conftest import service_setting
+from integration_tests.conftest import S3Service, service_setting
 from integration_tests.test_kafka_helpers import createTopic
 from twophase import verify
 
@@ -25,9 +25,13 @@ INPUT_TRANSACTION_ROWS = 250
 
 def servicesFromEnvironment() -> Services:
     """The servers of ``make services`` (environment first, then .services.env)."""
+    names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
+    s3 = [service_setting(f"TWOPHASE_S3_{n}") or "" for n in names]
     return Services(
         pgUrl=service_setting("TWOPHASE_PG_URL") or "",
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
+        s3=S3Service(*s3) if all(s3) else None,
+        mariadbUrl=service_setting("TWOPHASE_MARIADB_URL") or "",
     )
 
 
@@ -66,6 +70,9 @@ def prepare(
     if pipeline in ("postgres", "multi"):
         spec.pgUrl = _need(services.pgUrl, "PostgreSQL")
         spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
+    if pipeline == "mariadb":
+        spec.sqlUrl = _need(services.mariadbUrl, "MariaDB")
+        spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
     if pipeline == "kafka":
         spec.sinkOptions["kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
     if pipeline == "multi":
@@ -73,6 +80,11 @@ def prepare(
     if pipeline in ("kafka", "kafka-kafka", "multi"):
         spec.bootstrap = _need(services.bootstrap, "Kafka")
         spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")
+    if pipeline == "s3":
+        if services.s3 is None:
+            raise SystemExit("S3 is not configured: start the servers with `make services`")
+        spec.s3Path = services.s3.url(f"chaos/{uuid.uuid4().hex[:10]}/output")
+        spec.sinkOptions.update(services.s3.options())
     if pipeline == "kafka-kafka":
         spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
         fillInput(spec.bootstrap, spec.inputTopic, rows)
@@ -99,8 +111,12 @@ def verifyOutput(spec: PipelineSpec) -> Any:
         columns = ["id", "payload"]
     if spec.pipeline == "files":
         actual = verify.actualFromFiles(spec.output, "parquet")
+    elif spec.pipeline == "s3":
+        actual = verify.actualFromFiles(spec.s3Path, "parquet", options=spec.sinkOptions)
     elif spec.pipeline == "postgres":
         actual = verify.actualFromPostgres(spec.pgUrl, spec.table)
+    elif spec.pipeline == "mariadb":
+        actual = verify.actualFromSql(spec.sqlUrl, spec.table)
     else:
         actual = verify.actualFromKafka(
             {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.outputTopic}

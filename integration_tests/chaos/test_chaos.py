@@ -1,16 +1,19 @@
 """The bounded chaos profile of ``make test``: every pipeline killed at least ten times.
 
-Pipelines ``files`` (sequence -> files), ``multi`` (sequence -> PostgreSQL and Kafka under one
-decision: every protocol point of both sinks in one schedule, the PostgreSQL target with
-prepared and staged partitions in every batch) and ``kafka-kafka``. The two sink pipelines
-first go through every protocol point of PROTOCOL.md section 5 (three task points in one start,
-then one start per driver point), then through seeded kills of the driver, an executor and each
-server they write to; the multi pipeline also goes down after a decision for longer than its
-Kafka target's transaction timeout (the broker aborts the decided transactions; the restart
-writes them again, PostgreSQL's prepared half waits). Kafka -> Kafka gets random kills only.
-The ``postgres`` and ``kafka`` pipelines stay in ``make chaos``'s soak. The seed is fixed so CI
-is repeatable; ``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the seed is printed on
-failure).
+Pipelines ``multi`` (sequence -> PostgreSQL and Kafka under one decision: every protocol point
+of both sinks in one schedule, the PostgreSQL target with prepared and staged partitions in
+every batch), ``s3`` (sequence -> files on the S3 server, by multipart upload), ``mariadb``
+(sequence -> twophase.sql, XA transactions) and ``kafka-kafka``. The sink pipelines first go
+through every protocol point of PROTOCOL.md section 5 (three task points in one start, then one
+start per driver point), then through seeded kills of the driver, an executor and each server
+they write to; the multi pipeline also goes down after a decision for longer than its Kafka
+target's transaction timeout (the broker aborts the decided transactions; the restart writes
+them again, PostgreSQL's prepared half waits). Kafka -> Kafka gets random kills only.
+
+The ``files`` (local rename), ``postgres`` and ``kafka`` pipelines stay in ``make chaos``'s
+soak: ``s3`` runs the files sink under kills; the rename path's windows are tested at the
+committer in ``tests/test_files_sink.py`` and under Spark in ``test_spark_crash_windows.py``. The seed is fixed so CI is repeatable;
+``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the seed is printed on failure).
 """
 
 from __future__ import annotations
@@ -26,15 +29,20 @@ from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
 """Random kills after the nine protocol points (sinks); Kafka -> Kafka gets ten."""
-BOUNDED = ("files", "multi", "kafka-kafka")
-"""The pipelines of the bounded profile; ``multi`` covers the postgres and kafka sinks."""
+BOUNDED = ("multi", "kafka-kafka", "s3", "mariadb")
+"""The pipelines of the bounded profile; ``multi`` covers the postgres and kafka sinks,
+``mariadb`` the sql sink's XA transactions (with kills of the MariaDB server)."""
 
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("pipeline", BOUNDED)
 def test_bounded_chaos_is_exactly_once(
-    pipeline: str, pg_url: str, kafka_bootstrap: str, tmp_path: Path
+    pipeline: str, pg_url: str, kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    if pipeline == "mariadb":
+        request.getfixturevalue("mariadb_url")  # fails clearly when MariaDB is not running
+    if pipeline == "s3":
+        request.getfixturevalue("s3")  # fails clearly when the S3 server is not running
     cover = pipeline != "kafka-kafka"
     kills = len(TASK_POINTS) + len(DRIVER_POINTS) + RANDOM_KILLS if cover else 10
     result = runPipeline(
