@@ -1,11 +1,12 @@
-# Developer and CI entry points. Needs Python 3.11+ and Java 17+ (plus Maven and, for
-# PostgreSQL, the OS packages, which services/postgres.sh installs with apt-get as root).
+# Developer and CI entry points. Needs Python 3.11+ and Java 17+ (plus Maven, Go for the S3
+# server, and for PostgreSQL and MariaDB the OS packages, which services/postgres.sh and
+# services/mariadb.sh install with apt-get as root).
 #
-#   make test           unit + integration tests against real Kafka and PostgreSQL
+#   make test           unit + integration tests against the real servers below
 #   make test-windows   the per-sink crash-window tests the chaos bounded profile also covers
 #   make unit           unit tests only (no services)
 #   make demo           the end-to-end demo
-#   make services       start Kafka and PostgreSQL, write .services.env
+#   make services       start PostgreSQL, Kafka, MariaDB and S3, write .services.env
 #   make services-down  stop them and delete their state
 #   make lint           ruff format check, ruff lint, mypy
 #   make chaos KILLS=200  the random chaos soak (starts and stops the servers itself)
@@ -37,9 +38,9 @@ demo: .venv
 unit: .venv
 	$(VENV)/bin/pytest tests
 
-# $(call with_services,COMMAND): start Kafka and PostgreSQL, run COMMAND with their addresses,
-# stop them whatever happens (also on Ctrl-C), and exit with COMMAND's status. Variables in
-# .services.env win over stale ones in the environment.
+# $(call with_services,COMMAND): start the servers (services/services.sh), run COMMAND with
+# their addresses, stop them whatever happens (also on Ctrl-C), and exit with COMMAND's status.
+# Variables in .services.env win over stale ones in the environment.
 define with_services
 	@rc=0; \
 	trap 'services/services.sh down || true' EXIT; \
@@ -59,7 +60,7 @@ test: .venv
 test-windows: .venv
 	$(call with_services,$(VENV)/bin/pytest -m windows integration_tests)
 
-# The chaos soak: KILLS kills over the four pipelines, seeded (SEED=<n> replays a schedule);
+# The chaos soak: KILLS kills over every pipeline, seeded (SEED=<n> replays a schedule);
 # prints the table and writes chaos-runs/report.{md,json}. Servers as for `make test`.
 KILLS ?= 200
 SEED ?=
@@ -101,6 +102,19 @@ bench-multi: .venv
 .PHONY: bench-kafka-stall
 bench-kafka-stall: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka_stall
+
+# twophase.files on S3 (multipart upload) against Spark's Parquet sink on s3a (hadoop-aws by
+# Maven coordinates) and Spark's noop sink, on the S3 server of `make services`; docs/files.md.
+.PHONY: bench-s3
+bench-s3: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.s3 $(S3_BENCH_ARGS)
+
+# twophase.sql into MariaDB (XA) against Spark's JDBC writer in foreachBatch (MariaDB
+# Connector/J by Maven coordinates), raw pymysql and Spark's noop sink, at 8 and 200
+# partitions (after `make services`); see docs/sql.md.
+.PHONY: bench-sql
+bench-sql: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.sql $(SQL_BENCH_ARGS)
 
 
 # Every sink side by side in one run: twophase vs Spark's own vs PyFlink exactly-once vs the raw
