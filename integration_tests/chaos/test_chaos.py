@@ -12,8 +12,9 @@ them again, PostgreSQL's prepared half waits). Kafka -> Kafka gets random kills 
 
 The ``files`` (local rename), ``postgres`` and ``kafka`` pipelines stay in ``make chaos``'s
 soak: ``s3`` runs the files sink under kills; the rename path's windows are tested at the
-committer in ``tests/test_files_sink.py`` and under Spark in ``test_spark_crash_windows.py``. The seed is fixed so CI is repeatable;
-``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the seed is printed on failure).
+committer in ``tests/test_files_sink.py`` and under Spark in ``test_spark_crash_windows.py``.
+The seed is fixed so CI is repeatable; ``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the
+seed is printed on failure).
 """
 
 from __future__ import annotations
