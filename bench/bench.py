@@ -422,23 +422,34 @@ def chart(measures: dict[tuple[str, str], Measure], path: Path, title: str) -> N
 # ---------------------------------------------------------------------------------------------
 
 
-def benchSession(master: str, partitions: int) -> Any:
-    """The one Spark session every bench run uses: Kafka connector, JDBC driver, twophase."""
+def benchSession(
+    master: str,
+    partitions: int,
+    packages: tuple[str, ...] = (),
+    conf: dict[str, str] | None = None,
+) -> Any:
+    """The one Spark session every bench run uses: Kafka connector, JDBC driver, twophase;
+    plus ``packages`` (Maven coordinates) and ``conf`` for the targets a run adds."""
     from pyspark.sql import SparkSession
 
     import twophase
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("twophase-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.jars", kb.sparkKafkaJar())
-        .config("spark.jars.packages", f"{kb.SPARK_KAFKA_PACKAGES},{pb.JDBC_DRIVER}")
+        .config(
+            "spark.jars.packages",
+            ",".join((kb.SPARK_KAFKA_PACKAGES, pb.JDBC_DRIVER, *packages)),
+        )
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     twophase.register(spark)
     return spark

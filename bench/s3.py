@@ -40,26 +40,67 @@ def hadoopVersion() -> str:
     raise SystemExit(f"no hadoop-client-api jar in {jars}: cannot pick hadoop-aws")
 
 
+def s3Service() -> dict[str, str]:
+    """Endpoint, credentials and bucket of the S3 server of ``make services``."""
+    return {
+        "endpoint": serviceValue("TWOPHASE_S3_ENDPOINT"),
+        "key": serviceValue("TWOPHASE_S3_ACCESS_KEY"),
+        "secret": serviceValue("TWOPHASE_S3_SECRET_KEY"),
+        "bucket": serviceValue("TWOPHASE_S3_BUCKET"),
+    }
+
+
+def s3aPackage() -> str:
+    """Spark's S3A connector by Maven coordinates, of pyspark's own Hadoop version."""
+    return f"org.apache.hadoop:hadoop-aws:{hadoopVersion()}"
+
+
+def s3aConf(s3: dict[str, str]) -> dict[str, str]:
+    """The Spark settings that point S3A at ``s3``'s server."""
+    return {
+        "spark.hadoop.fs.s3a.endpoint": s3["endpoint"],
+        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.access.key": s3["key"],
+        "spark.hadoop.fs.s3a.secret.key": s3["secret"],
+    }
+
+
+def filesOptions(s3: dict[str, str]) -> dict[str, str]:
+    """The files sink's ``fs.*`` options for ``s3``'s server."""
+    return {"fs.endpoint_url": s3["endpoint"], "fs.key": s3["key"], "fs.secret": s3["secret"]}
+
+
+def removePrefix(s3: dict[str, str], base: str) -> None:
+    """Delete ``s3://<base>`` and below (best effort: the bucket is the test server's)."""
+    try:
+        from twophase.sinks.files.storage import Storage
+
+        Storage(
+            f"s3://{base}",
+            {"endpoint_url": s3["endpoint"], "key": s3["key"], "secret": s3["secret"]},
+        ).removeTree("")
+    except Exception as exc:
+        print(f"could not remove s3://{base}: {exc}", file=sys.stderr)
+
+
 def session(s3: dict[str, str], partitions: int) -> Any:
     from pyspark.sql import SparkSession
 
     import twophase
 
-    spark = (
+    builder = (
         SparkSession.builder.master(os.environ.get("BENCH_MASTER", "local[2]"))
         .appName("twophase-bench-s3")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.jars.packages", f"org.apache.hadoop:hadoop-aws:{hadoopVersion()}")
+        .config("spark.jars.packages", s3aPackage())
         .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.hadoop.fs.s3a.endpoint", s3["endpoint"])
-        .config("spark.hadoop.fs.s3a.endpoint.region", "us-east-1")
-        .config("spark.hadoop.fs.s3a.path.style.access", "true")
-        .config("spark.hadoop.fs.s3a.connection.ssl.enabled", "false")
-        .config("spark.hadoop.fs.s3a.access.key", s3["key"])
-        .config("spark.hadoop.fs.s3a.secret.key", s3["secret"])
-        .getOrCreate()
     )
+    for key, value in s3aConf(s3).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     twophase.register(spark)
     return spark
@@ -77,9 +118,7 @@ def run(
     rows, per, parts, valueBytes = shape
     writer = stream(spark, rows, per, parts, valueBytes).writeStream.format(fmt)
     if fmt == "twophase.files":
-        writer = writer.option("path", path).option("format", "parquet")
-        writer = writer.option("fs.endpoint_url", s3["endpoint"])
-        writer = writer.option("fs.key", s3["key"]).option("fs.secret", s3["secret"])
+        writer = writer.option("path", path).option("format", "parquet").options(**filesOptions(s3))
     elif fmt == "parquet":
         writer = writer.option("path", path)
     query = writer.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
@@ -91,8 +130,8 @@ def run(
 def countRows(url: str, s3: dict[str, str]) -> int:
     from twophase.verify import actualFromFiles
 
-    options = {"fs.endpoint_url": s3["endpoint"], "fs.key": s3["key"], "fs.secret": s3["secret"]}
-    return int(actualFromFiles(url.replace("s3a://", "s3://"), "parquet", options=options).num_rows)
+    table = actualFromFiles(url.replace("s3a://", "s3://"), "parquet", options=filesOptions(s3))
+    return int(table.num_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,12 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--value-bytes", type=int, default=100)
     args = parser.parse_args(argv)
-    s3 = {
-        "endpoint": serviceValue("TWOPHASE_S3_ENDPOINT"),
-        "key": serviceValue("TWOPHASE_S3_ACCESS_KEY"),
-        "secret": serviceValue("TWOPHASE_S3_SECRET_KEY"),
-        "bucket": serviceValue("TWOPHASE_S3_BUCKET"),
-    }
+    s3 = s3Service()
     shape = (args.rows, args.rows_per_batch, args.partitions, args.value_bytes)
     warm = (min(args.rows, 50_000), min(args.rows, 25_000), args.partitions, args.value_bytes)
     base = f"{s3['bucket']}/bench-s3/{uuid.uuid4().hex[:8]}"
@@ -138,15 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-        try:
-            from twophase.sinks.files.storage import Storage
-
-            Storage(
-                f"s3://{base}",
-                {"endpoint_url": s3["endpoint"], "key": s3["key"], "secret": s3["secret"]},
-            ).removeTree("")
-        except Exception as exc:  # best effort: the bucket is the test server's
-            print(f"could not remove s3://{base}: {exc}", file=sys.stderr)
+        removePrefix(s3, base)
     t, s, n = (results[f].rate for f in ("twophase.files", "parquet", "noop"))
     print(
         f"{args.rows:,} rows, {args.rows_per_batch:,} per batch, {args.partitions} partitions, "

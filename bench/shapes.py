@@ -9,8 +9,9 @@ Spark session runs the same query into:
 - ``bench.drop``: a Python data source that reads its input and drops it, the ceiling for any
   sink written in Python (PySpark's own cost per task: a worker round trip and Arrow);
 - Spark's own path for the target: the Parquet file sink, the Kafka sink, JDBC in
-  ``foreachBatch``;
-- twophase: ``twophase.files`` (Parquet), ``twophase.kafka``, ``twophase.postgres``.
+  ``foreachBatch`` (PostgreSQL and MariaDB), the Parquet file sink on ``s3a://``;
+- twophase: ``twophase.files`` (Parquet), ``twophase.kafka``, ``twophase.postgres``,
+  ``twophase.sql`` (MariaDB XA), ``twophase.files`` on ``s3://`` (multipart uploads).
 
 Each run is ``--batches`` micro-batches; the figure is the median wall time of the batches after
 the first (Spark's ``triggerExecution``), so start-up is not counted. Ratios are Spark's own
@@ -36,6 +37,8 @@ from typing import Any
 
 from bench import kafka as kb
 from bench import postgres as pb
+from bench import s3 as s3b
+from bench import sql as sqlb
 from bench._common import REPO, bootstrapServers, markdownTable, pgUrl
 from bench.bench import benchSession, log
 
@@ -62,11 +65,13 @@ SHAPES = (
 )
 DEFAULT_SHAPES = "0,1,2"
 """What ``make bench-shapes`` measures; the 1,000-partition shape (3) is asked for by name."""
-TARGETS = ("files", "kafka", "postgres")
+TARGETS = ("files", "kafka", "postgres", "sql", "s3")
 SPARK_OWN = {
     "files": "Spark Parquet file sink",
     "kafka": "Spark Kafka sink",
     "postgres": "Spark JDBC in foreachBatch",
+    "sql": "Spark JDBC (MariaDB) in foreachBatch",
+    "s3": "Spark Parquet file sink on s3a",
 }
 
 
@@ -130,6 +135,8 @@ class Targets:
 
     tables: dict[str, str]
     topics: dict[str, str]
+    sqlTables: dict[str, str]
+    s3Prefixes: list[str]
 
 
 def failureLine(text: str) -> str:
@@ -176,9 +183,32 @@ def writers(
     def jdbcBatch(df: Any, batchId: int) -> None:
         df.write.jdbc(jdbc, table["spark"], mode="append", properties=props)
 
+    sqlUrl = sqlb.mariadbUrl() if "sql" in targets else ""
+    sqlTable = {p: f"{t}_sql" for p, t in table.items()}
+    if "sql" in targets:
+        made.sqlTables.update(sqlTable)
+        engine = sqlb.sa.create_engine(sqlUrl, poolclass=sqlb.sa.pool.NullPool)
+        try:
+            for name in sqlTable.values():
+                sqlb.resetTable(engine, name)
+        finally:
+            engine.dispose()
+    sqlJdbc, sqlProps = sqlb.jdbcTarget(sqlUrl) if sqlUrl else ("", {})
+
+    def sqlBatch(df: Any, batchId: int) -> None:
+        df.write.option("batchsize", 1000).jdbc(
+            sqlJdbc, sqlTable["spark"], mode="append", properties=sqlProps
+        )
+
+    s3 = s3b.s3Service() if "s3" in targets else {}
+    s3Base = f"{s3.get('bucket')}/bench-shapes/{work.name}-{tag}"
+    if "s3" in targets:
+        made.s3Prefixes.append(s3Base)
+
     files = ("id", "payload")
     kafka = ("CAST(id AS STRING) AS key", "payload AS value")
     pg = ("id", "payload", "CAST(id AS DOUBLE) AS value", "CAST(id AS TIMESTAMP) AS ts")
+    fsOptions = s3b.filesOptions(s3) if s3 else {}
     every = {
         ("noop", "noop"): lambda: frame(*files).writeStream.format("noop")
         .option("checkpointLocation", ckpt("noop")),
@@ -199,6 +229,16 @@ def writers(
         ("postgres", "twophase"): lambda: frame(*pg).writeStream.format("twophase.postgres")
         .option("url", url).option("table", table["twophase"])
         .option("checkpointLocation", ckpt("p-tp")),
+        ("sql", "spark"): lambda: frame(*pg).writeStream.foreachBatch(sqlBatch)
+        .option("checkpointLocation", ckpt("q-sp")),
+        ("sql", "twophase"): lambda: frame(*pg).writeStream.format("twophase.sql")
+        .option("url", sqlUrl).option("dbtable", sqlTable["twophase"])
+        .option("checkpointLocation", ckpt("q-tp")),
+        ("s3", "spark"): lambda: frame(*files).writeStream.format("parquet")
+        .option("path", f"s3a://{s3Base}/spark").option("checkpointLocation", ckpt("s-sp")),
+        ("s3", "twophase"): lambda: frame(*files).writeStream.format("twophase.files")
+        .option("path", f"s3://{s3Base}/twophase").options(**fsOptions)
+        .option("checkpointLocation", ckpt("s-tp")),
     }  # fmt: skip
     return {key: make for key, make in every.items() if key[0] in ("noop", "drop", *targets)}
 
@@ -213,7 +253,7 @@ def measureShape(
 ) -> list[list[str]]:
     """One table row per target for ``shape``; ``noop`` measured once for all of them."""
     work = Path(tempfile.mkdtemp(prefix="twophase-shapes-"))
-    made = Targets({}, {})
+    made = Targets({}, {}, {}, [])
     try:
         paths = writers(spark, shape, batches, work, url, bootstrap, made, targets)
         runs = {key: runQuery(make(), batches) for key, make in paths.items()}
@@ -223,6 +263,16 @@ def measureShape(
             kb.deleteTopics(bootstrap, list(made.topics.values()))
         if made.tables:
             pb.dropTables(url, list(made.tables.values()))
+        if made.sqlTables:
+            engine = sqlb.sa.create_engine(sqlb.mariadbUrl(), poolclass=sqlb.sa.pool.NullPool)
+            try:
+                with engine.begin() as conn:
+                    for name in made.sqlTables.values():
+                        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+            finally:
+                engine.dispose()
+        for base in made.s3Prefixes:
+            s3b.removePrefix(s3b.s3Service(), base)
     noop, drop = runs[("noop", "noop")], runs[("drop", "drop")]
     log(f"  {shape.title}: noop {noop.shown()}, bench.drop {drop.shown()}")
     rows = []
@@ -272,7 +322,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown targets {unknown}; choose among {', '.join(TARGETS)}")
     url, bootstrap = pgUrl(), bootstrapServers()
     began = time.perf_counter()
-    spark = benchSession(args.master, 200)
+    packages: tuple[str, ...] = ()
+    conf: dict[str, str] = {}
+    if "sql" in targets:
+        packages += (sqlb.JDBC_DRIVER,)
+    if "s3" in targets:
+        packages += (s3b.s3aPackage(),)
+        conf.update(s3b.s3aConf(s3b.s3Service()))
+    spark = benchSession(args.master, 200, packages, conf)
     spark.dataSource.register(kb.DropSink)
     rows: list[list[str]] = []
     try:

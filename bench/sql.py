@@ -66,7 +66,8 @@ def runTwophase(spark: Any, url: str, table: str, ckpt: str, shape: tuple[int, i
     return time.perf_counter() - started
 
 
-def runJdbc(spark: Any, url: str, table: str, ckpt: str, shape: tuple[int, int, int]) -> float:
+def jdbcTarget(url: str) -> tuple[str, dict[str, str]]:
+    """Spark's JDBC URL and properties for the MariaDB of the SQLAlchemy ``url``."""
     u = sa.make_url(url)
     # jdbc:mysql (permitMysqlScheme): Spark's MySQL dialect (backquoted names) takes the URL.
     jdbc = f"jdbc:mysql://{u.host}:{u.port}/{u.database}?permitMysqlScheme&rewriteBatchedStatements=true"
@@ -75,6 +76,11 @@ def runJdbc(spark: Any, url: str, table: str, ckpt: str, shape: tuple[int, int, 
         "password": u.password or "",
         "driver": "org.mariadb.jdbc.Driver",
     }
+    return jdbc, props
+
+
+def runJdbc(spark: Any, url: str, table: str, ckpt: str, shape: tuple[int, int, int]) -> float:
+    jdbc, props = jdbcTarget(url)
 
     def writeBatch(df: Any, batchId: int) -> None:
         df.write.option("batchsize", 1000).jdbc(jdbc, table, mode="append", properties=props)
