@@ -25,7 +25,7 @@ paths would reach outside the staging area or the output directory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +111,7 @@ def checkHandle(handle: Handle) -> Handle:
 
         if not isMultipartHandle(handle):
             raise ValueError(f"files handle has an unknown commit {handle.get('commit')!r}")
-        return checkMultipartHandle(handle, isSafeRelative)
+        return checkMultipartHandle(handle)
     staging = handle.get("staging")
     if "stagingPath" in handle:
         base = handle["stagingPath"]
@@ -127,19 +127,29 @@ def checkHandle(handle: Handle) -> Handle:
         raise ValueError(f"files handle has a bad staging directory {staging!r}")
     if not isinstance(handle.get("path"), str) or not handle["path"]:
         raise ValueError(f"files handle has no path: {handle!r}")
+    checkFileEntries(
+        handle,
+        lambda entry: (
+            isSafeRelative(entry.get("staging"))
+            and str(entry["staging"]).startswith(prefix)
+            and isSafeRelative(entry.get("final"))
+            and not str(entry["final"]).startswith(LEGACY_ROOT + "/")
+        ),
+        "files handle",
+    )
+    return handle
+
+
+def checkFileEntries(
+    handle: Handle, wellFormed: Callable[[dict[str, Any]], bool], what: str
+) -> None:
+    """Refuse a handle whose ``files`` is not a list of entries ``wellFormed`` accepts."""
     files = handle.get("files")
     if not isinstance(files, list):
         raise ValueError(f"files handle has no file list: {handle!r}")
     for entry in files:
-        if not (
-            isinstance(entry, dict)
-            and isSafeRelative(entry.get("staging"))
-            and str(entry["staging"]).startswith(prefix)
-            and isSafeRelative(entry.get("final"))
-            and not str(entry["final"]).startswith(LEGACY_ROOT + "/")
-        ):
-            raise ValueError(f"files handle has a bad file entry {entry!r}")
-    return handle
+        if not (isinstance(entry, dict) and wellFormed(entry)):
+            raise ValueError(f"{what} has a bad file entry {entry!r}")
 
 
 def stagedFiles(handle: Handle) -> Iterable[StagedFile]:
@@ -163,6 +173,7 @@ __all__ = [
     "KIND",
     "StagedFile",
     "abortedHandle",
+    "checkFileEntries",
     "checkHandle",
     "describeHandle",
     "isSafeRelative",

@@ -28,6 +28,7 @@ from twophase.protocol import Handle, RecoveryScope, TransactionContext, Transac
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import EXTENSIONS
+from twophase.sinks.files.handles import checkFileEntries, isSafeRelative
 from twophase.sinks.files.jsonlines import encodeBatch
 from twophase.sinks.files.layout import sinkTag
 from twophase.sinks.files.s3 import MAX_PARTS, S3Calls, multipartEtag, splitKey
@@ -162,26 +163,24 @@ def isMultipartHandle(handle: Handle) -> bool:
     return handle.get("commit") == COMMIT
 
 
-def checkMultipartHandle(handle: Handle, isSafeRelative: Any) -> Handle:
+def checkMultipartHandle(handle: Handle) -> Handle:
     """Refuse a malformed multipart handle before any call (keys stay below ``path``)."""
     if not isinstance(handle.get("path"), str) or not str(handle["path"]).startswith(
         ("s3://", "s3a://")
     ):
         raise ValueError(f"files multipart handle has no s3:// path: {handle!r}")
-    files = handle.get("files")
-    if not isinstance(files, list):
-        raise ValueError(f"files handle has no file list: {handle!r}")
-    for entry in files:
-        if not (
-            isinstance(entry, dict)
-            and isSafeRelative(entry.get("final"))
+    checkFileEntries(
+        handle,
+        lambda entry: bool(
+            isSafeRelative(entry.get("final"))
             and isinstance(entry.get("uploadId"), str)
             and entry["uploadId"]
             and isinstance(entry.get("parts"), list)
             and entry["parts"]
             and all(isinstance(p, str) and p for p in entry["parts"])
-        ):
-            raise ValueError(f"files multipart handle has a bad file entry {entry!r}")
+        ),
+        "files multipart handle",
+    )
     return handle
 
 
