@@ -36,7 +36,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,28 @@ def sessionBuilder(master: str, appName: str, partitions: int) -> Any:
         ):
             builder = builder.config(f"spark.executorEnv.{name}", value)
     return builder
+
+
+def sharedSession(appName: str, **conf: str) -> Iterator[Any]:
+    """A ``local[2]`` session in the test process, twophase registered, stopped at the end:
+    for a module fixture whose tests involve no crash (``yield from sharedSession(...)``)."""
+    from pyspark.sql import SparkSession
+
+    import twophase
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(appName)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    twophase.register(session)
+    yield session
+    session.stop()
 
 
 def awaitDrained(spark: Any, query: Any) -> int:

@@ -22,6 +22,7 @@ from psycopg import sql
 
 from integration_tests.conftest import ServiceControl
 from integration_tests.postgres_harness import QUERY_FAILED, QuerySpec, Run, runChild
+from integration_tests.spark_processes import sharedSession
 
 # Every Spark SQL primitive type, NULLs and awkward strings, as functions of the source's id.
 TYPED_COLUMNS = {
@@ -272,21 +273,7 @@ def test_upsert_replayed_after_a_crash_keeps_the_latest_value_per_key(
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    import twophase
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("twophase-postgres-bad-input")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    twophase.register(session)
-    yield session
-    session.stop()
+    yield from sharedSession("twophase-postgres-bad-input")
 
 
 def startQuery(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from integration_tests.spark_processes import sharedSession
 from twophase import verify
 
 COLUMNS = [
@@ -60,22 +61,7 @@ def expected(i: int) -> tuple[Any, ...]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    import twophase
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("twophase-sql")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    twophase.register(session)
-    yield session
-    session.stop()
+    yield from sharedSession("twophase-sql", **{"spark.sql.session.timeZone": "UTC"})
 
 
 def startQuery(spark: Any, options: dict[str, str], checkpoint: Path) -> Any:
