@@ -297,3 +297,22 @@ def test_an_unreadable_rewrite_record_is_never_taken_for_nothing_lost(url: str) 
     write(url, "batch-00000000000000000000.rewrite.json", b'{"torn": ')
     with pytest.raises(DecisionConflictError, match="rewrite record of decided batch 0"):
         log.outstanding()
+
+
+def test_the_inputs_a_transaction_holds_are_kept_with_its_handle_and_its_replacement(
+    url: str,
+) -> None:
+    log = DecisionLog(url)
+    grouped = TaskResult("s1", "q1", 0, 0, 0, {"txn": "b0-p0"}, 5, inputs=(0, 3, 6))
+    log.decide(0, [grouped, result(0, 1, {"txn": "b0-p1"})])
+    state = DecisionLog(url).state(0)
+    assert state is not None
+    assert [h.inputs for h in state.handles] == [(0, 3, 6), None]
+    assert state.inputsOf(0) == (0, 3, 6) and state.inputsOf(1) == (1,)
+    replacement = LoggedHandle(0, 0, {"txn": "b0-p0-replay"}, 5, inputs=(0, 3, 6))
+    log.recordRewrite(0, [0], [replacement])
+    again = DecisionLog(url).state(0)
+    assert again is not None and again.replacements == (replacement,)
+    message = TaskResult.fromJson(json.loads(json.dumps(grouped.toJson())))
+    assert message == grouped
+    assert "inputs" not in result(0, 1, None).toJson(), "absent when the task held its own"

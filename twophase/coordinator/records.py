@@ -43,6 +43,9 @@ class LoggedHandle:
     attemptNumber: int
     handle: Handle
     rows: int = 0
+    inputs: tuple[int, ...] | None = None
+    """The partitions of Spark's input the transaction holds (``TaskResult.inputs``); ``None``:
+    the partition of the same id."""
 
     @property
     def key(self) -> str:
@@ -53,22 +56,38 @@ class LoggedHandle:
     def fromResult(cls, result: TaskResult) -> LoggedHandle:
         if result.handle is None:
             raise ValueError("a task result without a handle has nothing to log")
-        return cls(result.partitionId, result.attemptNumber, dict(result.handle), result.rows)
+        return cls(
+            result.partitionId,
+            result.attemptNumber,
+            dict(result.handle),
+            result.rows,
+            result.inputs,
+        )
 
     def toJson(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "partitionId": self.partitionId,
             "attemptNumber": self.attemptNumber,
             "rows": self.rows,
             "handle": self.handle,
         }
+        if self.inputs is not None:
+            data["inputs"] = list(self.inputs)
+        return data
 
     @classmethod
     def fromJson(cls, data: Mapping[str, Any]) -> LoggedHandle:
         handle = data["handle"]
         if not isinstance(handle, dict):
             raise ValueError("handle is not a JSON object")
-        return cls(int(data["partitionId"]), int(data["attemptNumber"]), handle, int(data["rows"]))
+        inputs = data.get("inputs")
+        return cls(
+            int(data["partitionId"]),
+            int(data["attemptNumber"]),
+            handle,
+            int(data["rows"]),
+            None if inputs is None else tuple(int(i) for i in inputs),
+        )
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,14 @@ class BatchState:
     def loggedHandleOf(self, partitionId: int) -> LoggedHandle | None:
         """The handle the decision named first for a partition (its fingerprint is the one)."""
         return next((h for h in self.handles if h.partitionId == partitionId), None)
+
+    def inputsOf(self, partitionId: int) -> tuple[int, ...]:
+        """The input partitions the decided transaction of ``partitionId`` holds: as its task
+        reported them, else the partition of the same id."""
+        original = self.loggedHandleOf(partitionId)
+        if original is None or original.inputs is None:
+            return (partitionId,)
+        return original.inputs
 
     def toJson(self) -> dict[str, Any]:
         return {

@@ -82,7 +82,10 @@ class TaskResult:
 
     Travels as the Spark ``WriterCommitMessage`` (or a row in ``foreachBatch``), so it is
     small and JSON-serialisable. ``handle`` is ``None`` when the task wrote nothing because
-    the log already showed its batch decided.
+    the log already showed its batch decided. ``inputs`` names the partitions of Spark's input
+    whose rows the transaction holds, when a task wrote several of them (``twophase.foreachBatch``
+    with ``writerTasks``); ``None`` means the task's own partition. A replay that must write a
+    lost transaction again writes exactly those inputs, however Spark groups them then.
     """
 
     sinkId: str
@@ -92,10 +95,19 @@ class TaskResult:
     attemptNumber: int
     handle: Handle | None
     rows: int = 0
+    inputs: tuple[int, ...] | None = None
 
     def toJson(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.inputs is None:
+            del data["inputs"]
+        else:
+            data["inputs"] = list(self.inputs)
+        return data
 
     @classmethod
     def fromJson(cls, data: Mapping[str, Any]) -> TaskResult:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if fields.get("inputs") is not None:
+            fields["inputs"] = tuple(int(i) for i in fields["inputs"])
+        return cls(**fields)
