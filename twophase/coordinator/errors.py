@@ -94,8 +94,10 @@ class RewritePendingError(TransactionLostError, CoordinatorError):
 class RewriteMismatchError(CoordinatorError):
     """The replay of a batch gave other records for a lost partition than the decision holds.
 
-    The query is not deterministic (``rand()``, ``current_timestamp()``, an external lookup) or
-    its partitioning changed, so writing the replay would not restore what was decided.
+    The query is not deterministic (``rand()``, ``current_timestamp()``, an external lookup),
+    its partitioning changed, or Spark grouped the partitions into tasks differently (a
+    ``coalesce`` before a ``format()`` sink), so writing the replay would not restore what was
+    decided.
     """
 
     def __init__(
@@ -111,7 +113,10 @@ class RewriteMismatchError(CoordinatorError):
             f"Spark's replay of the batch does not give the same records ({listed}). Writing "
             "the replay would not restore what was decided, so nothing of it was written. A "
             "deterministic query (no rand(), current_timestamp(), uuid() or external lookups "
-            "before the sink, and the same number of partitions) replays the same records. To "
-            f"accept the replay's records for these partitions instead, restart once with "
-            f"option {option}=write."
+            "before the sink, and the same number of partitions) replays the same records; a "
+            ".coalesce(n) before writeStream.format(...) may group them into other tasks after "
+            "a restart, which twophase.foreachBatch does not (it writes a lost transaction's "
+            "input partitions again, however Spark groups them). To accept the replay's "
+            f"records for these partitions instead (right only if the query changed, not the "
+            f"grouping), restart once with option {option}=write."
         )
