@@ -116,6 +116,8 @@ def childMain(args: argparse.Namespace) -> int:
         .option("numPartitions", args.partitions)
         .load()
     )
+    if args.repartition:  # a shuffle before the sink, as after an aggregation or a join
+        stream = stream.repartition(args.repartition, "id")
     columns = _keyValues(args.column)
     if columns:
         stream = stream.selectExpr(*(f"{expr} AS {name}" for name, expr in columns.items()))
@@ -175,6 +177,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--rows-per-batch", type=int, required=True)
     p.add_argument("--partitions", type=int, default=2)
+    p.add_argument(
+        "--repartition",
+        type=int,
+        default=0,
+        help="shuffle the source's rows by id into this many partitions before the sink",
+    )
     p.add_argument(
         "--trigger",
         default="availableNow",
@@ -245,7 +253,8 @@ class Harness:
     """One query (one checkpoint, one output) of one test, started as often as the test needs.
 
     ``sink`` is the ``module:Class`` of the sink; ``via`` is ``format`` (the data source) or
-    ``foreachBatch``; ``conf`` and ``options`` are extra Spark confs and sink options.
+    ``foreachBatch``; ``repartition`` shuffles the rows by id before the sink (0: no shuffle);
+    ``conf`` and ``options`` are extra Spark confs and sink options.
     """
 
     workdir: Path
@@ -254,6 +263,7 @@ class Harness:
     rows: int = 8000
     rowsPerBatch: int = 2000
     partitions: int = 2
+    repartition: int = 0
     via: str = "format"
     conf: dict[str, str] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)
@@ -300,6 +310,7 @@ class Harness:
         args += ["--workdir", str(self.workdir), "--result", str(resultPath)]
         args += ["--rows", str(self.rows), "--rows-per-batch", str(self.rowsPerBatch)]
         args += ["--partitions", str(self.partitions), "--checkpoint", self.checkpointMode]
+        args += ["--repartition", str(self.repartition)]
         args += ["--trigger", self.trigger]
         args += [f"--column={k}={v}" for k, v in self.columns.items()]
         if self.master:

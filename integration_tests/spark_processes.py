@@ -36,6 +36,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,28 @@ def freePort(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def killExecutorJvmOnce(onceFile: str, note: str = "") -> None:
+    """SIGKILL the executor JVM above this Python worker, once per ``onceFile``; a test fault.
+
+    Called inside a task on a ``local-cluster`` or standalone executor: the JVM dies with its
+    shuffle outputs and every task on it, as when a machine is lost. Raises when no executor
+    JVM is above the worker (a ``local`` master runs tasks in the driver).
+    """
+    try:
+        fd = os.open(onceFile, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"{note}\n".encode())
+    os.close(fd)
+    pid = os.getppid()
+    while pid > 1:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(30)  # the JVM is gone; this worker dies with its pipes
+            return
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    raise RuntimeError("no executor JVM above this Python worker (not local-cluster?)")

@@ -36,7 +36,13 @@ from pyspark.sql.types import StringType, StructField, StructType
 from integration_tests.conftest import ServiceControl
 from integration_tests.sink_outputs import exactlyOnceReport
 from integration_tests.spark_harness import Harness
-from integration_tests.spark_processes import FAST_JVM, REPO_ROOT, killSession, makeSparkHome
+from integration_tests.spark_processes import (
+    FAST_JVM,
+    REPO_ROOT,
+    killExecutorJvmOnce,
+    killSession,
+    makeSparkHome,
+)
 from integration_tests.test_kafka_helpers import (
     Record,
     createTopic,
@@ -96,23 +102,9 @@ class SequenceKafkaWriter(KafkaWriter):
 
 
 def _killExecutorOnce(txn: Any, onceFile: str) -> None:
-    try:
-        fd = os.open(onceFile, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.write(fd, f"{txn.transactionalId}\n".encode())
-    os.close(fd)
-    txn.producer.flush(30)  # the records are in the log, the transaction open
-    pid = os.getppid()
-    while pid > 1:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"CoarseGrainedExecutorBackend" in cmdline:
-            os.kill(pid, signal.SIGKILL)
-            time.sleep(30)  # the JVM is gone; this worker dies with its pipes
-            return
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
-    raise RuntimeError("no executor JVM above this Python worker (not local-cluster?)")
+    if not os.path.exists(onceFile):
+        txn.producer.flush(30)  # the records are in the log, the transaction open
+    killExecutorJvmOnce(onceFile, txn.transactionalId)
 
 
 # ---------------------------------------------------------------------------------------------

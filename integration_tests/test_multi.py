@@ -24,6 +24,7 @@ from psycopg import sql
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from integration_tests.spark_harness import Harness
+from integration_tests.spark_processes import killExecutorJvmOnce
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 from integration_tests.test_kafka_participant import state
 from integration_tests.test_kafka_spark import openTransactions
@@ -241,7 +242,9 @@ class SequenceMultiSink(MultiSink):
 
     Option ``it.killBetweenTargetsAtBatch=<N>`` with ``it.killOnceFile=<path>``: in batch N, the
     task's Python worker is SIGKILLed after its PostgreSQL part is prepared and before its Kafka
-    part is, once.
+    part is, once. Option ``it.killExecutorAtBatch=<N>`` with ``it.killExecutorOnceFile=<path>``:
+    in batch N, after a task wrote its first rows, the executor JVM that runs it is SIGKILLed,
+    once (local-cluster only).
     """
 
     @classmethod
@@ -262,6 +265,10 @@ class SequenceMultiWriter(MultiWriter):
 
     def write(self, txn: Any, batch: pa.RecordBatch) -> None:
         super().write(txn, rows(batch.column("id").to_pylist()))
+        killAt = optionOf(self.options, "it.killExecutorAtBatch")
+        if killAt is not None and int(killAt) == txn.ctx.batchId:
+            onceFile = str(optionOf(self.options, "it.killExecutorOnceFile"))
+            killExecutorJvmOnce(onceFile, f"partition {txn.ctx.partitionId}")
 
     def preCommit(self, txn: Any) -> dict[str, Any]:
         killAt = optionOf(self.options, "it.killBetweenTargetsAtBatch")

@@ -79,14 +79,9 @@ __all__ = [
 
 def builtinDataSources() -> list[type]:
     """The built-in sources and sinks, as PySpark data source classes."""
-    from twophase.spark.files import FilesSink
-    from twophase.spark.kafka import KafkaSink
-    from twophase.spark.multi import MultiSink
-    from twophase.spark.postgres import PostgresSink
-    from twophase.spark.sequence import SequenceSource
-    from twophase.spark.sql import SqlSink
+    from twophase.spark.builtins import builtinDataSources as classes
 
-    return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource, SqlSink]
+    return classes()
 
 
 def register(spark: SparkSession, *, checkServer: bool = True) -> None:

@@ -20,6 +20,7 @@ from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
 from twophase.spark.driver import BatchPlan, beforeBatch
+from twophase.spark.grouping import refuseWriterTasks
 from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner
 from twophase.spark.worker import freezeWorkerHeap
 
@@ -64,6 +65,7 @@ class TwoPhaseDataSource(DataSource):
         settings = SinkSettings.fromOptions(self.options, self.name())
         plan = BatchPlan()
         if not calledByCommitRunner():
+            refuseWriterTasks(self.options, self.name())
             self.validate(schema)
             queryId = checkpointQueryId(settings.checkpointLocation)
             batchId = plannedBatchId(settings.checkpointLocation)

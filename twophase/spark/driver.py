@@ -6,18 +6,22 @@ once per micro-batch, before any task runs, and ``openCoordinator`` to commit or
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from twophase.coordinator import Coordinator, DecisionLog
+from twophase.coordinator import CommitOutcome, CommitReport, Coordinator, DecisionLog
 from twophase.coordinator.description import SinkDescription, writeSinkDescription
-from twophase.protocol import Committer
+from twophase.protocol import Committer, TaskResult
 from twophase.redaction import getLogger, isSafeOption, publicOptions
 from twophase.settings import SinkSettings
 from twophase.spark.worker import ensureLogging
 
 log = getLogger(__name__)
+
+LATE_TASK_GRACE_SECONDS = 5.0
+"""How long the abort of a failed batch waits before sweeping it again (``abortFailedBatch``)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,25 @@ def openCoordinator(committer: Committer, settings: SinkSettings) -> Coordinator
     return Coordinator(
         committer, DecisionLog(settings.logLocation), settings.sinkId, settings.coordinator
     )
+
+
+def abortFailedBatch(
+    coordinator: Coordinator, batchId: int, results: Sequence[TaskResult], *, unreported: bool
+) -> CommitReport:
+    """Abort batch ``batchId`` after its job failed, or roll it forward if the log shows it
+    decided; then, if some task never reported, sweep the batch once more.
+
+    Spark fails the job and reports it while it is still killing the batch's other tasks; a
+    task whose input was all delivered can reach PREPARE before its Python worker goes
+    (PySpark allows ``spark.python.task.killTimeout``, 2 s). The second sweep, after that,
+    leaves nothing prepared that would hold table locks (and Kafka's last stable offset) until
+    the next start. Only an aborted batch is swept.
+    """
+    report = coordinator.abortBatch(batchId, results)
+    if report.outcome is CommitOutcome.ABORTED and unreported:
+        time.sleep(LATE_TASK_GRACE_SECONDS)
+        coordinator.sweepAbortedBatch(batchId)
+    return report
 
 
 def describeSink(sink: Any, settings: SinkSettings) -> None:

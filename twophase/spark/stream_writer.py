@@ -19,16 +19,13 @@ from typing import Any, ClassVar, Protocol
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from twophase.coordinator import CommitOutcome
 from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.spark.driver import BatchPlan, openCoordinator
+from twophase.spark.driver import BatchPlan, abortFailedBatch, openCoordinator
 from twophase.spark.task import runTask
+from twophase.spark.task_advice import adviseOncePerRun
 from twophase.spark.worker import ensureLogging, freezeWorkerHeap
-
-LATE_TASK_GRACE_SECONDS = 5.0
-"""How long a Spark abort waits before sweeping the failed batch again (see ``abort``)."""
 
 _COMMIT_RUNNER_FILE = "python_streaming_sink_runner.py"
 
@@ -41,6 +38,9 @@ class BoundSink(Protocol):
     @property
     def options(self) -> Mapping[str, str]: ...
 
+    @classmethod
+    def name(cls) -> str: ...
+
     def createWriter(self) -> TransactionWriter[Any]: ...
 
     def createCommitter(self) -> Committer: ...
@@ -48,9 +48,13 @@ class BoundSink(Protocol):
 
 @dataclass
 class TwoPhaseCommitMessage(WriterCommitMessage):
-    """A task's ``TaskResult`` as JSON, carried to the driver by Spark."""
+    """A task's ``TaskResult`` as JSON, carried to the driver by Spark, with when the task ran
+    (wall clock) and the Spark run it belongs to, for ``task_advice``."""
 
     result: dict[str, Any]
+    started: float = 0.0
+    finished: float = 0.0
+    sparkRunId: str = ""
 
 
 class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
@@ -76,6 +80,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         """Executor: write this task's input in one prepared transaction; return its handle."""
         from pyspark import TaskContext
 
+        started = time.time()
         rememberSecrets(self.sink.options, self.sink.safeOptions)
         task = TaskContext.get()
         if task is None:
@@ -97,7 +102,12 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         )
         decided = not self.plan.writes(batchId, ctx.partitionId)
         result = runTask(self.sink.createWriter, ctx, iterator, alreadyDecided=decided)
-        return TwoPhaseCommitMessage(result.toJson())
+        return TwoPhaseCommitMessage(
+            result.toJson(),
+            started,
+            time.time(),
+            task.getLocalProperty("spark.jobGroup.id") or "",  # Spark's run id of the query
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: decide batch ``batchId`` durably, then commit every handle of it."""
@@ -105,22 +115,24 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         ensureLogging()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
         coordinator.commitBatch(batchId, _results(messages))
+        reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
+        if reported:
+            adviseOncePerRun(
+                self.settings.logLocation,
+                self.sink.name(),
+                batchId,
+                [(m.started, m.finished) for m in reported],
+                reported[0].sparkRunId,
+            )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: abort batch ``batchId``, or roll it forward if the log shows it decided."""
         freezeWorkerHeap()
         ensureLogging()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-        report = coordinator.abortBatch(batchId, _results(messages))
-        # Spark fails the job and calls abort while it is still killing the batch's other
-        # tasks; a task whose input was all delivered can reach PREPARE before its Python
-        # worker goes (PySpark allows spark.python.task.killTimeout, 2 s). Sweep once more
-        # after that, so a failed batch leaves nothing prepared that would hold table locks
-        # (and Kafka's last stable offset) until the next start. Only a task that did not
-        # report can still be running, and only an aborted batch is swept.
-        if report.outcome is CommitOutcome.ABORTED and any(m is None for m in messages):
-            time.sleep(LATE_TASK_GRACE_SECONDS)
-            coordinator.sweepAbortedBatch(batchId)
+        abortFailedBatch(
+            coordinator, batchId, _results(messages), unreported=any(m is None for m in messages)
+        )
 
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
