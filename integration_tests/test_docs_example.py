@@ -49,16 +49,18 @@ def test_the_documented_sink_runs_and_commits_every_row_once(tmp_path: Path, exa
 
 
 @pytest.mark.timeout(300)
-def test_the_readme_pipeline_prints_every_row_once(tmp_path: Path) -> None:
+def test_the_readme_pipelines_print_every_row_once(tmp_path: Path) -> None:
+    """Both README examples (format(), and foreachBatch over 200 partitions), in one process."""
     readme = (DOC.parents[1] / "README.md").read_text()
     blocks = [
         b
         for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
         if "twophase.register(spark)" in b
     ]
-    assert blocks, "README.md lost its runnable example"
-    code = blocks[0].replace("/tmp/twophase-out", str(tmp_path / "out"))
-    code = code.replace("/tmp/twophase-ckpt", str(tmp_path / "ckpt"))
+    assert len(blocks) == 2, "README.md lost one of its two runnable examples"
+    code = "\n".join(blocks)
+    for name in ("twophase-out", "twophase-ckpt", "twophase-wide-ckpt", "twophase-wide"):
+        code = code.replace(f'"/tmp/{name}"', f'"{tmp_path / name}"')
     script = tmp_path / "readme_example.py"
     script.write_text(code)
     env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
@@ -66,7 +68,9 @@ def test_the_readme_pipeline_prints_every_row_once(tmp_path: Path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().splitlines()[-1] == "100000"
+    assert run.stdout.strip().splitlines()[-2:] == ["100000", "100000"], run.stdout
+    wide = sorted((tmp_path / "twophase-wide").glob("*.parquet"))
+    assert len(wide) == 2 * 10, f"one file per task and batch, not per partition: {len(wide)}"
 
 
 @pytest.mark.timeout(300)
