@@ -5,8 +5,9 @@ SparkConnectServer``, what ``sbin/start-connect-server.sh`` starts), run in the 
 ``spark-submit`` in a session of its own on a free loopback port, ``local[2]``, with the same
 private ``SPARK_HOME``, C1-only JVM and loopback settings as every test child
 (``integration_tests.spark_processes``). The client is this process: a Connect session, as a
-user's thin client would be. Three queries, into files, PostgreSQL and Kafka, run side by
-side on one server, so one SIGKILL interrupts each sink at some point of its batch.
+user's thin client would be. Four queries, into files, PostgreSQL and Kafka through
+``format()`` and into files through ``twophase.foreachBatch`` (run by the server's Python), run
+side by side on one server, so one SIGKILL interrupts each at some point of its batch.
 """
 
 from __future__ import annotations
@@ -204,11 +205,27 @@ def _startQueries(spark: Any, to: Targets) -> list[Any]:
         .option("kafka.bootstrap.servers", to.bootstrap)
         .option("topic", to.topic)
     )
+    wideCheckpoint = str(to.workdir / "checkpoint-wide")
+    wide = (
+        _sequence(spark)
+        .repartition(8, "id")
+        .writeStream.foreachBatch(
+            twophase.foreachBatch(
+                "twophase.files",
+                {"path": str(to.workdir / "wide"), "checkpointLocation": wideCheckpoint},
+            )
+        )
+    )
     return [
         writer.option("checkpointLocation", str(to.workdir / f"checkpoint-{name}"))
         .trigger(availableNow=True)
         .start()
-        for name, writer in (("files", files), ("postgres", postgres), ("kafka", kafka))
+        for name, writer in (
+            ("files", files),
+            ("postgres", postgres),
+            ("kafka", kafka),
+            ("wide", wide),
+        )
     ]
 
 
@@ -262,6 +279,10 @@ def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
     want = {"rows": ROWS, "duplicates": 0, "missing": 0, "unexpected": 0, "wrongPayloads": 0}
     assert exactlyOnceReport(FILES.read(tmp_path / "output"), ROWS) == want, second.tail()
     assert not FILES.prepared(tmp_path / "output", None)
+    assert exactlyOnceReport(FILES.read(tmp_path / "wide"), ROWS) == want, second.tail()
+    assert not FILES.prepared(tmp_path / "wide", None)
+    # foreachBatch on the server: 8 partitions written by local[2]'s 2 slots, a file per task
+    assert len(list((tmp_path / "wide").glob("*.parquet"))) == 2 * ROWS // ROWS_PER_BATCH
     assert pgIds(pg_url, to.table) == list(range(ROWS)), second.tail()
     assert exactlyOnceReport(_kafkaTable(kafka_bootstrap, to.topic), ROWS) == want
     with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -30,7 +31,7 @@ from pyspark.sql import DataFrame
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.redaction import getLogger, rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.spark import grouping
+from twophase.spark import connect, grouping
 from twophase.spark.builtins import builtinSink
 from twophase.spark.checkpoint import checkpointQueryId
 from twophase.spark.datasource import TwoPhaseDataSource
@@ -79,9 +80,7 @@ class _ForeachBatchWriter:
 
     def __call__(self, df: DataFrame, batchId: int) -> None:
         spark = df.sparkSession
-        queryId = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or (
-            checkpointQueryId(self.settings.checkpointLocation)
-        )
+        queryId = _queryIdOf(spark) or checkpointQueryId(self.settings.checkpointLocation)
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
         plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
@@ -127,6 +126,14 @@ class _ForeachBatchWriter:
             return self.tasks
         slots = grouping.taskSlots(spark)
         return slots if slots is not None else 0
+
+
+def _queryIdOf(spark: Any) -> str | None:
+    """The streaming query's id as Spark gives it to the batch's jobs; ``None`` on Spark
+    Connect, whose foreachBatch session has no SparkContext (the checkpoint says it there)."""
+    if connect.isConnectSession(spark):
+        return None
+    return spark.sparkContext.getLocalProperty("sql.streaming.queryId")
 
 
 def _taskFunction(
