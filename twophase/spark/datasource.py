@@ -18,10 +18,7 @@ from pyspark.sql.types import StructType
 from twophase.protocol import Committer, TransactionWriter, TwoPhaseParticipant, Txn
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
-from twophase.spark.driver import BatchPlan, beforeBatch
-from twophase.spark.grouping import refuseWriterTasks
-from twophase.spark.stream_writer import TwoPhaseStreamWriter, calledByCommitRunner
+from twophase.spark.stream_writer import TwoPhaseStreamWriter
 from twophase.spark.worker import freezeWorkerHeap
 
 
@@ -59,18 +56,12 @@ class TwoPhaseDataSource(DataSource):
         return value
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        """Driver: build the writer; when planning a batch, claim the log and recover first."""
+        """Driver: build the writer; it plans the batch (validation, recovery) when Spark pickles
+        it for the tasks, never when it is built to commit or abort (``stream_writer``)."""
         freezeWorkerHeap()
         rememberSecrets(self.options, self.safeOptions)
         settings = SinkSettings.fromOptions(self.options, self.name())
-        plan = BatchPlan()
-        if not calledByCommitRunner():
-            refuseWriterTasks(self.options, self.name())
-            self.validate(schema)
-            queryId = checkpointQueryId(settings.checkpointLocation)
-            batchId = plannedBatchId(settings.checkpointLocation)
-            plan = beforeBatch(self, self.createCommitter(), settings, queryId, batchId)
-        return TwoPhaseStreamWriter(self, settings, plan, uuid.uuid4().hex[:8])
+        return TwoPhaseStreamWriter(self, settings, schema, uuid.uuid4().hex[:8])
 
 
 class TwoPhaseCommitSink(TwoPhaseDataSource, TwoPhaseParticipant[Txn], Generic[Txn]):

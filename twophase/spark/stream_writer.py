@@ -1,16 +1,21 @@
 """How PySpark's Python stream writer runs a twophase sink: tasks prepare, the driver decides.
 
-- the driver calls ``streamWriter()`` once per micro-batch, in a Python worker, before any task
-  runs: there the data source claims the decision log and runs recovery;
+- to plan a micro-batch, the driver builds the writer (``streamWriter()``) in a Python worker
+  and pickles it to send it to the tasks: when it is pickled, before any task runs, the writer
+  validates the input and the data source claims the decision log and runs recovery;
 - tasks call ``write()`` with Arrow record batches; the batch id comes from task properties;
 - the driver calls ``commit``/``abort`` in a *fresh* worker that builds the writer again through
-  ``streamWriter()``; that second call must not run recovery (the batch's transactions are
-  prepared by then and not yet decided), which ``calledByCommitRunner`` tells.
+  ``streamWriter()`` and never pickles it, so recovery does not run there (the batch's
+  transactions are prepared by then and not yet decided).
+
+That order of calls is PySpark's (``write_into_data_source.py`` pickles the writer it plans,
+``python_streaming_sink_runner.py`` calls ``commit``/``abort`` on the one it builds);
+``integration_tests/test_spark_binding.py`` fails the day a PySpark version changes it, and
+``commit``/``abort`` refuse a writer that was planned.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -18,16 +23,17 @@ from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
 from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
-from twophase.spark.driver import BatchPlan, abortFailedBatch, openCoordinator
+from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
+from twophase.spark.driver import BatchPlan, abortFailedBatch, beforeBatch, openCoordinator
+from twophase.spark.grouping import refuseWriterTasks
 from twophase.spark.task import runTask
 from twophase.spark.task_advice import adviseOncePerRun
 from twophase.spark.worker import ensureLogging, freezeWorkerHeap
-
-_COMMIT_RUNNER_FILE = "python_streaming_sink_runner.py"
 
 
 class BoundSink(Protocol):
@@ -40,6 +46,8 @@ class BoundSink(Protocol):
 
     @classmethod
     def name(cls) -> str: ...
+
+    def validate(self, schema: StructType) -> None: ...
 
     def createWriter(self) -> TransactionWriter[Any]: ...
 
@@ -61,20 +69,43 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
     """PySpark's stream writer for any ``TwoPhaseDataSource``.
 
     Pickled to every task, so it holds only the data source (its options), the parsed
-    settings, what the log said the batch's tasks write when it was planned, and a run id.
+    settings, the input schema, what the log said the batch's tasks write when it was planned,
+    and a run id.
     """
 
     def __init__(
-        self,
-        sink: BoundSink,
-        settings: SinkSettings,
-        plan: BatchPlan,
-        runId: str,
+        self, sink: BoundSink, settings: SinkSettings, schema: StructType, runId: str
     ) -> None:
         self.sink = sink
         self.settings = settings
-        self.plan = plan
+        self.schema = schema
         self.runId = runId
+        self.plan: BatchPlan | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Plan the batch before the writer leaves for the tasks (once; see the module doc)."""
+        if self.plan is None:
+            self.plan = self._planBatch()
+        return dict(self.__dict__)
+
+    def _planBatch(self) -> BatchPlan:
+        """Driver: check the options and the input, claim the log and recover, before any task."""
+        refuseWriterTasks(self.sink.options, self.sink.name())
+        self.sink.validate(self.schema)
+        queryId = checkpointQueryId(self.settings.checkpointLocation)
+        batchId = plannedBatchId(self.settings.checkpointLocation)
+        committer = self.sink.createCommitter()
+        return beforeBatch(self.sink, committer, self.settings, queryId, batchId)
+
+    def _checkUnplanned(self) -> None:
+        """Refuse to commit with a writer that planned a batch: PySpark pickled the writer it
+        commits with, so recovery ran while this batch's transactions were undecided."""
+        if self.plan is not None:
+            raise RuntimeError(
+                "twophase: PySpark pickled the stream writer it commits with, so it planned a "
+                "batch (and ran recovery) in its commit worker; this PySpark calls data source "
+                "writers in an order twophase does not support (see twophase.spark.stream_writer)"
+            )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseCommitMessage:
         """Executor: write this task's input in one prepared transaction; return its handle."""
@@ -100,6 +131,8 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
             runId=self.runId,
             options=dict(self.sink.options),
         )
+        if self.plan is None:
+            raise RuntimeError("a twophase stream writer reached a task without a batch plan")
         decided = not self.plan.writes(batchId, ctx.partitionId)
         result = runTask(self.sink.createWriter, ctx, iterator, alreadyDecided=decided)
         return TwoPhaseCommitMessage(
@@ -113,6 +146,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         """Driver: decide batch ``batchId`` durably, then commit every handle of it."""
         freezeWorkerHeap()
         ensureLogging()
+        self._checkUnplanned()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
         coordinator.commitBatch(batchId, _results(messages))
         reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
@@ -129,6 +163,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         """Driver: abort batch ``batchId``, or roll it forward if the log shows it decided."""
         freezeWorkerHeap()
         ensureLogging()
+        self._checkUnplanned()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
         abortFailedBatch(
             coordinator, batchId, _results(messages), unreported=any(m is None for m in messages)
@@ -137,13 +172,3 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
     return [TaskResult.fromJson(m.result) for m in messages if isinstance(m, TwoPhaseCommitMessage)]
-
-
-def calledByCommitRunner() -> bool:
-    """True when PySpark's commit/abort worker is building the writer (not batch planning)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_COMMIT_RUNNER_FILE):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False

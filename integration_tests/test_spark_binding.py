@@ -1,18 +1,21 @@
-"""``twophase.foreachBatch`` writes a batch of many partitions with few tasks, exactly once.
+"""How the Spark binding drives a sink: the tasks that write a batch, and PySpark's calls.
 
+``twophase.foreachBatch`` writes a batch of many partitions with few tasks, exactly once.
 The default writes with one task per task slot, whatever the batch's partitions; each task
 reports the input partitions its transaction holds. After a decided batch lost transactions
 (Kafka's timeout while the query was down), the replay writes exactly those inputs again,
 however Spark groups the partitions this time: the test changes ``writerTasks`` between the runs
 and SIGKILLs an executor during the rewrite, on a local cluster of two executors, through
-``twophase.multi`` into Kafka and PostgreSQL's staged path. The quick cases (the default, the
-options, the refusals, the warning of ``format()`` with many tasks) share one in-process
-session.
+``twophase.multi`` into Kafka and PostgreSQL's staged path. ``format()`` warns once per run
+when a batch had many more tasks than slots, and relies on the order in which PySpark calls a
+stream writer (planned when pickled for the tasks, never pickled to commit): a test here fails
+the day a PySpark version changes it. The quick cases share one in-process session.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,15 +30,17 @@ from integration_tests.test_kafka_helpers import createTopic, privateBroker
 from integration_tests.test_kafka_spark import awaitOutage, openTransactions, rewriteRecords
 from integration_tests.test_multi import SINK_SPEC, kafkaIds, multiOptions, pgIds, preparedGids
 from twophase.coordinator import DecisionLog
-from twophase.settings import TwoPhaseConfigError
+from twophase.settings import SinkSettings, TwoPhaseConfigError
 from twophase.spark import task_advice
+from twophase.spark.files import FilesSink
+from twophase.spark.stream_writer import TwoPhaseStreamWriter
 
 PARTITIONS = 24
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    yield from sharedSession("twophase-writer-tasks")
+    yield from sharedSession("twophase-spark-binding")
 
 
 def runFiles(spark: Any, tmp: Path, name: str, **options: str) -> tuple[Path, Path]:
@@ -149,6 +154,65 @@ def test_format_warns_once_per_run_when_a_batch_had_many_more_tasks_than_slots(
     few = start(stream.coalesce(2), "few")
     few.awaitTermination()
     assert not list((tmp_path / "few-ckpt").rglob(task_advice.NOTICE_FILE))
+
+
+def test_pyspark_plans_by_pickling_the_writer_and_commits_with_one_never_pickled(
+    spark: Any, tmp_path: Path
+) -> None:
+    """What twophase.spark.stream_writer relies on: the planner pickles the writer for the
+    tasks (so the batch is planned, recovery included, before any task), the tasks get that
+    planned writer, and the commit worker builds its own writer and never pickles it."""
+    events = str(tmp_path / "events")
+
+    def note(what: str, planned: bool) -> None:
+        with open(events, "a") as f:
+            f.write(f"{what} {os.getpid()} {planned}\n")
+
+    class RecordingWriter(TwoPhaseStreamWriter):
+        def __getstate__(self) -> dict[str, Any]:
+            note("pickled", self.plan is not None)
+            return super().__getstate__()
+
+        def write(self, iterator: Any) -> Any:
+            note("write", self.plan is not None)
+            return super().write(iterator)
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            note("commit", self.plan is not None)
+            super().commit(messages, batchId)
+
+    class RecordingFiles(FilesSink):
+        @classmethod
+        def name(cls) -> str:
+            return "it.recording-files"
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> TwoPhaseStreamWriter:
+            settings = SinkSettings.fromOptions(self.options, self.name())
+            return RecordingWriter(self, settings, schema, "run")
+
+    spark.dataSource.register(RecordingFiles)
+    query = (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 100)
+        .option("totalRows", 200)
+        .load()
+        .writeStream.format("it.recording-files")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seen = [line.split() for line in Path(events).read_text().splitlines()]
+    kinds = [what for what, _, _ in seen]
+    assert kinds.count("commit") == 2 and "write" in kinds, seen
+    assert kinds.index("pickled") < kinds.index("write"), "planned before any task"
+    assert all(planned == "True" for what, _, planned in seen if what == "write"), seen
+    assert all(planned == "False" for what, _, planned in seen if what == "commit"), seen
+    committers = {pid for what, pid, _ in seen if what == "commit"}
+    picklers = {pid for what, pid, _ in seen if what == "pickled"}
+    assert not committers & picklers, "the commit worker never pickles its writer"
+    assert sorted(pq.read_table(tmp_path / "out").column("id").to_pylist()) == list(range(200))
 
 
 @pytest.mark.timeout(1200)
