@@ -14,7 +14,7 @@ from pathlib import Path
 import twophase
 
 PACKAGE = Path(twophase.__file__).resolve().parent
-SPARK_FREE_EXCEPTIONS = {"twophase.cli", "twophase.demo", "twophase.__main__"}
+SPARK_FREE_EXCEPTIONS = {"twophase.cli.demo", "twophase.__main__"}
 """Entry points that start or drive Spark on purpose."""
 
 

@@ -4,11 +4,11 @@
 from the ``sink.json`` kept beside its log and finishes what the log decided, then aborts the
 sink's prepared transactions that no decision covers; ``--dry-run`` only says what it would do.
 ``doctor`` holds each log against what the sink's system holds (``twophase.doctor``).
-``verify`` compares what a source offered with what a sink holds (``twophase.cli_verify``).
+``verify`` compares what a source offered with what a sink holds (``twophase.cli.verify``).
 
-A failure is one paragraph on stderr (``twophase.cli_errors``), with its traceback only under
+A failure is one paragraph on stderr (``twophase.cli.errors``), with its traceback only under
 ``--debug`` or ``TWOPHASE_DEBUG=1``; exit statuses: 0 done, 1 something left to do, 2 bad input
-or a system that cannot be reached. Sink options given again: ``twophase.cli_options``.
+or a system that cannot be reached. Sink options given again: ``twophase.cli.options``.
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ from typing import Any, TextIO
 
 import fsspec.core
 
-from twophase.cli_errors import (
+from twophase.cli.errors import (
     EXIT_LEFT_TO_DO,
     EXIT_OK,
     CommandError,
     explain,
     paragraph,
 )
-from twophase.cli_options import (
+from twophase.cli.options import (
     SinkOptionError,
     addSinkOptionArguments,
     sinkOptions,
 )
-from twophase.cli_verify import addVerifyParser, verifyCommand
+from twophase.cli.verify import addVerifyParser, verifyCommand
 from twophase.coordinator import Coordinator, DecisionLog
 from twophase.coordinator.description import SINK_DESCRIPTION, readSinkDescription
 from twophase.coordinator.paths import LOG_DIRECTORY, sinkLogLocations
@@ -200,7 +200,7 @@ def recover(
     err: TextIO | None = None,
     debug: bool = False,
 ) -> int:
-    """Finish each sink's decided batches; 0 done, 1 left to do, 2 cannot (see cli_errors).
+    """Finish each sink's decided batches; 0 done, 1 left to do, 2 cannot (see cli.errors).
 
     A sink that fails is said in one paragraph on ``err`` and the others are still recovered.
     Raises ``CommandError`` when there is no checkpoint or no log.
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     out, err = sys.stdout, sys.stderr
     if args[:1] == ["demo"]:
-        from twophase import demo
+        from twophase.cli import demo
 
         debug = "--debug" in args or debugging()
         rest = [a for a in args[1:] if a != "--debug"]
