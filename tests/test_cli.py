@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from twophase import cli
-from twophase.cli import dispatch, errors, options
+from twophase.cli import errors, options, recover
 from twophase.coordinator import CommitFailedError, DecisionLog, LogOwnershipError
 from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
@@ -187,7 +187,7 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_needs_debug(
     def broken(url: str, options: object) -> None:
         raise RuntimeError("token=opaque-Secret-42 went missing")
 
-    monkeypatch.setattr(dispatch, "loadSink", broken)
+    monkeypatch.setattr(recover, "loadSink", broken)
     argv = ["recover", "--checkpoint", str(checkpoint)]
     status, _, err = _run(argv, capsys)
     assert status == 1 and "Traceback" not in err and "--debug" in err
