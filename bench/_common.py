@@ -75,26 +75,26 @@ def ratio(a: float, b: float) -> float:
 
 def commitLine(ckpt: str) -> str:
     """The ``commit time`` line of ``twophase status --checkpoint <ckpt>``."""
-    from twophase import cli
+    from twophase.cli.status import status
 
     out = io.StringIO()
-    cli.status(ckpt, None, False, out)
+    status(ckpt, None, False, out)
     lines = [line.strip() for line in out.getvalue().splitlines() if "commit time" in line]
     return lines[0] if lines else "no commit times in the log"
 
 
 def commitPercentiles(ckpt: str) -> tuple[float, float, int]:
     """Driver commit time per batch from the decision log(s): p50 ms, p95 ms, batches."""
-    from twophase import cli
+    from twophase.cli.status import commitTimes, percentile
     from twophase.coordinator import DecisionLog
     from twophase.coordinator.paths import sinkLogLocations
 
     times: list[float] = []
     for _, url in sinkLogLocations(ckpt):
-        times += cli.commitTimes(DecisionLog(url))
+        times += commitTimes(DecisionLog(url))
     if not times:
         return float("nan"), float("nan"), 0
-    return statistics.median(times) * 1000, cli.percentile(times, 0.95) * 1000, len(times)
+    return statistics.median(times) * 1000, percentile(times, 0.95) * 1000, len(times)
 
 
 def percentiles(values: Sequence[float]) -> tuple[float, float, float]:

@@ -17,7 +17,7 @@ import pytest
 
 from integration_tests.test_kafka_helpers import createTopic, readTopic, values
 from integration_tests.test_kafka_participant import prepare, sink, state
-from twophase.cli import status
+from twophase.cli.status import status
 from twophase.coordinator import Coordinator, CoordinatorSettings, DecisionLog
 from twophase.coordinator.errors import RewriteMismatchError, RewritePendingError
 from twophase.protocol import TaskResult

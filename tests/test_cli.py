@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from twophase import cli, cli_errors, cli_options
+from twophase import cli
+from twophase.cli import errors, options, recover
 from twophase.coordinator import CommitFailedError, DecisionLog, LogOwnershipError
 from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
@@ -186,7 +187,7 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_needs_debug(
     def broken(url: str, options: object) -> None:
         raise RuntimeError("token=opaque-Secret-42 went missing")
 
-    monkeypatch.setattr(cli, "loadSink", broken)
+    monkeypatch.setattr(recover, "loadSink", broken)
     argv = ["recover", "--checkpoint", str(checkpoint)]
     status, _, err = _run(argv, capsys)
     assert status == 1 and "Traceback" not in err and "--debug" in err
@@ -230,20 +231,20 @@ def test_sink_option_files_hold_lines_or_json_and_their_errors_show_no_value(
     bad.write_text("password\n")
     for path in (lines, asJson, bad):
         path.chmod(0o600)
-    assert cli_options.readOptionFile(str(lines)) == {
+    assert options.readOptionFile(str(lines)) == {
         "password": "pa=ss word",
         "url": "postgresql://u@h/db",
     }
-    assert cli_options.readOptionFile(str(asJson)) == {
+    assert options.readOptionFile(str(asJson)) == {
         "password": "pw-Json-1",
         "commitRetries": "3",
         "resetLog": "false",
     }
-    with pytest.raises(cli_options.SinkOptionError, match="line 1: expected KEY=VALUE"):
-        cli_options.readOptionFile(str(bad))
-    with pytest.raises(cli_options.SinkOptionError, match="cannot read"):
-        cli_options.readOptionFile(str(tmp_path / "missing"))
-    merged = cli_options.sinkOptions([("password", "from-line")], [str(lines)])
+    with pytest.raises(options.SinkOptionError, match="line 1: expected KEY=VALUE"):
+        options.readOptionFile(str(bad))
+    with pytest.raises(options.SinkOptionError, match="cannot read"):
+        options.readOptionFile(str(tmp_path / "missing"))
+    merged = options.sinkOptions([("password", "from-line")], [str(lines)])
     assert merged["password"] == "from-line" and merged["url"] == "postgresql://u@h/db"
 
 
@@ -258,8 +259,8 @@ def test_the_same_failure_on_many_handles_is_said_once() -> None:
         )
         for p in (3, 0, 2, 1, 7)
     ]  # fmt: skip
-    explanation = cli_errors.explain(CommitFailedError("s1", 2, failures))
-    text = cli_errors.paragraph("recover", explanation.text, explanation.fix)
+    explanation = errors.explain(CommitFailedError("s1", 2, failures))
+    text = errors.paragraph("recover", explanation.text, explanation.fix)
     assert explanation.status == 2  # the server refused: nothing was done
     assert "5 transactions (batch 2 partitions 0-3, 7)" in text
     assert text.count("no password supplied") == 1 and "gid-" not in text
@@ -269,9 +270,9 @@ def test_the_same_failure_on_many_handles_is_said_once() -> None:
 
 
 def test_the_coordinators_refusals_keep_their_words_and_exit_1() -> None:
-    owned = cli_errors.explain(LogOwnershipError("file:///c/twophase/s", "s", "q-old", "q-new"))
+    owned = errors.explain(LogOwnershipError("file:///c/twophase/s", "s", "q-old", "q-new"))
     assert owned.status == 1 and "twophase.resetLog=true" in owned.text
-    pending = cli_errors.explain(RewritePendingError("s", 4, [1, 2], "ProducerFenced"))
+    pending = errors.explain(RewritePendingError("s", 4, [1, 2], "ProducerFenced"))
     assert pending.status == 1 and "restart the query" in pending.text
     assert "docs/operations.md" in pending.text
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import twophase
 
 PACKAGE = Path(twophase.__file__).resolve().parent
-SPARK_FREE_EXCEPTIONS = {"twophase.cli", "twophase.demo", "twophase.__main__"}
+SPARK_FREE_EXCEPTIONS = {"twophase.cli.demo", "twophase.__main__"}
 """Entry points that start or drive Spark on purpose."""
 
 
@@ -110,3 +110,37 @@ def test_sinks_and_sources_do_not_import_each_other() -> None:
         or (m.startswith("twophase.sources.") and name.startswith("twophase.sinks"))
     ]
     assert not offenders, offenders
+
+
+def _isCommandLine(module: str) -> bool:
+    return module == "twophase.cli" or module.startswith("twophase.cli.")
+
+
+def test_the_command_line_is_the_top_floor_and_has_no_import_loop() -> None:
+    """Nothing below ``twophase.cli`` imports it (``twophase.__main__`` only runs it), and no
+    module of the command line imports one that imports it back, even inside a function."""
+    pkgs = pkgutil.walk_packages([str(PACKAGE)], prefix="twophase.")
+    modules = {"twophase", *(m.name for m in pkgs)}
+    edges: dict[str, set[str]] = {}
+    for module in modules:
+        imported = _imports(module)
+        named = {name for name, _ in imported}
+        named |= {f"{name}.{n}" for name, names in imported for n in names}
+        edges[module] = {n for n in named if n in modules and _isCommandLine(n)}
+    below = [
+        f"{module} imports {', '.join(sorted(targets))}"
+        for module, targets in sorted(edges.items())
+        if targets and not _isCommandLine(module) and module != "twophase.__main__"
+    ]
+    assert not below, below
+
+    def loopFrom(path: list[str]) -> list[str] | None:
+        for target in sorted(edges[path[-1]]):
+            if target == path[0]:
+                return [*path, target]
+            if target not in path and (found := loopFrom([*path, target])):
+                return found
+        return None
+
+    loops = [loop for m in sorted(modules) if _isCommandLine(m) and (loop := loopFrom([m]))]
+    assert not loops, loops

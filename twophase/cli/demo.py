@@ -111,7 +111,7 @@ def _startChild(plan: DemoPlan, logFile: TextIO, crashAt: str | None) -> subproc
     env.pop(faults.ENV, None)
     if crashAt:
         env[faults.ENV] = crashAt
-    args = [sys.executable, "-m", "twophase.demo", "--child", str(plan.workdir)]
+    args = [sys.executable, "-m", "twophase.cli.demo", "--child", str(plan.workdir)]
     args += ["--rows", str(plan.rows), "--rows-per-batch", str(plan.rowsPerBatch)]
     args += ["--partitions", str(plan.partitions)]
     return subprocess.Popen(

@@ -5,7 +5,8 @@ description. At a terminal the operator needs what failed (the server as ``user@
 never a password), whether anything decided is at risk, and the fix. ``explain`` turns an
 error into that paragraph; the same cause on several handles is said once, with the count and
 the handles listed briefly ("4 transactions (batch 2 partitions 0-3)"). Every text passes
-through ``redact``.
+through ``redact``. ``sayFailure`` writes it, after the redacted traceback only under
+``--debug`` or ``TWOPHASE_DEBUG=1`` (``debugging``).
 
 Exit statuses of ``status``, ``recover`` and ``doctor`` (``verify`` has its own 0/1/2 with
 the same meaning of 2): 0 done, nothing left; 1 something is left to do or failed to finish;
@@ -14,10 +15,14 @@ the same meaning of 2): 0 done, nothing left; 1 something is left to do or faile
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import textwrap
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TextIO
 
 from twophase.coordinator.errors import (
     CommitFailedError,
@@ -97,6 +102,22 @@ def paragraph(command: str, text: str, fix: str = "") -> str:
         break_long_words=False,
     )
     return wrapped + "\n"
+
+
+def debugging(parsed: argparse.Namespace | None = None) -> bool:
+    """``--debug`` or ``TWOPHASE_DEBUG=1``: failures also print their traceback."""
+    fromEnv = os.environ.get("TWOPHASE_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    return fromEnv or bool(getattr(parsed, "debug", False))
+
+
+def sayFailure(command: str, exc: BaseException, err: TextIO, debug: bool) -> int:
+    """Say ``exc`` in one paragraph on ``err`` (after its redacted traceback when ``debug``);
+    return the command's exit status for it."""
+    if debug:
+        err.write(redact("".join(traceback.format_exception(exc))))
+    explanation = explain(exc)
+    err.write(paragraph(command, explanation.text, explanation.fix))
+    return explanation.status
 
 
 def explain(exc: BaseException) -> Explanation:

@@ -1,7 +1,7 @@
 """``twophase verify``: its arguments, and the command that compares a source with a sink.
 
 Exit status: 0 when every record is there exactly once, 1 on any violation, 2 on bad input
-(``VerifyInputError``); other failures are said by ``twophase.cli_errors`` like every command's.
+(``VerifyInputError``); other failures are said by ``twophase.cli.errors`` like every command's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from twophase.cli_options import keyValue
+from twophase.cli.options import keyValue
 from twophase.verify import EXAMPLES, MULTI_HELP, SINKS, SOURCES, VerifyInputError, verify
 
 VERIFY_SHORTCUTS = {

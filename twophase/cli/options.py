@@ -18,6 +18,8 @@ import stat
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from twophase.cli.errors import CommandError
+
 OPEN_MODE_BITS = 0o077
 """Permission bits (group and others) that make ``--sink-option-file`` refuse a file."""
 
@@ -126,6 +128,15 @@ def sinkOptions(fromLine: Iterable[tuple[str, str]], files: Iterable[str]) -> di
         options.update(readOptionFile(path))
     options.update(dict(fromLine))
     return options
+
+
+def givenSinkOptions(parsed: argparse.Namespace) -> dict[str, str]:
+    """A parsed command's ``--sink-option-file`` and ``--sink-option``, merged by
+    ``sinkOptions``; a ``CommandError`` (exit status 2) when one of them cannot be used."""
+    try:
+        return sinkOptions(parsed.sink_option, parsed.sink_option_file)
+    except SinkOptionError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def optionNames(options: Mapping[str, str]) -> tuple[str, ...]:

@@ -1,0 +1,13 @@
+"""The ``twophase`` command line: a module per command, and the errors and options they share.
+
+The top floor: it imports the rest of twophase and nothing below imports it;
+``twophase/__main__.py`` and the ``twophase`` script (``twophase.cli:main``) only call ``main``.
+``dispatch`` builds the parser and runs a command; the commands are ``demo``, ``status``,
+``recover``, ``doctor`` and ``verify``; beside them ``checkpoint`` (a query's sinks and their
+logs, for status, recover and doctor), ``options`` (the sink options given again), ``errors``
+(a failure as one paragraph and an exit status) and ``console`` (the log lines a command shows).
+"""
+
+from twophase.cli.dispatch import main
+
+__all__ = ["main"]
