@@ -36,7 +36,8 @@ from twophase.redaction import getLogger, redact
 log = getLogger(__name__)
 
 SinkLoader = Callable[[str, Mapping[str, str]], tuple[Any, dict[str, str]]]
-"""``twophase.cli.loadSink``: a log directory and extra options -> (committer, options)."""
+"""``twophase.cli.checkpoint.loadSink``: a log directory and extra options -> (committer,
+options)."""
 
 
 @dataclass(frozen=True)
