@@ -667,7 +667,7 @@ def test_recovery_with_nothing_to_do_lists_the_log_once(
 ) -> None:
     world.runBatch(0)
     calls: list[str] = []
-    fs = world.driver.log._fs
+    fs = world.driver.log._storage.fs
     for name in ("ls", "cat_file", "pipe_file", "mv", "rm"):
         original = getattr(fs, name)
 
