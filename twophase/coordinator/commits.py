@@ -4,7 +4,8 @@ After ``decided(N)`` a batch only goes forward. ``finish`` commits every live ha
 decision in parallel with bounded retries (a lost partition's replacement through
 ``Committer.commitReplacement``), writes ``committed(N)``, aborts the other handles of the call
 and sweeps the batch's other prepared transactions, then prunes the log. A handle that stays
-uncommitted raises, and the decision stays in the log for the next ``recover``.
+uncommitted raises (``RewritePendingError`` when the replay can write its partition again), and
+the decision stays in the log for the next ``recover``.
 """
 
 from __future__ import annotations

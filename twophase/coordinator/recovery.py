@@ -1,10 +1,11 @@
 """Recovery: every outstanding decision rolled forward, then the sweep of what none keeps.
 
-Runs before any task of a batch begins (and for ``claim`` with ``reset``): the handles of
-decided-but-unfinished batches are committed with ``recoverAndCommit`` and those batches marked
-committed, then the committer's ``recoverAndAbort`` aborts every prepared transaction of the sink
-that no outstanding decision keeps. A decided transaction the participant lost and the sink
-fingerprints is recorded for the replay to write again; the batch stays decided.
+Runs before any task of a batch begins (the roll-forward alone also before ``claim`` resets a
+log of another query): the handles of decided-but-unfinished batches are committed with
+``recoverAndCommit`` and those batches marked committed, then the committer's
+``recoverAndAbort`` aborts every prepared transaction of the sink that no outstanding decision
+keeps. A decided transaction the participant lost and the sink fingerprints is recorded for the
+replay to write again; the batch stays decided.
 """
 
 from __future__ import annotations
