@@ -23,8 +23,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import twophase.coordinator.commits as commitsModule
 import twophase.coordinator.coordinator as coordinatorModule
 import twophase.coordinator.execution as executionModule
+import twophase.coordinator.recovery as recoveryModule
 from twophase import faults
 from twophase.coordinator import (
     CommitFailedError,
@@ -254,8 +256,8 @@ def crashAt(monkeypatch: pytest.MonkeyPatch) -> CrashAt:
             world.driver.participant.dead = True
             raise SimulatedCrash(f"{point}:{batchId}")
 
-    monkeypatch.setattr(coordinatorModule, "crashPoint", fakeCrashPoint)
-    monkeypatch.setattr(executionModule, "crashPoint", fakeCrashPoint)
+    for module in (coordinatorModule, commitsModule, recoveryModule, executionModule):
+        monkeypatch.setattr(module, "crashPoint", fakeCrashPoint)
 
     def arm(point: str, world: World, batchId: int | None = None) -> None:
         armed.update(point=point, world=world, batchId=batchId)
@@ -667,7 +669,7 @@ def test_recovery_with_nothing_to_do_lists_the_log_once(
 ) -> None:
     world.runBatch(0)
     calls: list[str] = []
-    fs = world.driver.log._fs
+    fs = world.driver.log._storage.fs
     for name in ("ls", "cat_file", "pipe_file", "mv", "rm"):
         original = getattr(fs, name)
 

@@ -145,7 +145,7 @@ def test_torn_or_garbage_record_is_ignored_with_a_warning(
     name = "batch-00000000000000000005.decided.json"
     write(url, name, damage(files(url)[name]))
 
-    with caplog.at_level(logging.WARNING, logger="twophase.coordinator.log"):
+    with caplog.at_level(logging.WARNING, logger="twophase.coordinator.reading"):
         assert log.state(5) is None
         assert not log.isDecided(5)
         assert log.outstanding() == []

@@ -25,9 +25,7 @@ from twophase.protocol import (
     TwoPhaseParticipant,
 )
 from twophase.settings import SinkSettings, TwoPhaseConfigError
-
-__version__ = "0.1.0"
-"""This release; pyproject.toml reads it, and ``register`` compares a Connect server's to it."""
+from twophase.version import __version__
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

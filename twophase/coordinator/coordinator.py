@@ -19,37 +19,33 @@ not the end of the batch when the sink fingerprints its handles (``Committer.fin
 the partition is recorded as lost in ``rewrite(N)``, N stays decided, and Spark's replay of N
 writes that partition again; ``commitBatch`` takes the replay's handle for it only when its
 fingerprint matches the decided one.
+
+This module is the walk of a batch through those states. What each step does lives by role:
+:mod:`~twophase.coordinator.commits` (a decided batch's commits, ``committed(N)`` and the
+cleanup), :mod:`~twophase.coordinator.recovery` (outstanding decisions rolled forward, then the
+sweep), :mod:`~twophase.coordinator.aborts` (undecided handles aborted, a batch swept),
+:mod:`~twophase.coordinator.lost` (lost partitions and their rewrite) and
+:mod:`~twophase.coordinator.execution` (the calls, in parallel, with retries).
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from twophase.coordinator.errors import (
-    CommitFailedError,
-    CoordinatorError,
-    LogOwnershipError,
-    RewritePendingError,
-)
-from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
+from twophase.coordinator.aborts import Aborts
+from twophase.coordinator.commits import BatchCommits
+from twophase.coordinator.errors import CoordinatorError, LogOwnershipError
+from twophase.coordinator.execution import CommitExecutor
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
-from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle
+from twophase.coordinator.records import BatchState, BatchStatus
+from twophase.coordinator.recovery import Recovery
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import crashPoint
-from twophase.protocol import (
-    Committer,
-    Handle,
-    RecoveryScope,
-    TaskResult,
-    TransactionLostError,
-    checkedAborted,
-    dumpsHandle,
-)
+from twophase.protocol import Committer, Handle, TaskResult, dumpsHandle
 from twophase.protocol.checks import checkedDescription
 from twophase.redaction import getLogger, redact
 
@@ -86,8 +82,16 @@ class Coordinator:
         self.log = log
         self.sinkId = sinkId
         self.settings = settings or CoordinatorSettings()
-        self.executor = CommitExecutor(sinkId, self.settings, self._describe)
-        self.lost = LostPartitions(committer, log, sinkId, self.settings, self._describe)
+        describe = self._describe
+        self.executor = CommitExecutor(sinkId, self.settings, describe)
+        self.lost = LostPartitions(committer, log, sinkId, self.settings, describe)
+        self.aborts = Aborts(committer, sinkId, self.settings, self.executor, describe)
+        self.commits = BatchCommits(
+            committer, log, sinkId, self.settings, self.executor, self.lost, self.aborts, describe
+        )
+        self.recovery = Recovery(
+            committer, log, sinkId, self.settings, self.executor, self.lost, self.commits, describe
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -104,7 +108,7 @@ class Coordinator:
         except LogOwnershipError:
             if not reset:
                 raise
-        self._rollForwardOutstanding()
+        self.recovery.rollForwardOutstanding()
         self.log.claim(self.sinkId, queryId, reset=True)
 
     def recover(self, batchId: int | None = None) -> RecoveryReport:
@@ -118,50 +122,7 @@ class Coordinator:
         transaction the sink fingerprints: that partition is recorded for the replay to write
         again (``RecoveryReport.awaitingRewrite``) and the batch stays decided.
         """
-        started = time.monotonic()
-        finished, committedHandles, keep, awaiting = self._rollForwardOutstanding()
-        crashPoint("driver.duringRecovery", batchId)
-        aborted = self.executor.retrying(
-            lambda: checkedAborted(
-                self.committer,
-                self.committer.recoverAndAbort(RecoveryScope(self.sinkId, keep=keep)),
-            ),
-            what=f"recoverAndAbort of sink {self.sinkId}",
-            deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
-        )
-        for handle in aborted:
-            log.info(
-                "twophase sink %s: aborted lingering transaction %s",
-                self.sinkId,
-                self._describe(handle),
-            )
-        report = RecoveryReport(
-            self.sinkId,
-            tuple(finished),
-            committedHandles,
-            len(aborted),
-            time.monotonic() - started,
-            awaiting,
-        )
-        for awaitingBatch, partitions in awaiting.items():
-            log.warning(
-                "twophase sink %s: batch %d is decided, but the transactions of partitions %s "
-                "were aborted by the system; the replay of the batch writes them again",
-                self.sinkId,
-                awaitingBatch,
-                list(partitions),
-            )
-        if not report.idle:
-            log.info(
-                "twophase sink %s: recovery finished batches %s (%d handles committed), "
-                "aborted %d lingering transactions in %.0f ms",
-                self.sinkId,
-                list(report.batchesFinished),
-                report.handlesCommitted,
-                report.transactionsAborted,
-                report.seconds * 1000,
-            )
-        return report
+        return self.recovery.recover(batchId)
 
     def commitBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
         """Make batch N visible exactly once; safe to call again, for a replay, from any process.
@@ -188,8 +149,8 @@ class Coordinator:
                 batchId,
             )
             if state.awaitingRewrite:
-                state = self.lost.take(state, results, self._abortHandles)
-            return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
+                state = self.lost.take(state, results, self.aborts.abortHandles)
+            return self.commits.finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         skipped = [r.partitionId for r in results if r.handle is None]
         if skipped:
             raise CoordinatorError(
@@ -207,7 +168,7 @@ class Coordinator:
             if decided.handleKeys == fresh
             else CommitOutcome.ROLLED_FORWARD  # someone else's decision won the race
         )
-        return self._finish(decided, results, started, outcome)
+        return self.commits.finish(decided, results, started, outcome)
 
     def abortBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
         """Abort batch N unless it is decided; a decided N is rolled forward, never back.
@@ -221,7 +182,7 @@ class Coordinator:
             self._validate(batchId, results)
         except LogOwnershipError:
             # These handles are this query's and undecided anywhere: discard them, then refuse.
-            self._abortHandles(batchId, results, decided=frozenset())
+            self.aborts.abortHandles(batchId, results, decided=frozenset())
             raise
         state = self.log.state(batchId)
         if state is not None and state.status is BatchStatus.COMMITTED:
@@ -235,7 +196,9 @@ class Coordinator:
             if state.awaitingRewrite:
                 # A failed replay: its handles are not checked replacements; the next start
                 # replays the batch again.
-                aborted, retries = self._abortHandles(batchId, results, decided=state.handleKeys)
+                aborted, retries = self.aborts.abortHandles(
+                    batchId, results, decided=state.handleKeys
+                )
                 return CommitReport(
                     self.sinkId,
                     batchId,
@@ -248,11 +211,11 @@ class Coordinator:
                     time.monotonic() - started,
                     0.0,
                 )
-            return self._finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
+            return self.commits.finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         abortStart = time.monotonic()
-        aborted, retries = self._abortHandles(batchId, results, decided=frozenset())
+        aborted, retries = self.aborts.abortHandles(batchId, results, decided=frozenset())
         abortSeconds = time.monotonic() - abortStart
-        stragglers = self._sweepBatch(batchId, keep=())
+        stragglers = self.aborts.sweepBatch(batchId, keep=())
         self.log.markAborted(batchId)
         report = CommitReport(
             self.sinkId,
@@ -274,6 +237,25 @@ class Coordinator:
             stragglers,
         )
         return report
+
+    def sweepAbortedBatch(self, batchId: int) -> int:
+        """Abort what tasks of batch N prepared after ``abortBatch`` swept it; only if aborted.
+
+        A decided or committed batch is left alone (its transactions are the decision's);
+        returns how many transactions were aborted.
+        """
+        state = self.log.state(batchId)
+        if state is None or state.status is not BatchStatus.ABORTED:
+            return 0
+        late = self.aborts.sweepBatch(batchId, keep=())
+        if late:
+            log.info(
+                "twophase sink %s: batch %d: aborted %d transaction(s) prepared after the abort",
+                self.sinkId,
+                batchId,
+                late,
+            )
+        return late
 
     def isDecided(self, batchId: int) -> bool:
         """True if batch N is decided or committed: nothing of N may be written again."""
@@ -320,7 +302,9 @@ class Coordinator:
     def _skipCommitted(
         self, state: BatchState, results: Sequence[TaskResult], started: float
     ) -> CommitReport:
-        aborted, retries = self._abortHandles(state.batchId, results, decided=state.handleKeys)
+        aborted, retries = self.aborts.abortHandles(
+            state.batchId, results, decided=state.handleKeys
+        )
         log.info(
             "twophase sink %s: batch %d was already committed; replay aborted %d duplicate handles",
             self.sinkId,
@@ -339,264 +323,6 @@ class Coordinator:
             time.monotonic() - started,
             0.0,
         )
-
-    def _finish(
-        self,
-        state: BatchState,
-        results: Sequence[TaskResult],
-        started: float,
-        outcome: CommitOutcome,
-    ) -> CommitReport:
-        """Commit the decided handles of ``state``, mark it committed, clean up around it."""
-        batchId = state.batchId
-        action = (
-            self.committer.commit
-            if outcome is CommitOutcome.COMMITTED
-            else self.committer.recoverAndCommit
-        )
-        commitStart = time.monotonic()
-        live = state.liveHandles
-        outcomes = self.executor.runAll(
-            self._commitJobs(state, action),
-            deadline=commitStart + self.settings.commitTimeoutSeconds,
-            crashBetween=batchId,
-        )
-        commitSeconds = time.monotonic() - commitStart
-        lost = self.lost.rewritable(outcomes)
-        if lost:
-            self.lost.record(state, lost)
-            raise RewritePendingError(
-                self.sinkId, batchId, sorted(lost), self.lost.details(lost.values())
-            )
-        self._raiseFailures(batchId, outcomes)
-        crashPoint("driver.afterCommits", batchId)
-        self.log.markCommitted(batchId, commitSeconds)
-        crashPoint("driver.afterCommitted", batchId)
-        duplicates, abortRetries = self._abortHandles(batchId, results, decided=state.handleKeys)
-        stragglers = self._sweepBatch(
-            batchId, keep=tuple(e.handle for e in (*state.handles, *state.replacements))
-        )
-        self._prune()
-        report = CommitReport(
-            self.sinkId,
-            batchId,
-            outcome,
-            len(live),
-            sum(e.rows for e in live),
-            duplicates,
-            stragglers,
-            sum(o.attempts - 1 for o in outcomes) + abortRetries,
-            time.monotonic() - started,
-            commitSeconds,
-        )
-        log.info(
-            "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms",
-            self.sinkId,
-            batchId,
-            report.handles,
-            report.rows,
-            report.seconds * 1000,
-        )
-        return report
-
-    def _rollForwardOutstanding(
-        self,
-    ) -> tuple[list[int], int, tuple[Handle, ...], dict[int, tuple[int, ...]]]:
-        """Commit every live handle of every decided-but-unfinished batch; mark those committed.
-
-        Returns the batches finished, the number of handles committed, every handle of the
-        outstanding decisions (the ``keep`` of the sweep that follows), and the batches left
-        with partitions awaiting their rewrite (lost transactions the sink fingerprints).
-        """
-        outstanding = self.log.outstanding()
-        if not outstanding:
-            return [], 0, (), {}
-        keep = tuple(
-            entry.handle for state in outstanding for entry in (*state.handles, *state.replacements)
-        )
-        log.info(
-            "twophase sink %s: rolling forward decided batches %s",
-            self.sinkId,
-            [s.batchId for s in outstanding],
-        )
-        started = time.monotonic()
-        outcomes = self.executor.runAll(
-            [
-                job
-                for state in outstanding
-                for job in self._commitJobs(state, self.committer.recoverAndCommit)
-            ],
-            deadline=started + self.settings.commitTimeoutSeconds,
-            crashBetween=None,
-        )
-        seconds = time.monotonic() - started
-        awaiting: dict[int, tuple[int, ...]] = {}
-        for state in outstanding:
-            lost = self.lost.rewritable([o for o in outcomes if o.job.batchId == state.batchId])
-            if lost:
-                state = self.lost.record(state, lost)
-            if state.awaitingRewrite:
-                awaiting[state.batchId] = state.awaitingRewrite
-        failedBatches = {
-            o.job.batchId for o in outcomes if o.error is not None and not self.lost.isRewritable(o)
-        }
-        finished = [
-            s for s in outstanding if s.batchId not in failedBatches and s.batchId not in awaiting
-        ]
-        for state in finished:
-            self.log.markCommitted(state.batchId, seconds)
-            log.info(
-                "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
-                self.sinkId,
-                state.batchId,
-                len(state.liveHandles),
-                sum(e.rows for e in state.liveHandles),
-                seconds * 1000,
-            )
-        for batchId in sorted(failedBatches):
-            self._raiseFailures(
-                batchId,
-                [o for o in outcomes if o.job.batchId == batchId and not self.lost.isRewritable(o)],
-            )
-        committed = sum(1 for o in outcomes if o.error is None)
-        return [s.batchId for s in finished], committed, keep, awaiting
-
-    # ------------------------------------------------------------------ lost partitions
-
-    def _commitJobs(self, state: BatchState, action: Callable[[Handle], None]) -> list[CommitJob]:
-        """One job per live handle: ``action``, or ``commitReplacement`` for a replay's handle."""
-        replaced = {r.key for r in state.replacements}
-        jobs = []
-        for entry in state.liveHandles:
-            original = state.loggedHandleOf(entry.partitionId)
-            if entry.key in replaced and original is not None:
-                replace = functools.partial(self.committer.commitReplacement, original.handle)
-                jobs.append(CommitJob(state.batchId, entry, replace))
-            else:
-                jobs.append(CommitJob(state.batchId, entry, action))
-        return jobs
-
-    def _abortHandles(
-        self, batchId: int, results: Sequence[TaskResult], *, decided: frozenset[str]
-    ) -> tuple[int, int]:
-        """Abort the handles of ``results`` that are not in ``decided``; log failures.
-
-        Returns (handles aborted, retries). Never aborts a decided handle: Spark may hand the
-        decided messages to ``commit`` twice or to ``abort`` after ``commit``.
-        """
-        seen = set(decided)
-        jobs = []
-        for result in results:
-            if result.handle is None:
-                continue
-            entry = LoggedHandle.fromResult(result)
-            if entry.key in seen:
-                continue
-            seen.add(entry.key)
-            jobs.append(CommitJob(batchId, entry, self.committer.abort))
-        outcomes = self.executor.runAll(
-            jobs,
-            deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
-            crashBetween=None,
-        )
-        for failed in (o for o in outcomes if o.error is not None):
-            log.warning(
-                "twophase sink %s: batch %d: could not abort %s (%s: %s); the next recovery "
-                "aborts it",
-                self.sinkId,
-                batchId,
-                self._describe(failed.job.entry.handle),
-                type(failed.error).__name__,
-                failed.error,
-            )
-        retries = sum(o.attempts - 1 for o in outcomes)
-        return sum(1 for o in outcomes if o.error is None), retries
-
-    def sweepAbortedBatch(self, batchId: int) -> int:
-        """Abort what tasks of batch N prepared after ``abortBatch`` swept it; only if aborted.
-
-        A decided or committed batch is left alone (its transactions are the decision's);
-        returns how many transactions were aborted.
-        """
-        state = self.log.state(batchId)
-        if state is None or state.status is not BatchStatus.ABORTED:
-            return 0
-        late = self._sweepBatch(batchId, keep=())
-        if late:
-            log.info(
-                "twophase sink %s: batch %d: aborted %d transaction(s) prepared after the abort",
-                self.sinkId,
-                batchId,
-                late,
-            )
-        return late
-
-    def _sweepBatch(self, batchId: int, keep: tuple[Handle, ...]) -> int:
-        """Abort prepared transactions of batch N that ``keep`` does not name; best effort."""
-        scope = RecoveryScope(self.sinkId, keep=keep, batchId=batchId)
-        try:
-            aborted = self.executor.retrying(
-                lambda: checkedAborted(self.committer, self.committer.recoverAndAbort(scope)),
-                what=f"recoverAndAbort of batch {batchId}",
-                deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
-            )
-        except Exception as exc:
-            log.warning(
-                "twophase sink %s: batch %d: sweeping other prepared transactions failed "
-                "(%s: %s); the next recovery aborts them",
-                self.sinkId,
-                batchId,
-                type(exc).__name__,
-                exc,
-            )
-            return 0
-        for handle in aborted:
-            log.info(
-                "twophase sink %s: batch %d: aborted transaction %s outside the decision",
-                self.sinkId,
-                batchId,
-                self._describe(handle),
-            )
-        return len(aborted)
-
-    def _prune(self) -> None:
-        try:
-            self.log.prune(self.settings.retentionBatches)
-        except Exception as exc:
-            log.warning(
-                "twophase sink %s: pruning the decision log failed (%s: %s)",
-                self.sinkId,
-                type(exc).__name__,
-                exc,
-            )
-
-    def _raiseFailures(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
-        failed = [o for o in outcomes if o.error is not None]
-        if not failed:
-            return
-        for outcome in failed:
-            if isinstance(outcome.error, TransactionLostError):
-                lost = outcome.error
-                lost.add_note(
-                    f"twophase sink {self.sinkId}: batch {batchId} is decided, but its "
-                    f"transaction {self._describe(outcome.job.entry.handle)} is lost: "
-                    "exactly-once is broken for it; the decision stays in the log"
-                )
-                log.error(
-                    "twophase sink %s: batch %d: transaction lost: %s: %s",
-                    self.sinkId,
-                    batchId,
-                    self._describe(outcome.job.entry.handle),
-                    lost,
-                )
-                raise lost
-        error = CommitFailedError(
-            self.sinkId,
-            batchId,
-            [(self._describe(o.job.entry.handle), o.attempts, o.error) for o in failed if o.error],
-        )
-        log.error("%s", error)
-        raise error from failed[0].error
 
     def _describe(self, handle: Handle) -> str:
         fallback = dumpsHandle(handle)

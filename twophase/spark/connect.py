@@ -23,6 +23,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from twophase.redaction import getLogger
+from twophase.version import __version__
 
 log = getLogger(__name__)
 
@@ -56,9 +57,7 @@ def isConnectSession(spark: Any) -> bool:
 
 def _here() -> tuple[str, str]:
     """This Python worker's twophase version and interpreter."""
-    import twophase
-
-    return twophase.__version__, sys.executable
+    return __version__, sys.executable
 
 
 @dataclass(frozen=True)
@@ -113,9 +112,7 @@ def checkServer(spark: Any) -> dict[str, str]:
     raises :class:`ConnectServerError` saying what to install where when a side lacks twophase
     or has another version.
     """
-    import twophase
-
-    client = twophase.__version__
+    client = __version__
     seen = {"client": client}
     spark.dataSource.register(ProbeSource)
     try:

@@ -4,7 +4,8 @@ Readers see committed data only: pyarrow datasets skip ``_``/``.``-prefixed path
 sink's staging path beside the output), a SQL session sees committed rows, and Kafka is read
 ``read_committed``. Reading is Arrow (datasets, pyarrow's CSV reader for PostgreSQL's
 ``COPY``), except where a client hands over one record per call: psycopg's ``COPY`` stream and
-base64 binary columns of JSON files.
+base64 binary columns of JSON files. :func:`readSink` reads one sink by its kind, as ``twophase
+verify`` names it (a SQL table through :mod:`~twophase.verify.sql`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pyarrow.dataset as ds
 import pyarrow.json as pajson
 
 from twophase.redaction import getLogger, redact
-from twophase.settings import TwoPhaseConfigError
+from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.files import FilesSettings
 from twophase.verify.compare import isBytes, isText
 from twophase.verify.errors import VerifyInputError, inputErrors
@@ -353,6 +354,31 @@ def decodeHex(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pa.chunked_array(chunks, pa.binary())
 
 
+def readSink(
+    sink: str, options: Mapping[str, str], columns: Sequence[str], hints: pa.Schema
+) -> tuple[pa.Table, str]:
+    """What one ``files``, ``postgres`` or ``kafka`` sink holds, and a description for the report.
+
+    ``columns`` are the identity columns to read (files and postgres), ``hints`` their types on
+    the source's side (to read JSON and CSV files with).
+    """
+    if sink == "files":
+        path = optionOf(options, "path") or ""
+        fmt = optionOf(options, "format") or "parquet"
+        return readFiles(path, fmt, columns, hints, options)
+    if sink == "postgres":
+        url = optionOf(options, "url") or ""
+        table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
+        return readPostgres(url, table, columns, options)
+    if sink == "sql":
+        from twophase.verify.sql import readSql
+
+        return readSql(options, columns, hints)
+    from twophase.verify.kafka import readKafka
+
+    return readKafka(options, "sink")
+
+
 def actualFromKafka(options: Mapping[str, str]) -> pa.Table:
     """What a ``read_committed`` reader sees in the sink's topics: the whole topics by default.
 
@@ -371,4 +397,5 @@ __all__ = [
     "decodeHex",
     "readFiles",
     "readPostgres",
+    "readSink",
 ]

@@ -8,7 +8,7 @@ only is also a missing record of the other target (or an unexpected one of its o
 per-target counts already fail; the join names the systems that disagree, which is the question
 a reader of a dual write asks first.
 
-Each target is read with its own sink's reader (:func:`~twophase.verify.run.readSink`), with the
+Each target is read with its own sink's reader (:func:`~twophase.verify.held.readSink`), with the
 options the pipeline gave it (``orders.url`` is option ``url`` of target ``orders``). A Kafka
 target of a sequence source is compared as ``key = CAST(id AS STRING), value = payload``; a
 files or PostgreSQL target on the identity columns (``--columns``), named in the target by
@@ -37,9 +37,9 @@ from twophase.verify.compare import (
     requireColumns,
 )
 from twophase.verify.errors import VerifyInputError, inputErrors
-from twophase.verify.offered import asKafkaRecords
+from twophase.verify.held import readSink
+from twophase.verify.offered import asKafkaRecords, readSource
 from twophase.verify.report import VerifyReport
-from twophase.verify.run import readSink, readSource
 
 MULTI_HELP = """\
 A twophase.multi sink (--sink multi) takes the pipeline's own options: targets=name=kind,...

@@ -2,6 +2,7 @@
 
 A sequence range is computed, not read: row ``i`` is ``id = i, payload = "row-<i>"``, so the
 offered rows of any range are known without the source (:mod:`twophase.sources.sequence`).
+:func:`readSource` reads one source by its kind, as ``twophase verify`` names it.
 """
 
 from __future__ import annotations
@@ -83,4 +84,20 @@ def expectedFromKafka(options: Mapping[str, str]) -> pa.Table:
     return readKafka(options, "source")[0]
 
 
-__all__ = ["asKafkaRecords", "expectedFromKafka", "expectedFromSequence", "sequenceRange"]
+def readSource(source: str, options: Mapping[str, str]) -> tuple[pa.Table, str]:
+    """What a ``sequence`` or ``kafka`` source offered, and a description for the report."""
+    if source == "sequence":
+        start, end = sequenceRange(options)
+        return expectedFromSequence(start, end), f"sequence ids [{start}, {end})"
+    from twophase.verify.kafka import readKafka
+
+    return readKafka(options, "source")
+
+
+__all__ = [
+    "asKafkaRecords",
+    "expectedFromKafka",
+    "expectedFromSequence",
+    "readSource",
+    "sequenceRange",
+]

@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from twophase.settings import optionOf
 from twophase.verify.compare import EXAMPLES, compare, defaultColumns, requireColumns
 from twophase.verify.errors import VerifyInputError
-from twophase.verify.held import readFiles, readPostgres
-from twophase.verify.offered import asKafkaRecords, expectedFromSequence, sequenceRange
+from twophase.verify.held import readSink
+from twophase.verify.multi import verifyMulti
+from twophase.verify.offered import asKafkaRecords, readSource
 from twophase.verify.report import VerifyReport
 
 SOURCES = ("sequence", "kafka")
@@ -24,41 +24,6 @@ SOURCES = ("sequence", "kafka")
 
 SINKS = ("files", "postgres", "kafka", "multi", "sql")
 """The sink kinds ``verify`` reads."""
-
-
-def readSink(
-    sink: str, options: Mapping[str, str], columns: Sequence[str], hints: pa.Schema
-) -> tuple[pa.Table, str]:
-    """What one ``files``, ``postgres`` or ``kafka`` sink holds, and a description for the report.
-
-    ``columns`` are the identity columns to read (files and postgres), ``hints`` their types on
-    the source's side (to read JSON and CSV files with).
-    """
-    if sink == "files":
-        path = optionOf(options, "path") or ""
-        fmt = optionOf(options, "format") or "parquet"
-        return readFiles(path, fmt, columns, hints, options)
-    if sink == "postgres":
-        url = optionOf(options, "url") or ""
-        table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
-        return readPostgres(url, table, columns, options)
-    if sink == "sql":
-        from twophase.verify.sql import readSql
-
-        return readSql(options, columns, hints)
-    from twophase.verify.kafka import readKafka
-
-    return readKafka(options, "sink")
-
-
-def readSource(source: str, options: Mapping[str, str]) -> tuple[pa.Table, str]:
-    """What a ``sequence`` or ``kafka`` source offered, and a description for the report."""
-    if source == "sequence":
-        start, end = sequenceRange(options)
-        return expectedFromSequence(start, end), f"sequence ids [{start}, {end})"
-    from twophase.verify.kafka import readKafka
-
-    return readKafka(options, "source")
 
 
 def verify(
@@ -89,8 +54,6 @@ def verify(
     if sink not in SINKS:
         raise VerifyInputError(f"unknown sink {sink!r}; use one of {', '.join(SINKS)}")
     if sink == "multi":
-        from twophase.verify.multi import verifyMulti
-
         return verifyMulti(
             source,
             sourceOptions,
@@ -121,4 +84,4 @@ def verify(
     )
 
 
-__all__ = ["SINKS", "SOURCES", "readSink", "readSource", "verify"]
+__all__ = ["SINKS", "SOURCES", "verify"]

@@ -19,6 +19,7 @@ from twophase.sinks.files.handles import (
     abortedHandle,
     checkHandle,
     describeHandle,
+    isMultipartHandle,
     stagingBase,
 )
 from twophase.sinks.files.layout import (
@@ -29,7 +30,7 @@ from twophase.sinks.files.layout import (
     legacySinkStagingDir,
     sinkStagingDir,
 )
-from twophase.sinks.files.multipart import Multipart, isMultipartHandle, uploadIds
+from twophase.sinks.files.multipart import Multipart, uploadIds
 from twophase.sinks.files.s3 import isS3
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import (

@@ -11,8 +11,8 @@ to the staging path) with its final name (relative to the output path) and row c
 
 On ``s3://`` the handle says ``"commit": "multipart"`` and, instead of staged files, lists
 each part file's final name with its multipart upload id, part ETags, bytes and rows, plus the
-task's record ``fingerprint`` (:mod:`twophase.sinks.files.multipart`); bucket and key are the
-output path's joined with the final name.
+task's record ``fingerprint`` (the uploads themselves: :mod:`twophase.sinks.files.multipart`);
+bucket and key are the output path's joined with the final name.
 
 A handle without ``stagingPath`` was written by an earlier release: ``staging`` is a directory
 relative to the output path below ``_twophase/staging/`` that holds its files; it still
@@ -35,6 +35,9 @@ from twophase.sinks.files.layout import LEGACY_ROOT, LEGACY_STAGING_ROOT, Attemp
 KIND = "files"
 """The ``kind`` of every files handle."""
 
+COMMIT = "multipart"
+"""The ``commit`` value of a files handle prepared as multipart uploads."""
+
 
 @dataclass(frozen=True)
 class StagedFile:
@@ -46,6 +49,26 @@ class StagedFile:
 
     def toJson(self) -> dict[str, Any]:
         return {"staging": self.staging, "final": self.final, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """One prepared part file: its final name, upload id, part ETags, bytes and rows."""
+
+    final: str
+    uploadId: str
+    parts: tuple[str, ...]
+    size: int
+    rows: int
+
+    def toJson(self) -> dict[str, Any]:
+        return {
+            "final": self.final,
+            "uploadId": self.uploadId,
+            "parts": list(self.parts),
+            "bytes": self.size,
+            "rows": self.rows,
+        }
 
 
 def preparedHandle(
@@ -86,6 +109,55 @@ def abortedHandle(
     return handle
 
 
+def multipartHandle(
+    ctx: TransactionContext,
+    path: str,
+    staging: str,
+    files: Sequence[UploadedFile],
+    fingerprint: str | None,
+) -> Handle:
+    """The handle of an attempt prepared as multipart uploads (bucket and key: ``path`` +
+    ``final``). It holds no credential."""
+    handle: Handle = {
+        "kind": KIND,
+        "commit": COMMIT,
+        "path": path,
+        "batchId": ctx.batchId,
+        "partitionId": ctx.partitionId,
+        "attempt": ctx.attemptNumber,
+        "staging": staging,
+        "files": [f.toJson() for f in files],
+    }
+    if fingerprint is not None:
+        handle["fingerprint"] = fingerprint
+    return handle
+
+
+def isMultipartHandle(handle: Handle) -> bool:
+    return handle.get("commit") == COMMIT
+
+
+def checkMultipartHandle(handle: Handle) -> Handle:
+    """Refuse a malformed multipart handle before any call (keys stay below ``path``)."""
+    if not isinstance(handle.get("path"), str) or not str(handle["path"]).startswith(
+        ("s3://", "s3a://")
+    ):
+        raise ValueError(f"files multipart handle has no s3:// path: {handle!r}")
+    checkFileEntries(
+        handle,
+        lambda entry: bool(
+            isSafeRelative(entry.get("final"))
+            and isinstance(entry.get("uploadId"), str)
+            and entry["uploadId"]
+            and isinstance(entry.get("parts"), list)
+            and entry["parts"]
+            and all(isinstance(p, str) and p for p in entry["parts"])
+        ),
+        "files multipart handle",
+    )
+    return handle
+
+
 def isSafeRelative(rel: Any) -> bool:
     """True for a non-empty relative path without ``..``, a leading ``/`` or a URL scheme."""
     return (
@@ -107,8 +179,6 @@ def checkHandle(handle: Handle) -> Handle:
     if handle.get("kind") != KIND:
         raise ValueError(f"not a files handle (kind={handle.get('kind')!r}): {handle!r}")
     if handle.get("commit") is not None:
-        from twophase.sinks.files.multipart import checkMultipartHandle, isMultipartHandle
-
         if not isMultipartHandle(handle):
             raise ValueError(f"files handle has an unknown commit {handle.get('commit')!r}")
         return checkMultipartHandle(handle)
@@ -170,13 +240,18 @@ def describeHandle(handle: Handle) -> str:
 
 
 __all__ = [
+    "COMMIT",
     "KIND",
     "StagedFile",
+    "UploadedFile",
     "abortedHandle",
     "checkFileEntries",
     "checkHandle",
+    "checkMultipartHandle",
     "describeHandle",
+    "isMultipartHandle",
     "isSafeRelative",
+    "multipartHandle",
     "preparedHandle",
     "stagedFiles",
     "stagingBase",

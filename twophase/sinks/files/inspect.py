@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from twophase.doctor.findings import CannotCheck, Held, Inspection
 from twophase.protocol import Handle
 from twophase.redaction import redact
-from twophase.sinks.files.handles import KIND
+from twophase.sinks.files.handles import KIND, isMultipartHandle
 from twophase.sinks.files.layout import (
     AttemptName,
     attemptOfStagedFile,
     legacySinkStagingDir,
     sinkStagingDir,
 )
-from twophase.sinks.files.multipart import isMultipartHandle, sinkUploads
+from twophase.sinks.files.multipart import sinkUploads
 from twophase.sinks.files.s3 import isS3
 from twophase.sinks.files.s3 import isTransient as s3IsTransient
 from twophase.sinks.files.storage import Storage

@@ -18,26 +18,23 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from twophase.protocol import Handle, RecoveryScope, TransactionContext, TransactionLostError
+from twophase.protocol import Handle, RecoveryScope, TransactionLostError
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import EXTENSIONS
-from twophase.sinks.files.handles import checkFileEntries, isSafeRelative
+from twophase.sinks.files.handles import COMMIT, isMultipartHandle
 from twophase.sinks.files.jsonlines import encodeBatch
 from twophase.sinks.files.layout import sinkTag
 from twophase.sinks.files.s3 import MAX_PARTS, S3Calls, multipartEtag, splitKey
 from twophase.sinks.files.storage import Storage
 
 log = getLogger(__name__)
-
-COMMIT = "multipart"
-"""The ``commit`` value of a files handle prepared as multipart uploads."""
 
 _FINAL = re.compile(r"^part-(?P<batch>\d{8})-(?P<partition>\d{5})-(?P<part>\d{4})-(?P<rest>.+)$")
 
@@ -109,79 +106,10 @@ class MultipartFile(io.RawIOBase):
         self.calls.abort(self.bucket, self.key, self.uploadId)
 
 
-@dataclass(frozen=True)
-class UploadedFile:
-    """One prepared part file: its final name, upload id, part ETags, bytes and rows."""
-
-    final: str
-    uploadId: str
-    parts: tuple[str, ...]
-    size: int
-    rows: int
-
-    def toJson(self) -> dict[str, Any]:
-        return {
-            "final": self.final,
-            "uploadId": self.uploadId,
-            "parts": list(self.parts),
-            "bytes": self.size,
-            "rows": self.rows,
-        }
-
-
 def recordFingerprint(fingerprint: Fingerprint, batch: pa.RecordBatch) -> None:
     """Fold a batch's rows into ``fingerprint``: each row as its JSON line (order-free)."""
     lines = bytes(encodeBatch(batch)).split(b"\n")
     fingerprint.add(lines[:-1] if lines and not lines[-1] else lines)
-
-
-def multipartHandle(
-    ctx: TransactionContext,
-    path: str,
-    staging: str,
-    files: Sequence[UploadedFile],
-    fingerprint: str | None,
-) -> Handle:
-    """The handle of an attempt prepared as multipart uploads (bucket and key: ``path`` +
-    ``final``). It holds no credential."""
-    handle: Handle = {
-        "kind": "files",
-        "commit": COMMIT,
-        "path": path,
-        "batchId": ctx.batchId,
-        "partitionId": ctx.partitionId,
-        "attempt": ctx.attemptNumber,
-        "staging": staging,
-        "files": [f.toJson() for f in files],
-    }
-    if fingerprint is not None:
-        handle["fingerprint"] = fingerprint
-    return handle
-
-
-def isMultipartHandle(handle: Handle) -> bool:
-    return handle.get("commit") == COMMIT
-
-
-def checkMultipartHandle(handle: Handle) -> Handle:
-    """Refuse a malformed multipart handle before any call (keys stay below ``path``)."""
-    if not isinstance(handle.get("path"), str) or not str(handle["path"]).startswith(
-        ("s3://", "s3a://")
-    ):
-        raise ValueError(f"files multipart handle has no s3:// path: {handle!r}")
-    checkFileEntries(
-        handle,
-        lambda entry: bool(
-            isSafeRelative(entry.get("final"))
-            and isinstance(entry.get("uploadId"), str)
-            and entry["uploadId"]
-            and isinstance(entry.get("parts"), list)
-            and entry["parts"]
-            and all(isinstance(p, str) and p for p in entry["parts"])
-        ),
-        "files multipart handle",
-    )
-    return handle
 
 
 def uploadIds(handles: Iterable[Handle]) -> set[str]:
@@ -318,14 +246,9 @@ class Multipart:
 
 
 __all__ = [
-    "COMMIT",
     "Multipart",
     "MultipartFile",
     "SinkUpload",
-    "UploadedFile",
-    "checkMultipartHandle",
-    "isMultipartHandle",
-    "multipartHandle",
     "recordFingerprint",
     "sinkUploads",
     "uploadIds",

@@ -18,19 +18,19 @@ from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
-from twophase.sinks.files.handles import StagedFile, preparedHandle
+from twophase.sinks.files.handles import (
+    StagedFile,
+    UploadedFile,
+    multipartHandle,
+    preparedHandle,
+)
 from twophase.sinks.files.layout import (
     attemptName,
     finalFileName,
     sinkStagingDir,
     stagedFileName,
 )
-from twophase.sinks.files.multipart import (
-    MultipartFile,
-    UploadedFile,
-    multipartHandle,
-    recordFingerprint,
-)
+from twophase.sinks.files.multipart import MultipartFile, recordFingerprint
 from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartition
 from twophase.sinks.files.s3 import S3Calls, isS3, splitKey
 from twophase.sinks.files.settings import FilesSettings

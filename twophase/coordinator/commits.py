@@ -1,0 +1,159 @@
+"""Committing a decided batch: its handles committed, ``committed(N)`` written, then the cleanup.
+
+After ``decided(N)`` a batch only goes forward. ``finish`` commits every live handle of the
+decision in parallel with bounded retries (a lost partition's replacement through
+``Committer.commitReplacement``), writes ``committed(N)``, aborts the other handles of the call
+and sweeps the batch's other prepared transactions, then prunes the log. A handle that stays
+uncommitted raises (``RewritePendingError`` when the replay can write its partition again), and
+the decision stays in the log for the next ``recover``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from twophase.coordinator.aborts import Aborts
+from twophase.coordinator.errors import CommitFailedError, RewritePendingError
+from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
+from twophase.coordinator.log import DecisionLog
+from twophase.coordinator.lost import LostPartitions
+from twophase.coordinator.records import BatchState
+from twophase.coordinator.reports import CommitOutcome, CommitReport
+from twophase.coordinator.settings import CoordinatorSettings
+from twophase.faults import crashPoint
+from twophase.protocol import Committer, Handle, TaskResult, TransactionLostError
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchCommits:
+    """Commits the decided handles of a batch and marks it committed; any process, any time."""
+
+    committer: Committer
+    log: DecisionLog
+    sinkId: str
+    settings: CoordinatorSettings
+    executor: CommitExecutor
+    lost: LostPartitions
+    aborts: Aborts
+    describe: Callable[[Handle], str]
+
+    def finish(
+        self,
+        state: BatchState,
+        results: Sequence[TaskResult],
+        started: float,
+        outcome: CommitOutcome,
+    ) -> CommitReport:
+        """Commit the decided handles of ``state``, mark it committed, clean up around it."""
+        batchId = state.batchId
+        action = (
+            self.committer.commit
+            if outcome is CommitOutcome.COMMITTED
+            else self.committer.recoverAndCommit
+        )
+        commitStart = time.monotonic()
+        live = state.liveHandles
+        outcomes = self.executor.runAll(
+            self.jobs(state, action),
+            deadline=commitStart + self.settings.commitTimeoutSeconds,
+            crashBetween=batchId,
+        )
+        commitSeconds = time.monotonic() - commitStart
+        lost = self.lost.rewritable(outcomes)
+        if lost:
+            self.lost.record(state, lost)
+            raise RewritePendingError(
+                self.sinkId, batchId, sorted(lost), self.lost.details(lost.values())
+            )
+        self.raiseFailures(batchId, outcomes)
+        crashPoint("driver.afterCommits", batchId)
+        self.log.markCommitted(batchId, commitSeconds)
+        crashPoint("driver.afterCommitted", batchId)
+        duplicates, abortRetries = self.aborts.abortHandles(
+            batchId, results, decided=state.handleKeys
+        )
+        stragglers = self.aborts.sweepBatch(
+            batchId, keep=tuple(e.handle for e in (*state.handles, *state.replacements))
+        )
+        self._prune()
+        report = CommitReport(
+            self.sinkId,
+            batchId,
+            outcome,
+            len(live),
+            sum(e.rows for e in live),
+            duplicates,
+            stragglers,
+            sum(o.attempts - 1 for o in outcomes) + abortRetries,
+            time.monotonic() - started,
+            commitSeconds,
+        )
+        log.info(
+            "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms",
+            self.sinkId,
+            batchId,
+            report.handles,
+            report.rows,
+            report.seconds * 1000,
+        )
+        return report
+
+    def jobs(self, state: BatchState, action: Callable[[Handle], None]) -> list[CommitJob]:
+        """One job per live handle: ``action``, or ``commitReplacement`` for a replay's handle."""
+        replaced = {r.key for r in state.replacements}
+        jobs = []
+        for entry in state.liveHandles:
+            original = state.loggedHandleOf(entry.partitionId)
+            if entry.key in replaced and original is not None:
+                replace = functools.partial(self.committer.commitReplacement, original.handle)
+                jobs.append(CommitJob(state.batchId, entry, replace))
+            else:
+                jobs.append(CommitJob(state.batchId, entry, action))
+        return jobs
+
+    def raiseFailures(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
+        """Raise for the failed jobs of batch N: a lost transaction as it is, any other failure
+        as ``CommitFailedError``; nothing when every job succeeded."""
+        failed = [o for o in outcomes if o.error is not None]
+        if not failed:
+            return
+        for outcome in failed:
+            if isinstance(outcome.error, TransactionLostError):
+                lost = outcome.error
+                lost.add_note(
+                    f"twophase sink {self.sinkId}: batch {batchId} is decided, but its "
+                    f"transaction {self.describe(outcome.job.entry.handle)} is lost: "
+                    "exactly-once is broken for it; the decision stays in the log"
+                )
+                log.error(
+                    "twophase sink %s: batch %d: transaction lost: %s: %s",
+                    self.sinkId,
+                    batchId,
+                    self.describe(outcome.job.entry.handle),
+                    lost,
+                )
+                raise lost
+        error = CommitFailedError(
+            self.sinkId,
+            batchId,
+            [(self.describe(o.job.entry.handle), o.attempts, o.error) for o in failed if o.error],
+        )
+        log.error("%s", error)
+        raise error from failed[0].error
+
+    def _prune(self) -> None:
+        try:
+            self.log.prune(self.settings.retentionBatches)
+        except Exception as exc:
+            log.warning(
+                "twophase sink %s: pruning the decision log failed (%s: %s)",
+                self.sinkId,
+                type(exc).__name__,
+                exc,
+            )

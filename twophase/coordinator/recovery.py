@@ -1,0 +1,150 @@
+"""Recovery: every outstanding decision rolled forward, then the sweep of what none keeps.
+
+Runs before any task of a batch begins (the roll-forward alone also before ``claim`` resets a
+log of another query): the handles of decided-but-unfinished batches are committed with
+``recoverAndCommit`` and those batches marked committed, then the committer's
+``recoverAndAbort`` aborts every prepared transaction of the sink that no outstanding decision
+keeps. A decided transaction the participant lost and the sink fingerprints is recorded for the
+replay to write again; the batch stays decided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from twophase.coordinator.commits import BatchCommits
+from twophase.coordinator.execution import CommitExecutor
+from twophase.coordinator.log import DecisionLog
+from twophase.coordinator.lost import LostPartitions
+from twophase.coordinator.reports import RecoveryReport
+from twophase.coordinator.settings import CoordinatorSettings
+from twophase.faults import crashPoint
+from twophase.protocol import Committer, Handle, RecoveryScope, checkedAborted
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Finishes a sink's decided batches and aborts its lingering transactions; idempotent."""
+
+    committer: Committer
+    log: DecisionLog
+    sinkId: str
+    settings: CoordinatorSettings
+    executor: CommitExecutor
+    lost: LostPartitions
+    commits: BatchCommits
+    describe: Callable[[Handle], str]
+
+    def recover(self, batchId: int | None) -> RecoveryReport:
+        """Roll forward, then abort the sink's prepared transactions no decision keeps."""
+        started = time.monotonic()
+        finished, committedHandles, keep, awaiting = self.rollForwardOutstanding()
+        crashPoint("driver.duringRecovery", batchId)
+        aborted = self.executor.retrying(
+            lambda: checkedAborted(
+                self.committer,
+                self.committer.recoverAndAbort(RecoveryScope(self.sinkId, keep=keep)),
+            ),
+            what=f"recoverAndAbort of sink {self.sinkId}",
+            deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
+        )
+        for handle in aborted:
+            log.info(
+                "twophase sink %s: aborted lingering transaction %s",
+                self.sinkId,
+                self.describe(handle),
+            )
+        report = RecoveryReport(
+            self.sinkId,
+            tuple(finished),
+            committedHandles,
+            len(aborted),
+            time.monotonic() - started,
+            awaiting,
+        )
+        for awaitingBatch, partitions in awaiting.items():
+            log.warning(
+                "twophase sink %s: batch %d is decided, but the transactions of partitions %s "
+                "were aborted by the system; the replay of the batch writes them again",
+                self.sinkId,
+                awaitingBatch,
+                list(partitions),
+            )
+        if not report.idle:
+            log.info(
+                "twophase sink %s: recovery finished batches %s (%d handles committed), "
+                "aborted %d lingering transactions in %.0f ms",
+                self.sinkId,
+                list(report.batchesFinished),
+                report.handlesCommitted,
+                report.transactionsAborted,
+                report.seconds * 1000,
+            )
+        return report
+
+    def rollForwardOutstanding(
+        self,
+    ) -> tuple[list[int], int, tuple[Handle, ...], dict[int, tuple[int, ...]]]:
+        """Commit every live handle of every decided-but-unfinished batch; mark those committed.
+
+        Returns the batches finished, the number of handles committed, every handle of the
+        outstanding decisions (the ``keep`` of the sweep that follows), and the batches left
+        with partitions awaiting their rewrite (lost transactions the sink fingerprints).
+        """
+        outstanding = self.log.outstanding()
+        if not outstanding:
+            return [], 0, (), {}
+        keep = tuple(
+            entry.handle for state in outstanding for entry in (*state.handles, *state.replacements)
+        )
+        log.info(
+            "twophase sink %s: rolling forward decided batches %s",
+            self.sinkId,
+            [s.batchId for s in outstanding],
+        )
+        started = time.monotonic()
+        outcomes = self.executor.runAll(
+            [
+                job
+                for state in outstanding
+                for job in self.commits.jobs(state, self.committer.recoverAndCommit)
+            ],
+            deadline=started + self.settings.commitTimeoutSeconds,
+            crashBetween=None,
+        )
+        seconds = time.monotonic() - started
+        awaiting: dict[int, tuple[int, ...]] = {}
+        for state in outstanding:
+            lost = self.lost.rewritable([o for o in outcomes if o.job.batchId == state.batchId])
+            if lost:
+                state = self.lost.record(state, lost)
+            if state.awaitingRewrite:
+                awaiting[state.batchId] = state.awaitingRewrite
+        failedBatches = {
+            o.job.batchId for o in outcomes if o.error is not None and not self.lost.isRewritable(o)
+        }
+        finished = [
+            s for s in outstanding if s.batchId not in failedBatches and s.batchId not in awaiting
+        ]
+        for state in finished:
+            self.log.markCommitted(state.batchId, seconds)
+            log.info(
+                "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
+                self.sinkId,
+                state.batchId,
+                len(state.liveHandles),
+                sum(e.rows for e in state.liveHandles),
+                seconds * 1000,
+            )
+        for batchId in sorted(failedBatches):
+            self.commits.raiseFailures(
+                batchId,
+                [o for o in outcomes if o.job.batchId == batchId and not self.lost.isRewritable(o)],
+            )
+        committed = sum(1 for o in outcomes if o.error is None)
+        return [s.batchId for s in finished], committed, keep, awaiting

@@ -1,0 +1,190 @@
+"""The decision log's storage: one directory through fsspec, records published atomically.
+
+Every record is one small indented JSON file, published atomically: written under a
+``_tmp-<uuid>.json`` name in the same directory, flushed (and fsynced on local disk), then
+renamed to its final name (a hard link, which fails instead of overwriting, where a decision
+must not replace another). Reading a record verifies its ``checksum``
+(:func:`~twophase.coordinator.records.checksum`): a torn or garbage file raises
+:class:`CorruptRecord`, never passes for a record. A listing sorts the directory into records by
+batch and status, and temporary files with their age, which ``prune`` removes once they are old.
+No cache: several processes (Spark's driver-side Python workers, executors) read the same log.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import fsspec.core
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+from twophase.coordinator.records import RECORD_NAME, BatchStatus, checksum
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
+TMP_PREFIX = "_tmp-"
+"""The name prefix of a record being written, before its rename."""
+
+
+class CorruptRecord(Exception):
+    """A file under a record's name that is not a complete record."""
+
+
+@dataclass
+class Listing:
+    """One listing of the log's directory: the records' paths by batch and status, and the
+    temporary files with their age in seconds (``None`` where the filesystem gives no time)."""
+
+    records: dict[int, dict[BatchStatus, str]] = field(default_factory=dict)
+    temporary: list[tuple[str, float | None]] = field(default_factory=list)
+
+
+class LogStorage:
+    """The log's directory on any fsspec filesystem: publish, list, read and remove records.
+
+    ``url`` is a local path or any fsspec URL; the directory is created on the first publish,
+    so read-only users (executors) never create it.
+    """
+
+    def __init__(self, url: str, storageOptions: Mapping[str, Any]) -> None:
+        self.url = url
+        fs, root = fsspec.core.url_to_fs(url, **storageOptions)
+        self.fs: AbstractFileSystem = fs
+        self.root: str = root.rstrip("/") or root
+        self._local = isinstance(fs, LocalFileSystem)
+        self._madeRoot = False
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def listing(self) -> Listing:
+        """One ``ls`` of the directory; an empty record is left out with a WARNING."""
+        listing = Listing()
+        self.fs.invalidate_cache(self.root)
+        try:
+            entries = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return listing
+        now = time.time()
+        for entry in entries:
+            path = str(entry["name"])
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if entry.get("type") == "directory":
+                continue
+            if name.startswith(TMP_PREFIX):
+                listing.temporary.append((path, _ageSeconds(entry, now)))
+                continue
+            match = RECORD_NAME.match(name)
+            if match is None:
+                continue
+            if entry.get("size") == 0:
+                log.warning("decision log %s: ignoring empty record %s", self.url, name)
+                continue
+            batchId, status = int(match.group(1)), BatchStatus(match.group(2))
+            listing.records.setdefault(batchId, {})[status] = path
+        return listing
+
+    def readRecord(self, path: str) -> dict[str, Any]:
+        """The body of the record at ``path``, its checksum verified; ``CorruptRecord`` if not
+        a complete record, ``FileNotFoundError`` if gone."""
+        data = self.fs.cat_file(path)
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptRecord(f"not complete JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise CorruptRecord("not a JSON object")
+        stored = body.pop("checksum", None)
+        if stored != checksum(body):
+            raise CorruptRecord("checksum mismatch (torn or edited file)")
+        return body
+
+    def remove(self, paths: Sequence[str]) -> None:
+        self.fs.rm(list(paths))
+
+    def clear(self) -> int:
+        """Remove every record and temporary file; returns how many."""
+        listing = self.listing()
+        doomed = [p for paths in listing.records.values() for p in paths.values()]
+        doomed += [p for p, _ in listing.temporary]
+        if doomed:
+            self.fs.rm(doomed)
+        return len(doomed)
+
+    def publish(self, name: str, body: Mapping[str, Any], *, exclusive: bool) -> None:
+        """Create ``name`` atomically with ``body``; ``exclusive`` fails if it already exists."""
+        data = (json.dumps({**body, "checksum": checksum(body)}, indent=2) + "\n").encode()
+        final = self.path(name)
+        tmp = self.path(f"{TMP_PREFIX}{uuid.uuid4().hex}.json")
+        if not self._madeRoot:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self._madeRoot = True
+        if self._local:
+            self._publishLocal(tmp, final, data, exclusive)
+            return
+        self.fs.pipe_file(tmp, data)
+        try:
+            if exclusive and self.fs.exists(final):
+                raise FileExistsError(errno.EEXIST, "log record exists", final)
+            self.fs.mv(tmp, final)
+        except BaseException:
+            if self.fs.exists(tmp):
+                self.fs.rm(tmp)
+            raise
+
+    def _publishLocal(self, tmp: str, final: str, data: bytes, exclusive: bool) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            if exclusive:
+                try:
+                    os.link(tmp, final)  # atomic, and never replaces an existing record
+                except FileExistsError:
+                    raise
+                except OSError:  # no hard links here (some FUSE / network mounts)
+                    if os.path.exists(final):
+                        raise FileExistsError(errno.EEXIST, "log record exists", final) from None
+                    os.replace(tmp, final)
+            else:
+                os.replace(tmp, final)
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        dirfd = os.open(os.path.dirname(final), os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+
+
+def _ageSeconds(entry: Mapping[str, Any], now: float) -> float | None:
+    """Age of a listed file from whatever time its filesystem reports, or ``None``."""
+    for key in ("mtime", "created", "LastModified", "last_modified", "updated"):
+        value = entry.get(key)
+        if isinstance(value, int | float):
+            return now - float(value)
+        if isinstance(value, datetime):
+            return now - value.timestamp()
+        if isinstance(value, str):
+            try:
+                return now - datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
