@@ -144,3 +144,54 @@ def test_the_command_line_is_the_top_floor_and_has_no_import_loop() -> None:
 
     loops = [loop for m in sorted(modules) if _isCommandLine(m) and (loop := loopFrom([m]))]
     assert not loops, loops
+
+
+def test_no_import_loop_and_nothing_imports_the_package_back() -> None:
+    """Imports go one way, from the command line down to the protocol: no two modules of
+    ``twophase`` reach each other through imports (at module level or inside a function), and
+    only the top floor (the command line, ``__main__``) imports the ``twophase`` package itself,
+    whose ``__init__`` sits above the Spark binding."""
+    modules = {"twophase", *_modules()}
+    modules |= {m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="twophase.")}
+    edges: dict[str, set[str]] = {}
+    for module in modules:
+        targets: set[str] = set()
+        for name, names in _imports(module):
+            found = {f"{name}.{n}" for n in names} & modules
+            targets |= found or ({name} & modules)
+        edges[module] = targets - {module}
+    backUp = sorted(
+        m
+        for m, targets in edges.items()
+        if "twophase" in targets and not (_isCommandLine(m) or m == "twophase.__main__")
+    )
+    assert not backUp, f"import the twophase package from below it: {backUp}"
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    assert not loops, loops
