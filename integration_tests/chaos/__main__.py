@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from integration_tests.chaos.pipeline import PIPELINES
-from integration_tests.chaos.runner import resultJson, summaryTable
+from integration_tests.chaos.report import resultJson, summaryTable
 from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
 
 

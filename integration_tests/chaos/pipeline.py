@@ -24,56 +24,15 @@ timed driver crash. Exit 0: drained; 3: the query failed (its error on stderr).
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from integration_tests.chaos.spec import PipelineSpec
 from integration_tests.spark_processes import QUERY_FAILED, awaitDrained, sessionBuilder
 from twophase import faults
 
 PIPELINES = ("files", "postgres", "kafka", "kafka-kafka", "multi", "s3", "mariadb")
 
 __all__ = ["PIPELINES", "QUERY_FAILED", "PipelineSpec", "run"]
-
-
-@dataclass
-class PipelineSpec:
-    """What one start runs. ``rows`` and ``rowsPerBatch`` shape the sequence source;
-    ``maxOffsetsPerTrigger`` the Kafka source's batches."""
-
-    pipeline: str
-    workdir: str
-    rows: int
-    rowsPerBatch: int
-    partitions: int = 2
-    master: str = "local-cluster[2,1,1024]"
-    pgUrl: str = ""
-    table: str = ""
-    bootstrap: str = ""
-    inputTopic: str = ""
-    outputTopic: str = ""
-    s3Path: str = ""
-    """The ``s3`` pipeline's output URL (its ``fs.*`` options are in ``sinkOptions``)."""
-    sqlUrl: str = ""
-    """The ``mariadb`` pipeline's SQLAlchemy URL (``table`` names its table)."""
-    sparkConf: dict[str, str] = field(default_factory=dict)
-    sinkOptions: dict[str, str] = field(default_factory=dict)
-    """Extra options of the sink, beside the ones the pipeline sets."""
-
-    @property
-    def checkpoint(self) -> str:
-        return str(Path(self.workdir) / "checkpoint")
-
-    @property
-    def output(self) -> str:
-        return str(Path(self.workdir) / "output")
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, path: Path) -> PipelineSpec:
-        return cls(**json.loads(path.read_text()))
 
 
 def run(spec: PipelineSpec) -> int:

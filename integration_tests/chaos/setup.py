@@ -7,32 +7,35 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from integration_tests.chaos.pipeline import PipelineSpec
-from integration_tests.chaos.runner import (
-    KAFKA_TIMEOUT_MS,
-    ChaosResult,
-    ChaosRun,
-    Schedule,
-    Services,
-)
-from integration_tests.conftest import S3Service, service_setting
+from integration_tests.chaos.report import ChaosResult
+from integration_tests.chaos.runner import ChaosRun
+from integration_tests.chaos.schedule import Schedule
+from integration_tests.chaos.servers import Services, servicesFromEnvironment
+from integration_tests.chaos.spec import PipelineSpec
 from integration_tests.test_kafka_helpers import createTopic
 from twophase import verify
 
+__all__ = ["prepare", "runPipeline", "servicesFromEnvironment", "verifyOutput"]
+
 INPUT_TRANSACTION_ROWS = 250
 """Records per transaction when the Kafka -> Kafka input topic is filled."""
-
-
-def servicesFromEnvironment() -> Services:
-    """The servers of ``make services`` (environment first, then .services.env)."""
-    names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
-    s3 = [service_setting(f"TWOPHASE_S3_{n}") or "" for n in names]
-    return Services(
-        pgUrl=service_setting("TWOPHASE_PG_URL") or "",
-        bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
-        s3=S3Service(*s3) if all(s3) else None,
-        mariadbUrl=service_setting("TWOPHASE_MARIADB_URL") or "",
-    )
+KAFKA_TIMEOUT_MS = 15_000
+"""The ``multi`` pipeline's Kafka target's (and the ``kafka`` pipeline's)
+``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+OUTAGE_PIPELINE = "multi"
+"""The pipeline whose schedule has outages: its Kafka target's transactions time out while the
+query is down after a decision, and PostgreSQL's prepared ones of the same batch do not."""
+OUTAGE_SECONDS = 2.5 * KAFKA_TIMEOUT_MS / 1000
+"""How long an outage keeps the query down: past the timeout and the broker's abort sweep."""
+SERVICE_KINDS = {
+    "postgres": ("postgres",),
+    "kafka": ("broker",),
+    "kafka-kafka": ("broker",),
+    "multi": ("postgres", "broker"),
+    "s3": ("s3",),
+    "mariadb": ("mariadb",),
+}
+"""The servers a pipeline depends on, by pipeline (files has none)."""
 
 
 def _need(value: str, what: str) -> str:
@@ -150,7 +153,14 @@ def runPipeline(
     log: Any = print,
 ) -> ChaosResult:
     """Draw the schedule, size the input to it, run it, verify."""
-    schedule = Schedule.draw(seed, pipeline, kills, coverPoints=coverPoints)
+    schedule = Schedule.draw(
+        seed,
+        pipeline,
+        kills,
+        coverPoints=coverPoints,
+        servers=SERVICE_KINDS.get(pipeline, ()),
+        outageSeconds=OUTAGE_SECONDS if pipeline == OUTAGE_PIPELINE else 0.0,
+    )
     workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
     workdir.mkdir(parents=True, exist_ok=True)
     rows = schedule.batchesNeeded() * rowsPerBatch

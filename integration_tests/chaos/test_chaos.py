@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.chaos.runner import DRIVER_POINTS, OUTAGE_PIPELINE, TASK_POINTS, summaryTable
-from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
+from integration_tests.chaos.report import summaryTable
+from integration_tests.chaos.schedule import DRIVER_POINTS, TASK_POINTS
+from integration_tests.chaos.setup import OUTAGE_PIPELINE, runPipeline, servicesFromEnvironment
 
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
