@@ -6,7 +6,8 @@ the leading protocol points (every task point up to and including one driver poi
 committed their ``afterBatches`` more batches: the driver's whole session, one executor JVM,
 or a server (``Services.crash``). A start that ends for any reason but a drained source is
 followed by another, from the same checkpoint, until the source is drained; then the
-output is compared with the input by the ``verify`` it is given.
+pipeline's own check compares the output with the input. Nothing here knows a sink: what a
+pipeline writes, kills and verifies is its module's (``pipelines/``).
 """
 
 from __future__ import annotations

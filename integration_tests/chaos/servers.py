@@ -1,6 +1,6 @@
 """The servers a chaos pipeline may crash: where they are, and how one is killed and restarted.
 
-A pipeline names the servers it depends on by kind; a timed kill of that kind
+A pipeline names the servers it depends on by kind (``pipelines/``); a timed kill of that kind
 SIGKILLs the server (or shuts PostgreSQL down immediately) through its services/*.sh script,
 keeps it down for the event's ``downSeconds`` and starts it again on the same data and port
 (``conftest.ServiceControl``). A sink that needs a new server adds its kind here.
