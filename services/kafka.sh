@@ -200,7 +200,9 @@ EOP
     ((rc != 3)) && return "$rc"
     [[ -n ${NOTED_NO_CLIENT:-} ]] || log "note: $PYTHON has no confluent_kafka; waiting for the broker log instead"
     NOTED_NO_CLIENT=1
-    tail -n "+${LOG_MARK:-1}" "$SERVER_LOG" 2>/dev/null | grep -q "Kafka Server started"
+    # grep without -q reads to the end: with -q it would stop at the match, tail would die of
+    # SIGPIPE, and pipefail would turn the match into a failure.
+    tail -n "+${LOG_MARK:-1}" "$SERVER_LOG" 2>/dev/null | grep "Kafka Server started" >/dev/null
 }
 
 # svc_setup: nothing; topics are created by their users (auto.create.topics.enable as well).
