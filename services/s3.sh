@@ -9,35 +9,43 @@
 #   services/s3.sh down          stop it and delete its data
 #   services/s3.sh status        exit 0 when it is running
 #   services/s3.sh endpoint      print the endpoint URL (http://127.0.0.1:<port>)
+#   services/s3.sh stop-server   SIGTERM the server; data and port are kept
 #   services/s3.sh kill-server   SIGKILL the server (crash-like); data and port are kept
-#   services/s3.sh start-server  start the killed server again, same data and port
+#   services/s3.sh start-server  start the stopped server again, same data and port
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), TWOPHASE_VERSITYGW (a versitygw
 # binary to use instead of building one). Credentials and bucket: services/settings.env.
 #
 # The posix backend keeps object metadata (ETags, multipart state) in user extended attributes,
 # so the data directory must be on a filesystem with user xattrs (ext4, xfs, btrfs; not every
-# tmpfs or overlay); `up` checks that before starting.
+# tmpfs or overlay); `up` checks that before starting. The life of the server (up, down,
+# status, the verbs above) is services/lib.sh's; this file says how versitygw does each step.
 set -euo pipefail
-# shellcheck disable=SC2034  # SERVICE is the log prefix, used in lib.sh
 SERVICE=s3
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-VERSION=$TWOPHASE_VERSITYGW_VERSION
+# What services/lib.sh needs to know (see there).
+TITLE=versitygw
+NOUN=server
+ADDRESS_VERB=endpoint
 STATE=$RUN_DIR/s3
+MARKER=port # the state is complete once its port is chosen
+SERVER_LOG=$STATE/server.log
+READY_TIMEOUT=30
+READY_INTERVAL=0.2
+
+VERSION=$TWOPHASE_VERSITYGW_VERSION
 DATA=$STATE/data
 ACCESS_KEY=${TWOPHASE_S3_ACCESS_KEY:-$TWOPHASE_DEFAULT_S3_ACCESS_KEY}
 SECRET_KEY=${TWOPHASE_S3_SECRET_KEY:-$TWOPHASE_DEFAULT_S3_SECRET_KEY}
 BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
 
-# ---------------------------------------------------------------------------------------------
-# The gateway binary.
-
-binary() {
+# svc_install: the gateway binary in BIN: TWOPHASE_VERSITYGW, or built once with `go install`.
+svc_install() {
     if [[ -n ${TWOPHASE_VERSITYGW:-} ]]; then
         [[ -x $TWOPHASE_VERSITYGW ]] || die "TWOPHASE_VERSITYGW=$TWOPHASE_VERSITYGW is not executable"
-        echo "$TWOPHASE_VERSITYGW"
+        BIN=$TWOPHASE_VERSITYGW
         return 0
     fi
     local dir=$CACHE/versitygw-$VERSION
@@ -49,25 +57,13 @@ binary() {
         GOBIN=$dir go install "github.com/versity/versitygw/cmd/versitygw@v$VERSION" >&2 ||
             die "go install of versitygw $VERSION failed"
     fi
-    echo "$dir/versitygw"
+    BIN=$dir/versitygw
 }
 
-# ---------------------------------------------------------------------------------------------
-# The server.
-
-load_port() { cat "$STATE/port" 2>/dev/null || true; }
-endpoint() { echo "http://127.0.0.1:$(load_port)"; }
-
-server_pid() {
-    local pid
-    pid=$(cat "$STATE/pid" 2>/dev/null || true)
-    pid_matches "$pid" "versitygw" && echo "$pid"
-}
-
-is_running() { [[ -n $(server_pid) ]]; }
-
-check_xattrs() {
-    "$PYTHON" - "$DATA" <<'EOF' || die "the S3 data directory $DATA has no user extended attributes, which versitygw's posix backend needs: set TWOPHASE_CACHE to a directory on ext4, xfs or btrfs"
+# svc_create: a data directory with user extended attributes, and a free port.
+svc_create() {
+    mkdir -p "$DATA"
+    "$PYTHON" - "$DATA" <<'EOP' || die "the S3 data directory $DATA has no user extended attributes, which versitygw's posix backend needs: set TWOPHASE_CACHE to a directory on ext4, xfs or btrfs"
 import os, sys
 probe = os.path.join(sys.argv[1], ".xattr-probe")
 open(probe, "wb").close()
@@ -75,12 +71,26 @@ try:
     os.setxattr(probe, "user.twophase", b"1")
 finally:
     os.unlink(probe)
-EOF
+EOP
+    new_port
 }
 
-# s3_call OP...: a small S3 request with the project's credentials (bucket checks, readiness).
+# svc_load, svc_ports: the state keeps its port in $STATE/port.
+svc_load() { load_port; }
+svc_ports() { echo "$PORT"; }
+
+# svc_launch: the gateway on the state's data and port; credentials through the environment,
+# so they are not in the process list.
+svc_launch() {
+    ROOT_ACCESS_KEY=$ACCESS_KEY ROOT_SECRET_KEY=$SECRET_KEY \
+        start_background "$SERVER_LOG" "$STATE/pid" "$BIN" --port "127.0.0.1:$PORT" posix "$DATA"
+    log "versitygw $VERSION starting on $(svc_address) (pid $STARTED_PID, data $DATA)"
+}
+
+# s3_call OP: a small S3 request with the project's credentials: `ready` lists the buckets,
+# `bucket` creates the bucket unless it exists.
 s3_call() {
-    "$PYTHON" - "$(endpoint)" "$ACCESS_KEY" "$SECRET_KEY" "$BUCKET" "$@" <<'EOF'
+    "$PYTHON" - "$(svc_address)" "$ACCESS_KEY" "$SECRET_KEY" "$BUCKET" "$@" <<'EOP'
 import sys
 import botocore.session
 from botocore.config import Config
@@ -99,87 +109,25 @@ elif op == "bucket":
         client.head_bucket(Bucket=bucket)
     except ClientError:
         client.create_bucket(Bucket=bucket)
-EOF
+EOP
 }
 
-start_server() {
-    local bin port pid deadline
-    bin=$(binary)
-    port=$(load_port)
-    mkdir -p "$DATA"
-    check_xattrs
-    if [[ -z $port ]] || ! port_is_free "$port"; then
-        port=$(free_ports 1)
-        echo "$port" >"$STATE/port"
-    fi
-    # Credentials through the environment, so they are not in the process list.
-    ROOT_ACCESS_KEY=$ACCESS_KEY ROOT_SECRET_KEY=$SECRET_KEY nohup "$bin" \
-        --port "127.0.0.1:$port" posix "$DATA" >>"$STATE/server.log" 2>&1 &
-    pid=$!
-    echo "$pid" >"$STATE/pid"
-    deadline=$((SECONDS + 30))
-    until s3_call ready 2>/dev/null; do
-        kill -0 "$pid" 2>/dev/null || die "versitygw exited at start; see $STATE/server.log"
-        ((SECONDS < deadline)) || die "versitygw did not answer within 30s; see $STATE/server.log"
-        sleep 0.2
-    done
-    log "versitygw $VERSION listening on $(endpoint) (pid $pid, data $DATA)"
+# svc_ready: the gateway lists the buckets.
+svc_ready() { s3_call ready 2>/dev/null; }
+
+# svc_setup: the bucket.
+svc_setup() {
+    s3_call bucket || die "could not create bucket $BUCKET at $(svc_address)"
+    log "bucket $BUCKET ready at $(svc_address)"
 }
 
-kill_server() {
-    local pid
-    pid=$(server_pid) || true
-    [[ -n $pid ]] || return 0
-    kill -KILL "$pid" 2>/dev/null || true
-    wait_gone "$pid" 10 || die "versitygw pid $pid did not exit after SIGKILL"
-}
+# svc_pid: the pid file's process, if it is still versitygw on this state's data.
+svc_pid() { pid_from_file "$STATE/pid" "$DATA"; }
 
-cmd_up() {
-    mkdir -p "$STATE"
-    if ! is_running; then
-        start_server
-    fi
-    s3_call bucket || die "could not create bucket $BUCKET at $(endpoint)"
-    log "bucket $BUCKET ready at $(endpoint)"
-}
+# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash.
+svc_stop() { stop_pid "$@"; }
 
-cmd_down() {
-    local pid
-    pid=$(server_pid) || true
-    if [[ -n $pid ]]; then
-        kill -TERM "$pid" 2>/dev/null || true
-        wait_gone "$pid" 10 || kill_server
-    fi
-    rm -rf "$STATE"
-    log "stopped and removed $STATE"
-}
+# svc_address: the endpoint URL.
+svc_address() { echo "http://127.0.0.1:$PORT"; }
 
-cmd_status() {
-    if is_running && s3_call ready 2>/dev/null; then
-        log "running at $(endpoint)"
-        return 0
-    fi
-    log "not running"
-    return 1
-}
-
-cmd_start_server() {
-    [[ -s $STATE/port ]] || die "no server to start again: run services/s3.sh up"
-    is_running || start_server
-}
-
-case ${1:-} in
-up) cmd_up ;;
-down) cmd_down ;;
-status) cmd_status ;;
-endpoint)
-    [[ -s $STATE/port ]] || die "not set up: run services/s3.sh up"
-    endpoint
-    ;;
-kill-server) kill_server ;;
-start-server) cmd_start_server ;;
-*)
-    echo "usage: $0 up|down|status|endpoint|kill-server|start-server" >&2
-    exit 2
-    ;;
-esac
+service_main "$@"

@@ -1,0 +1,11 @@
+"""The chaos harness: streaming pipelines killed on seeded schedules, then verified exactly once.
+
+- ``schedule``: the seeded events (protocol points, outages, timed kills) of one pipeline;
+- ``runner``: one pipeline started, killed on its schedule, restarted until drained;
+- ``pipeline`` (the child process of one start) and ``spec`` (what a start runs);
+- ``pipelines/``: one module per sink: what it writes, which servers it may kill, its check;
+- ``servers``: where the servers are, and how one is crashed and brought back;
+- ``report``: the result of a run, the soak's table and JSON;
+- ``setup``: the steps of one pipeline end to end; ``__main__``: the soak (``make chaos``);
+  ``test_chaos``: the bounded profile of ``make test``.
+"""

@@ -1,6 +1,6 @@
 """``python -m integration_tests.chaos``: the random chaos soak (``make chaos KILLS=200``).
 
-Runs every pipeline of ``pipeline.PIPELINES`` (files, postgres, kafka...) one after another, each
+Runs every pipeline of ``pipelines.PIPELINES`` (files, postgres, kafka...) one after another, each
 with its share of ``--kills`` drawn from ``--seed`` (printed: ``--seed N`` replays the same
 schedules), against the servers of ``make services``; verifies each with ``twophase.verify``;
 prints a Markdown table (kills by kind, batches, records, lost, duplicated, longest recovery)
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from integration_tests.chaos.pipeline import PIPELINES
-from integration_tests.chaos.runner import resultJson, summaryTable
-from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
+from integration_tests.chaos.pipelines import PIPELINES
+from integration_tests.chaos.report import resultJson, summaryTable
+from integration_tests.chaos.setup import drawSchedule, runPipeline, servicesFromEnvironment
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,18 +30,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cover-points", action="store_true", help="every protocol point first")
     p.add_argument("--workdir", default="chaos-runs")
     p.add_argument("--out", default="chaos-runs/report")
+    p.add_argument(
+        "--print-schedules", action="store_true", help="print each schedule and exit, run nothing"
+    )
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     pipelines = [name.strip() for name in args.pipelines.split(",") if name.strip()]
     unknown = sorted(set(pipelines) - set(PIPELINES))
     if unknown:
         p.error(f"unknown pipeline(s) {', '.join(unknown)}; choose from {', '.join(PIPELINES)}")
+    shares = [
+        args.kills // len(pipelines) + (1 if index < args.kills % len(pipelines) else 0)
+        for index in range(len(pipelines))
+    ]
+    if args.print_schedules:
+        for pipeline, share in zip(pipelines, shares, strict=True):
+            schedule = drawSchedule(pipeline, seed, share, coverPoints=args.cover_points)
+            print(f"{pipeline}: " + "; ".join(e.describe() for e in schedule.events))
+        return 0
     services = servicesFromEnvironment()
     print(f"[chaos] seed {seed}: {args.kills} kills over {', '.join(pipelines)}", flush=True)
     began = time.monotonic()
     results = []
-    for index, pipeline in enumerate(pipelines):
-        share = args.kills // len(pipelines) + (1 if index < args.kills % len(pipelines) else 0)
+    for pipeline, share in zip(pipelines, shares, strict=True):
         workdir = Path(args.workdir).resolve() / f"{seed}-{pipeline}"
         result = runPipeline(
             pipeline,

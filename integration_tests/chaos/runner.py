@@ -1,25 +1,13 @@
-"""The chaos runner: a pipeline started, killed at seeded moments, restarted, then verified.
+"""The chaos runner: one pipeline started, killed on its schedule, restarted, then verified.
 
-A :class:`Schedule` is a list of events drawn from one seed (printed, so a failing seed replays
-the same schedule):
-
-- a *protocol point* (``task.afterWrite``, ``driver.afterDecision`` ...): armed through
-  ``TWOPHASE_CRASH_AT`` when the query starts, so that exact step SIGKILLs its process
-  (PROTOCOL.md section 5); numbered points are armed for the batch ``afterBatches`` after the
-  start's first one;
-- an *outage*: a protocol point whose kill keeps the query down for ``downSeconds`` before the
-  next start, longer than the Kafka transaction timeout (``KAFKA_TIMEOUT_MS``) of the ``multi``
-  pipeline's Kafka target, so the broker aborts the transactions of a decided batch and the
-  restart must write them again, while PostgreSQL keeps its prepared half of the same batch;
-- a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM, the Kafka
-  ``broker`` or ``postgres`` (brought back after ``downSeconds``), delivered once the running
-  query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so it lands inside a
-  batch rather than between two.
-
-Events run in order. Each start arms the leading protocol points (every task point up to and
-including one driver point); timed kills wait for those to fire. A start that ends for any
-reason but a drained source is followed by another, from the same checkpoint, until the source
-is drained; then the output is compared with the input by ``twophase.verify``.
+Events of the :class:`~integration_tests.chaos.schedule.Schedule` run in order. Each start arms
+the leading protocol points (every task point up to and including one driver point) through
+``TWOPHASE_CRASH_AT``; timed kills wait for those to fire, then land once the query has
+committed their ``afterBatches`` more batches: the driver's whole session, one executor JVM,
+or a server (``Services.crash``). A start that ends for any reason but a drained source is
+followed by another, from the same checkpoint, until the source is drained; then the
+pipeline's own check compares the output with the input. Nothing here knows a sink: what a
+pipeline writes, kills and verifies is its module's (``pipelines/``).
 """
 
 from __future__ import annotations
@@ -30,14 +18,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from integration_tests.chaos.pipeline import PipelineSpec
-from integration_tests.conftest import SERVICES_DIR, ServiceControl
+from integration_tests.chaos.report import ChaosResult, Kill
+from integration_tests.chaos.schedule import UNNUMBERED, Event, Schedule
+from integration_tests.chaos.servers import Services
+from integration_tests.chaos.spec import PipelineSpec
 from integration_tests.spark_processes import (
     REPO_ROOT,
     childEnvironment,
@@ -47,178 +35,8 @@ from integration_tests.spark_processes import (
 )
 from twophase import faults
 
-TASK_POINTS = [p for p in faults.POINTS if p.startswith("task.")]
-DRIVER_POINTS = [
-    # afterDecision first: the next start has a decided batch to roll forward, so that
-    # duringRecovery, armed in that start, fires.
-    "driver.afterDecision",
-    "driver.duringRecovery",
-    "driver.beforeDecision",
-    "driver.betweenCommits",
-    "driver.afterCommits",
-    "driver.afterCommitted",
-]
-UNNUMBERED = {"driver.duringRecovery"}
-"""Points armed without a batch: recovery runs before the start's first batch."""
-RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED]
-"""Points a random event may draw; ``driver.duringRecovery`` only follows a crash that leaves
-a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
-
-KAFKA_TIMEOUT_MS = 15_000
-"""The ``multi`` pipeline's Kafka target's (and the ``kafka`` pipeline's)
-``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
-OUTAGE_PIPELINE = "multi"
-"""The pipeline whose schedule has outages: its Kafka target's transactions time out while the
-query is down after a decision, and PostgreSQL's prepared ones of the same batch do not."""
-OUTAGE_SECONDS = 2.5 * KAFKA_TIMEOUT_MS / 1000
-"""How long an outage keeps the query down: past the timeout and the broker's abort sweep."""
-
-SERVICE_KINDS = {
-    "postgres": ("postgres",),
-    "kafka": ("broker",),
-    "kafka-kafka": ("broker",),
-    "multi": ("postgres", "broker"),
-    "s3": ("s3",),
-    "mariadb": ("mariadb",),
-}
-"""The servers a pipeline depends on, by pipeline (files has none)."""
-
 START_TIMEOUT = 600.0
 """Seconds one start may run before the runner gives up on it (a hang is a failure)."""
-
-
-@dataclass(frozen=True)
-class Event:
-    """One fault: a protocol point or a timed kill (see the module docstring)."""
-
-    kind: str  # "point", "driver", "executor", "broker", "postgres"
-    point: str = ""
-    afterBatches: int = 0
-    jitterSeconds: float = 0.0
-    downSeconds: float = 0.0
-
-    def describe(self) -> str:
-        if self.kind == "point":
-            down = f", down {self.downSeconds:.0f}s" if self.downSeconds else ""
-            return f"{self.point} (+{self.afterBatches} batches){down}"
-        extra = f", down {self.downSeconds:.1f}s" if self.downSeconds else ""
-        return (
-            f"kill {self.kind} after {self.afterBatches} batches + {self.jitterSeconds:.2f}s{extra}"
-        )
-
-
-@dataclass
-class Schedule:
-    seed: int
-    pipeline: str
-    events: list[Event]
-
-    @classmethod
-    def draw(cls, seed: int, pipeline: str, kills: int, *, coverPoints: bool) -> Schedule:
-        """``kills`` events for ``pipeline``: with ``coverPoints`` every protocol point first
-        (and the outage, for ``OUTAGE_PIPELINE``); then one timed kill of each kind the pipeline
-        has (driver, executor, its servers), in seeded order, all of them with ``coverPoints``
-        even past ``kills``; then seeded random events."""
-        rng = random.Random(f"{seed}:{pipeline}")
-        timedKinds = ["driver", "executor", *SERVICE_KINDS.get(pipeline, ())]
-        events: list[Event] = []
-        if coverPoints:
-            events += [Event("point", p, rng.randint(0, 1)) for p in TASK_POINTS + DRIVER_POINTS]
-            if pipeline == OUTAGE_PIPELINE:
-                events.append(Event("point", "driver.afterDecision", downSeconds=OUTAGE_SECONDS))
-        queue = rng.sample(timedKinds, len(timedKinds))
-        while len(events) < kills or (coverPoints and queue):
-            kind = queue.pop(0) if queue else rng.choice([*timedKinds, "executor", "point"])
-            if kind == "point":
-                point = rng.choice(RANDOM_POINTS)
-                outage = pipeline == OUTAGE_PIPELINE and point == "driver.afterDecision"
-                down = OUTAGE_SECONDS if outage and rng.random() < 0.3 else 0.0
-                events.append(Event("point", point, rng.randint(0, 2), downSeconds=down))
-                if point == "driver.afterDecision" and rng.random() < 0.5:
-                    events.append(Event("point", "driver.duringRecovery"))
-                continue
-            down = (
-                round(rng.uniform(0.5, 4.0), 1)
-                if kind in ("broker", "postgres", "s3", "mariadb")
-                else 0.0
-            )
-            events.append(
-                Event(
-                    kind,
-                    afterBatches=rng.randint(0, 2),
-                    jitterSeconds=round(rng.uniform(0.0, 1.2), 2),
-                    downSeconds=down,
-                )
-            )
-        return cls(seed, pipeline, events)
-
-    def batchesNeeded(self) -> int:
-        """Enough batches that the source is not drained before the last event."""
-        return 2 * sum(e.afterBatches + 1 for e in self.events) + 6
-
-
-@dataclass
-class Kill:
-    event: Event
-    at: float  # time.monotonic() when delivered
-    recoverySeconds: float | None = None
-
-
-@dataclass
-class ChaosResult:
-    seed: int
-    pipeline: str
-    kills: list[Kill]
-    starts: int
-    failedStarts: int
-    batches: int
-    records: int
-    missing: int
-    duplicated: int
-    unexpected: int
-    seconds: float
-    report: str
-    skipped: list[Event] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.missing == 0 and self.duplicated == 0 and self.unexpected == 0
-
-    def killsByKind(self) -> Counter[str]:
-        return Counter(
-            ("task point" if k.event.point.startswith("task.") else "driver point")
-            if k.event.kind == "point"
-            else k.event.kind
-            for k in self.kills
-        )
-
-    def longestRecovery(self) -> float:
-        return max((k.recoverySeconds or 0.0 for k in self.kills), default=0.0)
-
-
-@dataclass
-class Services:
-    """Where the servers of ``make services`` are, and how the runner crashes one of them
-    (``conftest.ServiceControl``: services/kafka.sh and postgres.sh, data and port kept)."""
-
-    pgUrl: str = ""
-    bootstrap: str = ""
-    s3: Any = None
-    """The S3 server (``conftest.S3Service``) of the ``s3`` pipeline."""
-    mariadbUrl: str = ""
-    """The SQLAlchemy URL of the MariaDB of the ``mariadb`` pipeline."""
-
-    def crash(self, kind: str, downSeconds: float) -> None:
-        script, noun = {
-            "broker": ("kafka.sh", "broker"),
-            "postgres": ("postgres.sh", "server"),
-            "s3": ("s3.sh", "server"),
-            "mariadb": ("mariadb.sh", "server"),
-        }[kind]
-        control = ServiceControl(SERVICES_DIR / script, noun)
-        control.kill()
-        time.sleep(downSeconds)
-        control.start()
 
 
 def batchesDone(checkpoint: Path) -> int:
@@ -467,49 +285,3 @@ class ChaosRun:
 def _epoch() -> float:
     """Offset between the wall clock (file times) and ``time.monotonic()``."""
     return time.time() - time.monotonic()
-
-
-def summaryTable(results: list[ChaosResult]) -> str:
-    """The soak's Markdown table: kills by kind, batches, records, lost, duplicated, recovery."""
-    kinds = ["driver", "executor", "broker", "postgres", "s3", "mariadb"]
-    kinds += ["driver point", "task point"]
-    head = ["pipeline", "seed", *kinds, "kills", "starts", "batches", "records"]
-    head += ["lost", "duplicated", "unexpected", "longest recovery s", "minutes"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        byKind = r.killsByKind()
-        row = [r.pipeline, str(r.seed), *(str(byKind.get(k, 0)) for k in kinds)]
-        row += [str(len(r.kills)), str(r.starts), str(r.batches), f"{r.records:,}"]
-        row += [str(r.missing), str(r.duplicated), str(r.unexpected)]
-        row += [f"{r.longestRecovery():.1f}", f"{r.seconds / 60:.1f}"]
-        lines.append("| " + " | ".join(row) + " |")
-    total = Counter[str]()
-    for r in results:
-        total.update(r.killsByKind())
-    row = ["**all**", "", *(str(total.get(k, 0)) for k in kinds)]
-    row += [str(sum(len(r.kills) for r in results)), str(sum(r.starts for r in results))]
-    row += [str(sum(r.batches for r in results)), f"{sum(r.records for r in results):,}"]
-    row += [str(sum(r.missing for r in results)), str(sum(r.duplicated for r in results))]
-    row += [str(sum(r.unexpected for r in results))]
-    row += [f"{max((r.longestRecovery() for r in results), default=0):.1f}"]
-    row += [f"{sum(r.seconds for r in results) / 60:.1f}"]
-    lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-def resultJson(result: ChaosResult) -> dict[str, Any]:
-    return {
-        "seed": result.seed,
-        "pipeline": result.pipeline,
-        "kills": {k: v for k, v in result.killsByKind().items()},
-        "starts": result.starts,
-        "failedStarts": result.failedStarts,
-        "batches": result.batches,
-        "records": result.records,
-        "missing": result.missing,
-        "duplicated": result.duplicated,
-        "unexpected": result.unexpected,
-        "longestRecoverySeconds": round(result.longestRecovery(), 2),
-        "seconds": round(result.seconds, 1),
-        "events": [k.event.describe() for k in result.kills],
-    }

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.chaos.runner import DRIVER_POINTS, OUTAGE_PIPELINE, TASK_POINTS, summaryTable
+from integration_tests.chaos.pipelines import PIPELINES
+from integration_tests.chaos.report import summaryTable
+from integration_tests.chaos.schedule import DRIVER_POINTS, TASK_POINTS
+from integration_tests.chaos.servers import SERVERS
 from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
 
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
@@ -40,10 +43,8 @@ BOUNDED = ("multi", "kafka-kafka", "s3", "mariadb")
 def test_bounded_chaos_is_exactly_once(
     pipeline: str, pg_url: str, kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if pipeline == "mariadb":
-        request.getfixturevalue("mariadb_url")  # fails clearly when MariaDB is not running
-    if pipeline == "s3":
-        request.getfixturevalue("s3")  # fails clearly when the S3 server is not running
+    for kind in PIPELINES[pipeline].servers:
+        request.getfixturevalue(SERVERS[kind].fixture)  # fails clearly when it is not running
     cover = pipeline != "kafka-kafka"
     kills = len(TASK_POINTS) + len(DRIVER_POINTS) + RANDOM_KILLS if cover else 10
     result = runPipeline(
@@ -64,7 +65,7 @@ def test_bounded_chaos_is_exactly_once(
         assert fired >= set(TASK_POINTS + DRIVER_POINTS), f"not fired: {where}" + str(
             sorted(set(TASK_POINTS + DRIVER_POINTS) - fired)
         )
-    if pipeline == OUTAGE_PIPELINE:
+    if PIPELINES[pipeline].outageSeconds:
         outages = [k for k in result.kills if k.event.downSeconds and k.event.kind == "point"]
         assert outages, f"no outage longer than the transaction timeout {where}"
         rewrites = list((tmp_path / pipeline).rglob("batch-*.rewrite.json"))

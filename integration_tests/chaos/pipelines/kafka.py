@@ -1,0 +1,129 @@
+"""The Kafka sink's pipelines: sequence -> twophase.kafka, and Kafka -> Kafka.
+
+Tasks prepare Kafka transactions that the driver ends after the decision. ``kafka`` writes the
+sequence (key = id, value = payload) with a short transaction timeout; ``kafka-kafka`` reads a
+topic ``read_committed`` whose input holds aborted transactions between the committed ones,
+and writes its key and value to another topic. Both schedules kill the broker besides the
+driver and the executors; records are counted by key and value.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from integration_tests.chaos.pipelines.base import Pipeline, need
+from integration_tests.chaos.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from integration_tests.chaos.servers import Services
+
+KAFKA_TIMEOUT_MS = 15_000
+"""The ``kafka`` pipeline's (and the ``multi`` pipeline's Kafka target's)
+``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+INPUT_TRANSACTION_ROWS = 250
+"""Records per transaction when the Kafka -> Kafka input topic is filled."""
+
+
+def newOutputTopic(spec: PipelineSpec, services: Services) -> None:
+    """A fresh two-partition output topic on the broker of ``services``."""
+    from integration_tests.test_kafka_helpers import createTopic
+
+    spec.bootstrap = need(services.bootstrap, "Kafka")
+    spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")
+
+
+def fillInput(bootstrap: str, topic: str, rows: int) -> None:
+    """``rows`` committed records (key ``<id>``, value ``row-<id>``) and, between them, aborted
+    transactions a read_committed source must skip."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"chaos-fill-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(60)
+    for start in range(0, rows, INPUT_TRANSACTION_ROWS):
+        if (start // INPUT_TRANSACTION_ROWS) % 4 == 1:
+            producer.begin_transaction()
+            for i in range(10):
+                producer.produce(topic, b"aborted", key=b"aborted-%d" % i)
+            producer.abort_transaction(60)
+        producer.begin_transaction()
+        for i in range(start, min(rows, start + INPUT_TRANSACTION_ROWS)):
+            producer.produce(topic, b"row-%d" % i, key=b"%d" % i)
+        producer.commit_transaction(60)
+
+
+class KafkaPipeline(Pipeline):
+    """sequence -> twophase.kafka (key = id, value = payload) into a fresh topic."""
+
+    name = "kafka"
+    servers = ("broker",)
+    columns = ("key", "value")
+
+    def prepare(self, spec: PipelineSpec, services: Services) -> None:
+        spec.sinkOptions["kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
+        newOutputTopic(spec, services)
+
+    def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+        """The sequence as the Kafka sink's ``key`` and ``value`` columns."""
+        sequence = super().source(spark, spec)
+        return sequence.selectExpr("cast(id as string) AS key", "payload AS value")
+
+    def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
+        return (
+            stream.writeStream.format("twophase.kafka")
+            .option("kafka.bootstrap.servers", spec.bootstrap)
+            .option("topic", spec.outputTopic)
+        )
+
+    def expected(self, spec: PipelineSpec) -> Any:
+        from twophase import verify
+
+        return verify.asKafkaRecords(super().expected(spec))
+
+    def actual(self, spec: PipelineSpec) -> Any:
+        from twophase import verify
+
+        return verify.actualFromKafka(
+            {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.outputTopic}
+        )
+
+
+class KafkaKafkaPipeline(KafkaPipeline):
+    """twophase.kafka source (read_committed) -> twophase.kafka sink, key and value."""
+
+    name = "kafka-kafka"
+
+    def prepare(self, spec: PipelineSpec, services: Services) -> None:
+        from integration_tests.test_kafka_helpers import createTopic
+
+        newOutputTopic(spec, services)
+        spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
+        fillInput(spec.bootstrap, spec.inputTopic, spec.rows)
+
+    def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+        return (
+            spark.readStream.format("twophase.kafka")
+            .option("kafka.bootstrap.servers", spec.bootstrap)
+            .option("subscribe", spec.inputTopic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
+            .load()
+            .selectExpr("key", "value")
+        )
+
+    def expected(self, spec: PipelineSpec) -> Any:
+        """The input topic's committed records (its aborted transactions are not offered)."""
+        from twophase import verify
+
+        return verify.expectedFromKafka(
+            {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.inputTopic}
+        )
+
+
+KAFKA = KafkaPipeline()
+KAFKA_KAFKA = KafkaKafkaPipeline()

@@ -1,0 +1,83 @@
+"""The multi sink's pipeline: sequence -> PostgreSQL and Kafka under one decision.
+
+Target ``orders`` is a PostgreSQL table (``id``, ``payload``; partition 0 prepared, the others
+staged) and target ``events`` a Kafka topic (key = id, value = payload): every batch lands in
+both or in neither. The schedule kills PostgreSQL and the broker, and has outages: the query
+kept down after a decision for longer than the Kafka target's transaction timeout, so the
+broker aborts the decided batch's transactions, the restart writes them again from Spark's
+replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink multi``:
+each target against the source, then the two joined on the id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from integration_tests.chaos.pipelines.base import Pipeline
+from integration_tests.chaos.pipelines.kafka import KAFKA_TIMEOUT_MS, newOutputTopic
+from integration_tests.chaos.pipelines.postgres import newTable
+from integration_tests.chaos.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from integration_tests.chaos.servers import Services
+
+TARGETS = "orders=postgres,events=kafka"
+
+
+def multiOptions(spec: PipelineSpec) -> dict[str, str]:
+    """The ``multi`` pipeline's sink options, as ``twophase verify --sink multi`` takes them."""
+    return {
+        "targets": TARGETS,
+        "orders.url": spec.pgUrl,
+        "orders.table": spec.table,
+        "events.kafka.bootstrap.servers": spec.bootstrap,
+        "events.topic": spec.outputTopic,
+    }
+
+
+class MultiPipeline(Pipeline):
+    """sequence -> twophase.multi: a PostgreSQL table and a Kafka topic, one decision."""
+
+    name = "multi"
+    servers = ("postgres", "broker")
+    outageSeconds = 2.5 * KAFKA_TIMEOUT_MS / 1000
+    """Past the Kafka target's transaction timeout and the broker's abort sweep."""
+
+    def prepare(self, spec: PipelineSpec, services: Services) -> None:
+        newTable(spec, services)
+        spec.sinkOptions["events.kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
+        newOutputTopic(spec, services)
+
+    def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
+        from pyspark.sql import functions as F
+
+        stream = stream.select(
+            F.struct("id", "payload").alias("orders"),
+            F.struct(
+                F.col("id").cast("string").alias("key"), F.col("payload").alias("value")
+            ).alias("events"),
+        )
+        return (
+            stream.writeStream.format("twophase.multi")
+            .option("targets", TARGETS)
+            .option("orders.url", spec.pgUrl)
+            .option("orders.table", spec.table)
+            .option("orders.createTable", "true")
+            # partition 0 prepares, the others stage: both commit paths in every batch
+            .option("orders.maxPreparedPartitions", "1")
+            .option("events.kafka.bootstrap.servers", spec.bootstrap)
+            .option("events.topic", spec.outputTopic)
+        )
+
+    def verify(self, spec: PipelineSpec) -> Any:
+        from twophase import verify
+
+        return verify.verify(
+            "sequence", {"start": "0", "end": str(spec.rows)}, "multi", multiOptions(spec)
+        )
+
+
+MULTI = MultiPipeline()

@@ -1,0 +1,51 @@
+"""What one start of a chaos pipeline runs: the spec the runner writes and the child reads.
+
+The fields past ``rowsPerBatch`` say where the pipeline's systems are; each pipeline's module
+(``pipelines/``) fills the ones it uses in its ``prepare`` and reads them in its ``sink``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class PipelineSpec:
+    """What one start runs. ``rows`` and ``rowsPerBatch`` shape the sequence source;
+    ``maxOffsetsPerTrigger`` the Kafka source's batches."""
+
+    pipeline: str
+    workdir: str
+    rows: int
+    rowsPerBatch: int
+    partitions: int = 2
+    master: str = "local-cluster[2,1,1024]"
+    pgUrl: str = ""
+    table: str = ""
+    bootstrap: str = ""
+    inputTopic: str = ""
+    outputTopic: str = ""
+    s3Path: str = ""
+    """The ``s3`` pipeline's output URL (its ``fs.*`` options are in ``sinkOptions``)."""
+    sqlUrl: str = ""
+    """The ``mariadb`` pipeline's SQLAlchemy URL (``table`` names its table)."""
+    sparkConf: dict[str, str] = field(default_factory=dict)
+    sinkOptions: dict[str, str] = field(default_factory=dict)
+    """Extra options of the sink, beside the ones the pipeline sets."""
+
+    @property
+    def checkpoint(self) -> str:
+        return str(Path(self.workdir) / "checkpoint")
+
+    @property
+    def output(self) -> str:
+        return str(Path(self.workdir) / "output")
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> PipelineSpec:
+        return cls(**json.loads(path.read_text()))
