@@ -1,9 +1,11 @@
 """Engines and connections of the sql sink: one engine per URL and process, clear errors.
 
-Executors use unpooled engines (a task's connection ends with its prepared transaction, which
-must leave the session for another connection to commit it); the driver's committer keeps a
-pool as large as the coordinator's parallel commits (16). MySQL/MariaDB sessions use
-``time_zone = '+00:00'`` so ``DATETIME`` values are UTC.
+Executors use unpooled engines (a MySQL/MariaDB task's connection ends with its prepared
+transaction, which must leave the session for another connection to commit it; PostgreSQL
+task sessions are kept by ``sessions``); the driver's committer keeps a pool as large as the
+coordinator's parallel commits (16). MySQL/MariaDB sessions use ``time_zone = '+00:00'`` so
+``DATETIME`` values are UTC, and an engine makes PyMySQL's default TLS choice once (see
+``_TlsChoice``): the engine, its dialect and that choice serve every task of a Python worker.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -23,7 +26,74 @@ from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
 
 _engines: dict[tuple[str, bool, int], Engine] = {}
+_tlsChoices: dict[Engine, _TlsChoice] = {}
 _lock = threading.Lock()
+
+
+class _TlsChoice:
+    """PyMySQL's default TLS choice for one engine, made at its first connection and reused.
+
+    Without TLS options PyMySQL "prefers" TLS: every new connection builds a fresh default
+    ``SSLContext`` (which loads the system's CA certificates, though it verifies nothing) and
+    uses TLS only if the server offers it. A task connects once per XA transaction, so that
+    context was most of a task's cost. The engine's first connection is made PyMySQL's way and
+    the outcome kept: later connections get that connection's context (TLS, unverified, as
+    before) or ``ssl_disabled`` when the server offered no TLS. A failed connection attempt
+    forgets the choice (the server may have been restarted with other settings). URLs that set
+    any ``ssl`` option are left alone.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known = False
+        self._context: object | None = None
+
+    def apply(self, cparams: dict[str, Any]) -> None:
+        """``do_connect``: connect the way the first connection did, when that is known."""
+        with self._lock:
+            if not self._known:
+                return
+            if self._context is None:
+                cparams["ssl_disabled"] = True
+            else:
+                cparams["ssl"] = self._context
+
+    def learn(self, dbapiConnection: Any) -> None:
+        """``connect``: keep what PyMySQL's default gave the first connection."""
+        with self._lock:
+            if self._known:
+                return
+        with dbapiConnection.cursor() as cursor:
+            cursor.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            row = cursor.fetchone()
+        encrypted = bool(row and row[1])
+        context = getattr(dbapiConnection, "ctx", None) if encrypted else None
+        if encrypted and context is None:
+            return  # a PyMySQL without the context attribute: keep its default per connection
+        with self._lock:
+            self._known, self._context = True, context
+
+    def forget(self) -> None:
+        with self._lock:
+            self._known, self._context = False, None
+
+
+def _reuseTlsChoice(engine: Engine) -> None:
+    """Make PyMySQL's default TLS choice once for ``engine`` (``_TlsChoice``)."""
+    choice = _TlsChoice()
+    _tlsChoices[engine] = choice
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _apply(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        choice.apply(cparams)
+
+    @sa.event.listens_for(engine, "connect")
+    def _learn(dbapiConnection: Any, record: Any) -> None:
+        choice.learn(dbapiConnection)
+
+
+def _setsTls(url: URL) -> bool:
+    return any(k == "ssl" or k.startswith("ssl_") for k in url.query)
 
 
 def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
@@ -48,6 +118,8 @@ def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
                     f"option url: the {url.drivername} dialect needs the {exc.name} package; "
                     "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
                 ) from None
+            if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
+                _reuseTlsChoice(engine)
             _engines[key] = engine
         return engine
 
@@ -87,8 +159,18 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
         ),
         reraise=True,
     )
+    choice = _tlsChoices.get(engine)
+
+    def attempt() -> Connection:
+        try:
+            return engine.connect()
+        except sa.exc.DBAPIError:
+            if choice is not None:
+                choice.forget()
+            raise
+
     try:
-        return attempts(engine.connect)
+        return attempts(attempt)
     except sa.exc.DBAPIError as exc:
         if isAccessDenied(exc):
             raise SqlSinkError(
