@@ -39,8 +39,8 @@ class _TlsChoice:
     context was most of a task's cost. The engine's first connection is made PyMySQL's way and
     the outcome kept: later connections get that connection's context (TLS, unverified, as
     before) or ``ssl_disabled`` when the server offered no TLS. A failed connection attempt
-    forgets the choice (the server may have been restarted with other settings). URLs that set
-    any ``ssl`` option are left alone.
+    forgets the choice and is tried again at once PyMySQL's way (the server may have been
+    restarted with other settings). URLs that set any ``ssl`` option are left alone.
     """
 
     def __init__(self) -> None:
@@ -59,23 +59,28 @@ class _TlsChoice:
                 cparams["ssl"] = self._context
 
     def learn(self, dbapiConnection: Any) -> None:
-        """``connect``: keep what PyMySQL's default gave the first connection."""
-        with self._lock:
-            if self._known:
-                return
-        with dbapiConnection.cursor() as cursor:
-            cursor.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
-            row = cursor.fetchone()
-        encrypted = bool(row and row[1])
+        """``connect``: keep what PyMySQL's default gave the first connection (no round trip:
+        PyMySQL encrypts when it wanted TLS and the server's handshake offered it)."""
+        from pymysql.constants import CLIENT
+
+        wanted = getattr(dbapiConnection, "ssl", None)
+        offered = getattr(dbapiConnection, "server_capabilities", None)
+        if wanted is None or offered is None:
+            return  # another PyMySQL: keep its default for every connection
+        encrypted = bool(wanted) and bool(offered & CLIENT.SSL)
         context = getattr(dbapiConnection, "ctx", None) if encrypted else None
         if encrypted and context is None:
-            return  # a PyMySQL without the context attribute: keep its default per connection
+            return
         with self._lock:
-            self._known, self._context = True, context
+            if not self._known:
+                self._known, self._context = True, context
 
-    def forget(self) -> None:
+    def forget(self) -> bool:
+        """Drop the choice; whether there was one (then a retry connects PyMySQL's way)."""
         with self._lock:
+            known = self._known
             self._known, self._context = False, None
+            return known
 
 
 def _reuseTlsChoice(engine: Engine) -> None:
@@ -165,9 +170,9 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
         try:
             return engine.connect()
         except sa.exc.DBAPIError:
-            if choice is not None:
-                choice.forget()
-            raise
+            if choice is None or not choice.forget():
+                raise
+        return engine.connect()  # PyMySQL's default TLS choice again
 
     try:
         return attempts(attempt)
