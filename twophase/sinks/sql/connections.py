@@ -111,6 +111,11 @@ def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
             args: dict[str, object] = {"connect_timeout": connectTimeout}
             if family == "mysql":
                 args["init_command"] = "SET time_zone = '+00:00'"
+            else:
+                # A kept task session is pinged before a task writes on it: a server that
+                # stopped answering fails the ping within the connect timeout, not later.
+                args["tcp_user_timeout"] = connectTimeout * 1000
+                args["keepalives"] = 1
             extra: dict[str, object] = (
                 {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": True}
                 if pooled
