@@ -9,7 +9,8 @@
     Spark: the driver's own ceiling;
 (d) Spark's ``noop`` sink: the cost of producing the rows in Spark at all;
 (e) ``bench.drop``, a Python sink that reads its input and drops it: what PySpark charges any
-    Python sink, so ((a) - (e)) / tasks is what ``twophase.sql`` itself costs per task.
+    Python sink, so ((a) - (e)) / tasks is what ``twophase.sql`` itself costs per task, in wall
+    time and in the Python workers' CPU time (which other load on the machine hardly moves).
 
 (a), (b), (d) and (e) run the same streaming query (``twophase.sequence`` source, same batches
 and partitions, ``trigger(availableNow=True)``), each warmed up first on a small run. Prints one
@@ -44,7 +45,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench._common import Result, commitLine, markdownTable, sequenceStream, serviceValue
+from bench._common import (
+    CpuSeconds,
+    Result,
+    commitLine,
+    markdownTable,
+    measureCpu,
+    sequenceStream,
+    serviceValue,
+)
 
 JDBC_DRIVER = "org.mariadb.jdbc:mariadb-java-client:3.5.7"
 TABLE_DDL = "CREATE TABLE {} (id BIGINT, payload TEXT, value DOUBLE, ts DATETIME(6)) ENGINE=InnoDB"
@@ -136,6 +145,13 @@ def runDrop(spark: Any, ckpt: str, shape: tuple[int, int, int]) -> float:
     )
     query.awaitTermination()
     return time.perf_counter() - started
+
+
+def withCpu(run: Callable[..., float], *args: Any) -> tuple[float, CpuSeconds]:
+    """``run(*args)``'s seconds and the CPU seconds spent meanwhile, by role."""
+    with measureCpu() as spent:
+        seconds = run(*args)
+    return seconds, spent
 
 
 def runRaw(url: str, table: str, rows: int, chunk: int = 1000) -> float:
@@ -395,24 +411,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"measuring: {args.rows:,} rows, batches of {args.rows_per_batch:,}, "
                   f"{parts} partitions, master {args.master}", flush=True)  # fmt: skip
             tp = str(work / f"tp{parts}")
-            a = Result("(a) twophase.sql", args.rows, runTwophase(spark, url, tables[0], tp, shape))
-            b = Result(
-                "(b) Spark JDBC in foreachBatch",
-                args.rows,
-                runJdbc(spark, url, tables[1], str(work / f"jdbc{parts}"), shape),
-            )
+            cpu: dict[str, CpuSeconds] = {}
+            seconds, cpu["a"] = withCpu(runTwophase, spark, url, tables[0], tp, shape)
+            a = Result("(a) twophase.sql", args.rows, seconds)
+            jdbcCkpt = str(work / f"jdbc{parts}")
+            seconds, cpu["b"] = withCpu(runJdbc, spark, url, tables[1], jdbcCkpt, shape)
+            b = Result("(b) Spark JDBC in foreachBatch", args.rows, seconds)
             if raw is None:  # the raw driver does not depend on the partitions
                 raw = Result(
                     "(c) raw pymysql executemany", args.rows, runRaw(url, tables[2], args.rows)
                 )
-            d = Result(
-                "(d) Spark noop sink", args.rows, runNoop(spark, str(work / f"n{parts}"), shape)
-            )
-            e = Result(
-                "(e) bench.drop (Python, no-op)",
-                args.rows,
-                runDrop(spark, str(work / f"e{parts}"), shape),
-            )
+            seconds, cpu["d"] = withCpu(runNoop, spark, str(work / f"n{parts}"), shape)
+            d = Result("(d) Spark noop sink", args.rows, seconds)
+            seconds, cpu["e"] = withCpu(runDrop, spark, str(work / f"e{parts}"), shape)
+            e = Result("(e) bench.drop (Python, no-op)", args.rows, seconds)
             for key, result in ((tables[0], a), (tables[1], b)):
                 written = countRows(engine, key)
                 if written != args.rows:
@@ -421,10 +433,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
             print()
             print(f"{parts} partitions:")
-            print(f"| {'writer':<32} | {'rows':>9} | {'seconds':>7} | {'rows/s':>9} |")
-            print(f"| {'-' * 32} | {'-' * 9} | {'-' * 7} | {'-' * 9} |")
-            for r in (a, b, raw, d, e):
-                print(f"| {r.name:<32} | {r.rows:>9,} | {r.seconds:>7.1f} | {r.rate:>9,.0f} |")
+            print(f"| {'writer':<32} | {'rows':>9} | {'seconds':>7} | {'rows/s':>9} "
+                  f"| CPU s: Python workers | JVM |")  # fmt: skip
+            print(f"| {'-' * 32} | {'-' * 9} | {'-' * 7} | {'-' * 9} | ---: | ---: |")
+            for key, r in (("a", a), ("b", b), ("c", raw), ("d", d), ("e", e)):
+                spent = cpu.get(key)
+                used = f"{spent.workers:.1f} | {spent.jvm:.1f}" if spent else "- | -"
+                print(f"| {r.name:<32} | {r.rows:>9,} | {r.seconds:>7.1f} | {r.rate:>9,.0f} "
+                      f"| {used} |")  # fmt: skip
             ratios = {
                 "(a)/(b)": (a, b),
                 "(a)/(c)": (a, raw),
@@ -433,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             print("   ".join(f"{k} = {x.rate / y.rate:.2f}" for k, (x, y) in ratios.items()))
             tasks = -(-args.rows // args.rows_per_batch) * parts
-            print(f"(a) over (e): {(a.seconds - e.seconds) / tasks * 1e3:.1f} ms per task "
-                  f"({tasks} tasks)")  # fmt: skip
+            overCpu = (cpu["a"].workers - cpu["e"].workers) / tasks * 1e3
+            print(f"(a) over (e), per task ({tasks} tasks): "
+                  f"{(a.seconds - e.seconds) / tasks * 1e3:.1f} ms of wall time, "
+                  f"{overCpu:.1f} ms of Python workers' CPU")  # fmt: skip
             print(f"(a) driver commit time per batch: {commitLine(tp)}")
             print(flush=True)
     finally:
