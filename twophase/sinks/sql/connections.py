@@ -49,8 +49,12 @@ class _TlsChoice:
         self._context: object | None = None
 
     def apply(self, cparams: dict[str, Any]) -> None:
-        """``do_connect``: connect the way the first connection did, when that is known."""
+        """``do_connect``: connect the way the first connection did, when that is known.
+        Only engines whose URL sets no ``ssl`` option get here, so any such key is ours (an
+        older SQLAlchemy may keep it from the previous connection)."""
         with self._lock:
+            cparams.pop("ssl", None)
+            cparams.pop("ssl_disabled", None)
             if not self._known:
                 return
             if self._context is None:
