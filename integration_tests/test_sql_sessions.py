@@ -116,10 +116,11 @@ def test_a_mariadb_session_cannot_go_on_after_xa_prepare_until_it_ends(mtarget: 
     connection can commit the xid while it lives; once it ends, another connection can.
 
     Nor may the session be reset for reuse: on MariaDB 10.11 ``COM_RESET_CONNECTION`` after
-    ``XA PREPARE`` detaches the xid, another connection's ``XA COMMIT`` succeeds, and the
-    transaction's changes are lost, while an InnoDB transaction without a session stays behind
-    holding its locks until the server restarts (tried by hand; not repeated here for that
-    reason). docs/sql.md has the details."""
+    ``XA PREPARE`` detaches the xid from its InnoDB transaction; another connection's ``XA
+    COMMIT`` then succeeds without committing anything, and the transaction stays prepared
+    inside InnoDB, holding its locks, until a server restart lists it in ``XA RECOVER`` again
+    (tried by hand; not repeated here, as each try leaves such a transaction on the server).
+    docs/sql.md has the details."""
     t = mtarget
     createSimple(t)
     worker, driver = rawMariadb(t), rawMariadb(t)

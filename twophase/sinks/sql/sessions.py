@@ -10,8 +10,9 @@ task left its connection behind. Whether that connection can serve again depends
 - MySQL/MariaDB: after ``XA PREPARE`` the xid stays attached to its session, which can neither
   start another XA transaction (``XAER_RMFAIL``) nor let another connection commit the xid
   (``XAER_NOTA``) until it ends; only a disconnect detaches the xid safely (on MariaDB 10.11
-  ``COM_RESET_CONNECTION`` detaches it but loses its changes). These sessions are never kept;
-  the engine, its dialect and its TLS choice are (``connections``).
+  ``COM_RESET_CONNECTION`` detaches the xid from the InnoDB transaction, which then no commit
+  reaches). These sessions are never kept; the engine, its dialect and its TLS choice are
+  (``connections``).
 
 Sessions live in memory only, never pickled. A process forked after caching leaves the parent's
 sessions alone (their sockets are the parent's).
