@@ -1,4 +1,4 @@
-"""``make bench-sql``: the same rows into MariaDB four ways, at 8 and at 200 partitions.
+"""``make bench-sql``: the same rows into MariaDB five ways, at 8 and at 200 partitions.
 
 (a) the ``twophase.sql`` sink (exactly-once: multi-row INSERTs into XA transactions, committed
     from the driver);
@@ -7,11 +7,21 @@
     applies), ``rewriteBatchedStatements=true``;
 (c) raw pymysql ``executemany`` (multi-row INSERTs) of the same rows on one connection, outside
     Spark: the driver's own ceiling;
-(d) Spark's ``noop`` sink: the cost of producing the rows in Spark at all.
+(d) Spark's ``noop`` sink: the cost of producing the rows in Spark at all;
+(e) ``bench.drop``, a Python sink that reads its input and drops it: what PySpark charges any
+    Python sink, so ((a) - (e)) / tasks is what ``twophase.sql`` itself costs per task, in wall
+    time and in the Python workers' CPU time (which other load on the machine hardly moves).
 
-(a), (b) and (d) run the same streaming query (``twophase.sequence`` source, same batches and
-partitions, ``trigger(availableNow=True)``), each warmed up first on a small run. Prints one
-table per partition count with rows/s and the ratios (a)/(b), (a)/(c), (a)/(d).
+(a), (b), (d) and (e) run the same streaming query (``twophase.sequence`` source, same batches
+and partitions, ``trigger(availableNow=True)``), each warmed up first on a small run. Prints one
+table per partition count with rows/s, the ratios (a)/(b), (a)/(c), (a)/(d) and twophase's own
+time per task.
+
+``--per-task`` measures instead, outside Spark, where one task's time goes: ``--tasks`` task
+attempts of ``--rows-per-task`` rows run through ``SqlWriter`` in one process, as in a reused
+PySpark worker (the writer unpickled for each), with the drivers' calls timed (TLS context,
+connect, each statement, close) and the rest counted as Python. ``--url`` picks the server
+(default MariaDB; a ``postgresql+psycopg`` URL works too).
 
 Needs MariaDB: ``make services`` (TWOPHASE_MARIADB_URL from the environment or .services.env).
 """
@@ -20,16 +30,30 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from bench._common import Result, commitLine, sequenceStream, serviceValue
+from bench._common import (
+    CpuSeconds,
+    Result,
+    commitLine,
+    markdownTable,
+    measureCpu,
+    sequenceStream,
+    serviceValue,
+)
 
 JDBC_DRIVER = "org.mariadb.jdbc:mariadb-java-client:3.5.7"
 TABLE_DDL = "CREATE TABLE {} (id BIGINT, payload TEXT, value DOUBLE, ts DATETIME(6)) ENGINE=InnoDB"
@@ -110,6 +134,26 @@ def runNoop(spark: Any, ckpt: str, shape: tuple[int, int, int]) -> float:
     return time.perf_counter() - started
 
 
+def runDrop(spark: Any, ckpt: str, shape: tuple[int, int, int]) -> float:
+    started = time.perf_counter()
+    query = (
+        sequenceStream(spark, *shape, *COLUMNS)
+        .writeStream.format("bench.drop")
+        .option("checkpointLocation", ckpt)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
+def withCpu(run: Callable[..., float], *args: Any) -> tuple[float, CpuSeconds]:
+    """``run(*args)``'s seconds and the CPU seconds spent meanwhile, by role."""
+    with measureCpu() as spent:
+        seconds = run(*args)
+    return seconds, spent
+
+
 def runRaw(url: str, table: str, rows: int, chunk: int = 1000) -> float:
     """One pymysql connection, ``executemany`` of ``chunk`` rows (one multi-row INSERT each),
     one commit per 100,000 rows; rows made in Python as the sink's writer gets them."""
@@ -141,6 +185,175 @@ def runRaw(url: str, table: str, rows: int, chunk: int = 1000) -> float:
     return time.perf_counter() - started
 
 
+class PhaseTimer:
+    """Wall time of the database drivers' calls, by phase; a call inside a timed call counts
+    for the outer one (PyMySQL's session set-up runs inside its ``connect``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._active = False
+
+    def wrap(self, owner: Any, name: str, phase: Callable[..., str]) -> Callable[[], None]:
+        """Time ``owner.name`` under ``phase(*args)``; returns the undo."""
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._active:
+                return original(*args, **kwargs)
+            self._active = True
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase(*args, **kwargs)] += time.perf_counter() - started
+                self._active = False
+
+        setattr(owner, name, timed)
+        return lambda: setattr(owner, name, original)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Calls made meanwhile count for no phase."""
+        self._active = True
+        try:
+            yield
+        finally:
+            self._active = False
+
+
+STATEMENTS = ("XA START", "XA BEGIN", "XA END", "XA PREPARE", "PREPARE TRANSACTION", "BEGIN")
+
+
+def statementPhase(marker: str) -> Callable[..., str]:
+    def phase(_self: Any, sql: Any = "", *args: Any, **kwargs: Any) -> str:
+        if not isinstance(sql, str | bytes):
+            return "other statements"
+        text = (sql.decode() if isinstance(sql, bytes) else sql).lstrip().upper()
+        if text in ("", ";"):
+            return "ping"
+        for head in STATEMENTS:
+            if text.startswith(head):
+                return head
+        if text.startswith("INSERT"):
+            return "marker INSERT" if marker.upper() in text[:80] else "rows INSERT"
+        return "other statements"
+
+    return phase
+
+
+@contextmanager
+def driverTimers(timer: PhaseTimer, marker: str) -> Iterator[None]:
+    """Time the drivers' own calls (PyMySQL and psycopg), SQLAlchemy's engine and dialect
+    set-up, and the TLS context PyMySQL builds per connection."""
+    import ssl
+
+    import psycopg
+    import pymysql.connections
+    from sqlalchemy.dialects.mysql.base import MySQLDialect
+    from sqlalchemy.dialects.postgresql.base import PGDialect
+
+    statement = statementPhase(marker)
+    undo = [
+        timer.wrap(ssl, "create_default_context", lambda *a, **k: "TLS context"),
+        timer.wrap(sa, "create_engine", lambda *a, **k: "engine created"),
+        timer.wrap(MySQLDialect, "initialize", lambda *a, **k: "dialect initialised"),
+        timer.wrap(PGDialect, "initialize", lambda *a, **k: "dialect initialised"),
+        timer.wrap(pymysql.connections.Connection, "connect", lambda *a, **k: "connect"),
+        timer.wrap(pymysql.connections.Connection, "query", statement),
+        timer.wrap(pymysql.connections.Connection, "close", lambda *a, **k: "close"),
+        timer.wrap(psycopg, "connect", lambda *a, **k: "connect"),
+        timer.wrap(psycopg.Connection, "close", lambda *a, **k: "close"),
+        timer.wrap(psycopg.Cursor, "execute", statement),
+        timer.wrap(psycopg.Cursor, "executemany", statement),
+    ]
+    try:
+        yield
+    finally:
+        for u in reversed(undo):
+            u()
+
+
+def perTaskBreakdown(url: str, tasks: int, rowsPerTask: int) -> str:
+    """``tasks`` task attempts through ``SqlWriter`` in this process; a Markdown table of the
+    milliseconds per phase: the first task (a new worker) and the median of the others."""
+    import pyarrow as pa
+
+    from twophase.protocol import RecoveryScope, TransactionContext
+    from twophase.sinks.sql import SqlCommitter, SqlSettings, SqlWriter, validateTarget
+
+    table = f"bench_sql_task_{uuid.uuid4().hex[:8]}"
+    sinkId = f"bt{uuid.uuid4().hex[:8]}"
+    settings = SqlSettings.fromOptions({"url": url, "dbtable": table, "createTable": "true"})
+    schema = pa.schema(
+        [("id", pa.int64()), ("payload", pa.string()), ("value", pa.float64()),
+         ("ts", pa.timestamp("us", tz="UTC"))]
+    )  # fmt: skip
+    timer = PhaseTimer()
+    phases: list[dict[str, float]] = []
+    committer = SqlCommitter(settings)
+    commitSeconds: list[float] = []
+    pending: list[dict[str, Any]] = []
+
+    def commitPending() -> None:  # PostgreSQL's max_prepared_transactions is a budget
+        for handle in pending:
+            started = time.perf_counter()
+            committer.commit(handle)
+            commitSeconds.append(time.perf_counter() - started)
+        pending.clear()
+
+    validateTarget(settings, schema, sinkId)  # the driver's check, before any task
+    writerBytes = pickle.dumps(SqlWriter(settings))  # as Spark ships the writer to each task
+    try:
+        with driverTimers(timer, settings.markerTable):
+            for task in range(tasks):
+                ids = range(task * rowsPerTask, (task + 1) * rowsPerTask)
+                batch = pa.record_batch(
+                    [pa.array(ids, pa.int64()), pa.array([f"row-{i}" for i in ids]),
+                     pa.array([i * 1.5 for i in ids]),
+                     pa.array([i * 1_000_000 for i in ids], pa.timestamp("us", tz="UTC"))],
+                    schema=schema,
+                )  # fmt: skip
+                timer.seconds.clear()
+                started = time.perf_counter()
+                writer = pickle.loads(writerBytes)
+                txn = writer.beginTransaction(TransactionContext(sinkId, "q", 1, task, 0))
+                writer.write(txn, batch)
+                pending.append(writer.preCommit(txn))
+                total = time.perf_counter() - started
+                phase = dict(timer.seconds)
+                phase["Python (the rest)"] = total - sum(phase.values())
+                phase["task in all"] = total
+                phases.append(phase)
+                if len(pending) >= 40:
+                    with timer.paused():  # the driver's commits count for no task
+                        commitPending()
+        commitPending()
+    finally:
+        committer.recoverAndAbort(RecoveryScope(sinkId))
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        with engine.begin() as conn:
+            written = conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar()
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        engine.dispose()
+    if written != tasks * rowsPerTask:
+        raise SystemExit(f"per-task run wrote {written} rows, expected {tasks * rowsPerTask}")
+    names = sorted({k for p in phases for k in p}, key=lambda k: (k in LAST, LAST.get(k, 0), k))
+    rest = phases[1:] or phases
+    rows = [
+        [name, f"{phases[0].get(name, 0.0) * 1e3:.2f}",
+         f"{statistics.median(p.get(name, 0.0) for p in rest) * 1e3:.2f}",
+         f"{statistics.mean(p.get(name, 0.0) for p in rest) * 1e3:.2f}"]
+        for name in names
+    ]  # fmt: skip
+    rows.append(["driver: commit per xid", "", f"{statistics.median(commitSeconds) * 1e3:.2f}",
+                 f"{statistics.mean(commitSeconds) * 1e3:.2f}"])  # fmt: skip
+    header = ["phase (ms per task)", "first task", f"median, tasks 2-{tasks}", "mean"]
+    return markdownTable(header, rows)
+
+
+LAST = {"Python (the rest)": 1, "task in all": 2}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.sql", description=__doc__)
     p.add_argument("--rows", type=int, default=400_000)
@@ -148,14 +361,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, nargs="+", default=[8, 200])
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the tables and checkpoints")
+    p.add_argument("--per-task", action="store_true", help="where one task's time goes")
+    p.add_argument("--tasks", type=int, default=200)
+    p.add_argument("--rows-per-task", type=int, default=100)
+    p.add_argument("--url", help="SQLAlchemy URL for --per-task (default: the MariaDB)")
     args = p.parse_args(argv)
     url = mariadbUrl()
+    if args.per_task:
+        where = sa.make_url(args.url or url).get_backend_name()
+        print(f"{args.tasks} tasks of {args.rows_per_task} rows into {where}, one process:")
+        print(perTaskBreakdown(args.url or url, args.tasks, args.rows_per_task), flush=True)
+        return 0
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
 
     from pyspark.sql import SparkSession
 
     import twophase
+    from bench.kafka import DropSink
 
     spark = (
         SparkSession.builder.master(args.master)
@@ -167,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     twophase.register(spark)
+    spark.dataSource.register(DropSink)
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     work = Path(tempfile.mkdtemp(prefix="twophase-bench-sql-"))
     tables = [f"bench_sql_{k}" for k in ("twophase", "jdbc", "raw", "warm_a", "warm_b")]
@@ -182,23 +406,25 @@ def main(argv: list[str] | None = None) -> int:
             runTwophase(spark, url, "bench_sql_warm_a", str(work / f"wa{parts}"), warm)
             runJdbc(spark, url, "bench_sql_warm_b", str(work / f"wb{parts}"), warm)
             runNoop(spark, str(work / f"wn{parts}"), warm)
+            runDrop(spark, str(work / f"we{parts}"), warm)
             shape = (args.rows, args.rows_per_batch, parts)
             print(f"measuring: {args.rows:,} rows, batches of {args.rows_per_batch:,}, "
                   f"{parts} partitions, master {args.master}", flush=True)  # fmt: skip
             tp = str(work / f"tp{parts}")
-            a = Result("(a) twophase.sql", args.rows, runTwophase(spark, url, tables[0], tp, shape))
-            b = Result(
-                "(b) Spark JDBC in foreachBatch",
-                args.rows,
-                runJdbc(spark, url, tables[1], str(work / f"jdbc{parts}"), shape),
-            )
+            cpu: dict[str, CpuSeconds] = {}
+            seconds, cpu["a"] = withCpu(runTwophase, spark, url, tables[0], tp, shape)
+            a = Result("(a) twophase.sql", args.rows, seconds)
+            jdbcCkpt = str(work / f"jdbc{parts}")
+            seconds, cpu["b"] = withCpu(runJdbc, spark, url, tables[1], jdbcCkpt, shape)
+            b = Result("(b) Spark JDBC in foreachBatch", args.rows, seconds)
             if raw is None:  # the raw driver does not depend on the partitions
                 raw = Result(
                     "(c) raw pymysql executemany", args.rows, runRaw(url, tables[2], args.rows)
                 )
-            d = Result(
-                "(d) Spark noop sink", args.rows, runNoop(spark, str(work / f"n{parts}"), shape)
-            )
+            seconds, cpu["d"] = withCpu(runNoop, spark, str(work / f"n{parts}"), shape)
+            d = Result("(d) Spark noop sink", args.rows, seconds)
+            seconds, cpu["e"] = withCpu(runDrop, spark, str(work / f"e{parts}"), shape)
+            e = Result("(e) bench.drop (Python, no-op)", args.rows, seconds)
             for key, result in ((tables[0], a), (tables[1], b)):
                 written = countRows(engine, key)
                 if written != args.rows:
@@ -207,10 +433,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
             print()
             print(f"{parts} partitions:")
-            print(f"| {'writer':<32} | {'rows':>9} | {'seconds':>7} | {'rows/s':>9} |")
-            print(f"| {'-' * 32} | {'-' * 9} | {'-' * 7} | {'-' * 9} |")
-            for r in (a, b, raw, d):
-                print(f"| {r.name:<32} | {r.rows:>9,} | {r.seconds:>7.1f} | {r.rate:>9,.0f} |")
+            print(f"| {'writer':<32} | {'rows':>9} | {'seconds':>7} | {'rows/s':>9} "
+                  f"| CPU s: Python workers | JVM |")  # fmt: skip
+            print(f"| {'-' * 32} | {'-' * 9} | {'-' * 7} | {'-' * 9} | ---: | ---: |")
+            for key, r in (("a", a), ("b", b), ("c", raw), ("d", d), ("e", e)):
+                spent = cpu.get(key)
+                used = f"{spent.workers:.1f} | {spent.jvm:.1f}" if spent else "- | -"
+                print(f"| {r.name:<32} | {r.rows:>9,} | {r.seconds:>7.1f} | {r.rate:>9,.0f} "
+                      f"| {used} |")  # fmt: skip
             ratios = {
                 "(a)/(b)": (a, b),
                 "(a)/(c)": (a, raw),
@@ -218,6 +448,11 @@ def main(argv: list[str] | None = None) -> int:
                 "(b)/(c)": (b, raw),
             }
             print("   ".join(f"{k} = {x.rate / y.rate:.2f}" for k, (x, y) in ratios.items()))
+            tasks = -(-args.rows // args.rows_per_batch) * parts
+            overCpu = (cpu["a"].workers - cpu["e"].workers) / tasks * 1e3
+            print(f"(a) over (e), per task ({tasks} tasks): "
+                  f"{(a.seconds - e.seconds) / tasks * 1e3:.1f} ms of wall time, "
+                  f"{overCpu:.1f} ms of Python workers' CPU")  # fmt: skip
             print(f"(a) driver commit time per batch: {commitLine(tp)}")
             print(flush=True)
     finally:

@@ -45,7 +45,7 @@ from twophase.sinks.sql import (
     publicOptionValue,
     validateTarget,
 )
-from twophase.sinks.sql.dialect import preparedXids
+from twophase.sinks.sql.dialect import preparedXids, prepareTwoPhase
 from twophase.sinks.sql.xid import sinkPrefix
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_commit_waits_for_a_prepared_xid_still_attached_to_its_session(mtarget: 
     writer = SqlWriter(settings)
     txn = writer.beginTransaction(t.ctx(1))
     writer.write(txn, simple(range(3)))
-    assert txn.conn is not None and txn.twophase is not None
+    assert txn.conn is not None and txn.begun
     from twophase.sinks.sql.dialect import markerTable
 
     txn.conn.execute(
@@ -234,7 +234,7 @@ def test_commit_waits_for_a_prepared_xid_still_attached_to_its_session(mtarget: 
         .insert()
         .values(xid=txn.xid, sink_id=t.sinkId, batch_id=1, partition_id=0, row_count=3)
     )
-    txn.twophase.prepare()
+    prepareTwoPhase(txn.conn, "mysql", txn.xid)  # the session lives on, the xid attached
     handle = {
         "kind": "sql",
         "xid": txn.xid,

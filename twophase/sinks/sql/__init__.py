@@ -1,17 +1,18 @@
 """The sql sink: two-phase transactions through SQLAlchemy, prepared on executors, committed
 by the driver.
 
-A ``SqlWriter`` (executor) writes each task attempt's rows into one two-phase transaction
-(``begin_twophase``: XA on MySQL/MariaDB, ``PREPARE TRANSACTION`` on PostgreSQL) with a commit
-marker, and prepares it; the handle holds the xid and the URL without its password. A
+A ``SqlWriter`` (executor) writes each task attempt's rows into one two-phase transaction (the
+dialect's: XA on MySQL/MariaDB, ``PREPARE TRANSACTION`` on PostgreSQL) with a commit marker,
+and prepares it; the handle holds the xid and the URL without its password. A
 ``SqlCommitter`` (driver, any process) commits or rolls it back by xid from another connection,
 and tells an already committed xid (its marker is there) from a lost one. ``validateTarget``
 checks the server and the table before a batch. Spark-free: the data source ``twophase.sql``
 is ``twophase.spark.sql.SqlSink``.
 
 Modules by role: ``settings`` (options), ``xid``, ``dialect`` (what differs between MySQL and
-PostgreSQL), ``connections``, ``schema`` (checks, ``createTable``), ``handles``, ``writer``,
-``committer``, ``inspect`` (``twophase doctor``), ``errors``.
+PostgreSQL), ``connections``, ``sessions`` (task connections a worker keeps), ``schema``
+(checks, ``createTable``), ``handles``, ``writer``, ``committer``, ``inspect`` (``twophase
+doctor``), ``errors``.
 """
 
 from twophase.sinks.sql.committer import SqlCommitter

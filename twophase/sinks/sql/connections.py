@@ -1,9 +1,11 @@
 """Engines and connections of the sql sink: one engine per URL and process, clear errors.
 
-Executors use unpooled engines (a task's connection ends with its prepared transaction, which
-must leave the session for another connection to commit it); the driver's committer keeps a
-pool as large as the coordinator's parallel commits (16). MySQL/MariaDB sessions use
-``time_zone = '+00:00'`` so ``DATETIME`` values are UTC.
+Executors use unpooled engines (a MySQL/MariaDB task's connection ends with its prepared
+transaction, which must leave the session for another connection to commit it; PostgreSQL
+task sessions are kept by ``sessions``); the driver's committer keeps a pool as large as the
+coordinator's parallel commits (16). MySQL/MariaDB sessions use ``time_zone = '+00:00'`` so
+``DATETIME`` values are UTC, and an engine makes PyMySQL's default TLS choice once (see
+``_TlsChoice``): the engine, its dialect and that choice serve every task of a Python worker.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -23,7 +26,83 @@ from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
 
 _engines: dict[tuple[str, bool, int], Engine] = {}
+_tlsChoices: dict[Engine, _TlsChoice] = {}
 _lock = threading.Lock()
+
+
+class _TlsChoice:
+    """PyMySQL's default TLS choice for one engine, made at its first connection and reused.
+
+    Without TLS options PyMySQL "prefers" TLS: every new connection builds a fresh default
+    ``SSLContext`` (which loads the system's CA certificates, though it verifies nothing) and
+    uses TLS only if the server offers it. A task connects once per XA transaction, so that
+    context was most of a task's cost. The engine's first connection is made PyMySQL's way and
+    the outcome kept: later connections get that connection's context (TLS, unverified, as
+    before) or ``ssl_disabled`` when the server offered no TLS. A failed connection attempt
+    forgets the choice and is tried again at once PyMySQL's way (the server may have been
+    restarted with other settings). URLs that set any ``ssl`` option are left alone.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known = False
+        self._context: object | None = None
+
+    def apply(self, cparams: dict[str, Any]) -> None:
+        """``do_connect``: connect the way the first connection did, when that is known.
+        Only engines whose URL sets no ``ssl`` option get here, so any such key is ours (an
+        older SQLAlchemy may keep it from the previous connection)."""
+        with self._lock:
+            cparams.pop("ssl", None)
+            cparams.pop("ssl_disabled", None)
+            if not self._known:
+                return
+            if self._context is None:
+                cparams["ssl_disabled"] = True
+            else:
+                cparams["ssl"] = self._context
+
+    def learn(self, dbapiConnection: Any) -> None:
+        """``connect``: keep what PyMySQL's default gave the first connection (no round trip:
+        PyMySQL encrypts when it wanted TLS and the server's handshake offered it)."""
+        from pymysql.constants import CLIENT
+
+        wanted = getattr(dbapiConnection, "ssl", None)
+        offered = getattr(dbapiConnection, "server_capabilities", None)
+        if wanted is None or offered is None:
+            return  # another PyMySQL: keep its default for every connection
+        encrypted = bool(wanted) and bool(offered & CLIENT.SSL)
+        context = getattr(dbapiConnection, "ctx", None) if encrypted else None
+        if encrypted and context is None:
+            return
+        with self._lock:
+            if not self._known:
+                self._known, self._context = True, context
+
+    def forget(self) -> bool:
+        """Drop the choice; whether there was one (then a retry connects PyMySQL's way)."""
+        with self._lock:
+            known = self._known
+            self._known, self._context = False, None
+            return known
+
+
+def _reuseTlsChoice(engine: Engine) -> None:
+    """Make PyMySQL's default TLS choice once for ``engine`` (``_TlsChoice``)."""
+    choice = _TlsChoice()
+    _tlsChoices[engine] = choice
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _apply(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        choice.apply(cparams)
+
+    @sa.event.listens_for(engine, "connect")
+    def _learn(dbapiConnection: Any, record: Any) -> None:
+        choice.learn(dbapiConnection)
+
+
+def _setsTls(url: URL) -> bool:
+    return any(k == "ssl" or k.startswith("ssl_") for k in url.query)
 
 
 def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
@@ -36,6 +115,11 @@ def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
             args: dict[str, object] = {"connect_timeout": connectTimeout}
             if family == "mysql":
                 args["init_command"] = "SET time_zone = '+00:00'"
+            else:
+                # A kept task session is pinged before a task writes on it: a server that
+                # stopped answering fails the ping within the connect timeout, not later.
+                args["tcp_user_timeout"] = connectTimeout * 1000
+                args["keepalives"] = 1
             extra: dict[str, object] = (
                 {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": True}
                 if pooled
@@ -48,6 +132,8 @@ def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
                     f"option url: the {url.drivername} dialect needs the {exc.name} package; "
                     "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
                 ) from None
+            if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
+                _reuseTlsChoice(engine)
             _engines[key] = engine
         return engine
 
@@ -87,8 +173,18 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
         ),
         reraise=True,
     )
+    choice = _tlsChoices.get(engine)
+
+    def attempt() -> Connection:
+        try:
+            return engine.connect()
+        except sa.exc.DBAPIError:
+            if choice is None or not choice.forget():
+                raise
+        return engine.connect()  # PyMySQL's default TLS choice again
+
     try:
-        return attempts(engine.connect)
+        return attempts(attempt)
     except sa.exc.DBAPIError as exc:
         if isAccessDenied(exc):
             raise SqlSinkError(

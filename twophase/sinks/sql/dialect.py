@@ -2,13 +2,15 @@
 
 MySQL and MariaDB (``mysql``) run XA transactions (``XA BEGIN/END/PREPARE/COMMIT``, listed by
 ``XA RECOVER``); PostgreSQL (``postgresql``) runs ``PREPARE TRANSACTION`` / ``COMMIT PREPARED``,
-listed by ``pg_prepared_xacts``. SQLAlchemy's dialects issue the two-phase statements; this
-module holds the rest: the bulk and upsert ``INSERT`` text, the commit-marker table, which
-prepared xids belong to a prefix, value conversion from Arrow, and the driver error codes.
+listed by ``pg_prepared_xacts``. SQLAlchemy's dialects issue the two-phase statements (but a
+task's ``PREPARE TRANSACTION``: ``prepareTwoPhase``); this module holds the rest: the bulk and
+upsert ``INSERT`` text, the commit-marker table, which prepared xids belong to a prefix, value
+conversion from Arrow, and the driver error codes.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import psycopg
@@ -122,11 +124,13 @@ def valuesText(batch: pa.RecordBatch, backslashEscapes: bool) -> pa.Array | None
     return pc.binary_join_element_wise("(", joined, ")", "")
 
 
+@functools.cache
 def markerTable(name: str, schema: str | None = None) -> sa.Table:
     """The commit markers: one row per prepared xid, written inside its transaction.
 
     A marker is visible exactly when its transaction committed, so a committer that finds an
-    xid no longer prepared tells "committed" (marker) from "lost" (no marker).
+    xid no longer prepared tells "committed" (marker) from "lost" (no marker). One ``Table``
+    per name and process (every task writes a marker).
     """
     return sa.Table(
         name,
@@ -138,6 +142,38 @@ def markerTable(name: str, schema: str | None = None) -> sa.Table:
         sa.Column("row_count", sa.BigInteger, nullable=False),
         mysql_engine="InnoDB",
     )
+
+
+def beginTwoPhase(conn: Connection, family: str, xid: str) -> None:
+    """Open a task's two-phase transaction: ``XA BEGIN '<xid>'`` (the MySQL dialect's own
+    call); on PostgreSQL nothing yet, psycopg sends ``BEGIN`` before the first statement."""
+    if family == "mysql":
+        conn.dialect.do_begin_twophase(conn, xid)
+
+
+def prepareTwoPhase(conn: Connection, family: str, xid: str) -> None:
+    """Prepare it: ``XA END`` + ``XA PREPARE`` (the MySQL dialect's call), or ``PREPARE
+    TRANSACTION '<xid>'`` sent as SQL. Not psycopg's ``tpc_prepare()`` (what SQLAlchemy's
+    psycopg dialect calls): that ties the client connection to the prepared transaction until
+    it commits or rolls it back, while the server has already let go of it and the session
+    could serve the next task."""
+    if family == "mysql":
+        conn.dialect.do_prepare_twophase(conn, xid)
+        return
+    conn.execute(
+        sa.text("PREPARE TRANSACTION :xid").bindparams(
+            sa.bindparam("xid", xid, literal_execute=True)
+        )
+    )
+
+
+def rollbackTwoPhase(conn: Connection, family: str, xid: str) -> None:
+    """Roll back a task's transaction that is not prepared: ``XA END`` + ``XA ROLLBACK``, or
+    ``ROLLBACK``."""
+    if family == "mysql":
+        conn.dialect.do_rollback_twophase(conn, xid, is_prepared=False)
+    else:
+        conn.rollback()
 
 
 def preparedXids(conn: Connection, family: str, prefix: str) -> list[str]:
@@ -253,6 +289,9 @@ def columnType(t: pa.DataType, family: str, isKey: bool) -> sa.types.TypeEngine[
 
 __all__ = [
     "MAX_XID_BYTES",
+    "beginTwoPhase",
+    "prepareTwoPhase",
+    "rollbackTwoPhase",
     "columnType",
     "errorMessage",
     "insertParts",

@@ -1,10 +1,12 @@
 """The executor half of the sql sink: one two-phase transaction per task attempt.
 
-At its first rows a task attempt connects, opens ``begin_twophase(<xid>)`` (``XA BEGIN`` on
-MySQL/MariaDB, ``BEGIN`` on PostgreSQL), sends its rows as multi-row ``INSERT``s of
-``batchsize`` rows, writes its commit marker and ``prepare()``s. The connection is then
-dropped without a rollback: the prepared transaction stays on the server for the driver to
-commit from another connection. A failed attempt rolls back; a killed one leaves at most a
+At its first rows a task attempt takes a connection (``sessions``: a kept PostgreSQL session
+or a new one), begins the dialect's two-phase transaction (``XA BEGIN <xid>`` on MySQL/MariaDB,
+``BEGIN`` on PostgreSQL), sends its rows as multi-row ``INSERT``s of ``batchsize`` rows, writes
+its commit marker and prepares (``XA END`` + ``XA PREPARE``, ``PREPARE TRANSACTION``). The
+prepared transaction stays on the server for the driver to commit from another connection: a
+MySQL/MariaDB session is then ended without a rollback (that detaches the xid), a PostgreSQL
+session is kept for the next task. A failed attempt rolls back; a killed one leaves at most a
 prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps it.
 """
 
@@ -18,14 +20,15 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, TwoPhaseTransaction
+from sqlalchemy.engine import Connection, Engine
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.sql.committer import SqlCommitter
-from twophase.sinks.sql.connections import connect, engineFor, isUnavailable
+from twophase.sinks.sql.connections import engineFor, isUnavailable
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
+    beginTwoPhase,
     errorMessage,
     insertParts,
     insertStatement,
@@ -33,12 +36,15 @@ from twophase.sinks.sql.dialect import (
     markerTable,
     mysqlCode,
     pgState,
+    prepareTwoPhase,
+    rollbackTwoPhase,
     rowsOf,
     tableText,
     valuesText,
 )
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.handles import KIND, taskHandle
+from twophase.sinks.sql.sessions import TASK_SESSIONS, end
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.xid import SqlXid
 
@@ -53,13 +59,15 @@ class SqlTransaction:
     """One task attempt's transaction: its xid, connection and insert statement.
 
     Lives in one executor task only (holds a connection); never pickled. The connection is
-    opened at the first non-empty record batch, so an empty partition costs nothing.
+    taken at the first non-empty record batch, so an empty partition costs nothing; ``begun``
+    while the two-phase transaction is open (neither prepared nor rolled back).
     """
 
     ctx: TransactionContext
     xid: str
     conn: Connection | None = None
-    twophase: TwoPhaseTransaction | None = None
+    engine: Engine | None = None
+    begun: bool = False
     schema: pa.Schema | None = None
     statement: str = ""
     parts: tuple[str, str] = ("", "")
@@ -144,13 +152,10 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         s = self.settings
         engine = engineFor(s.url, pooled=False, connectTimeout=s.connectTimeout)
         what = f"batch {txn.ctx.batchId} partition {txn.ctx.partitionId}"
-        conn = connect(engine, what, s.connectRetrySeconds)
-        try:
-            txn.twophase = conn.begin_twophase(txn.xid)
-        except BaseException:
-            conn.close()
-            raise
-        txn.conn = conn
+        conn = TASK_SESSIONS.take(engine, what, s.connectRetrySeconds)
+        txn.conn, txn.engine = conn, engine
+        beginTwoPhase(conn, s.family, txn.xid)
+        txn.begun = True
         txn.schema = schema
         target = tableText(engine.dialect, s.schema, s.table)
         names = list(schema.names)
@@ -176,7 +181,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         ctx = txn.ctx
         s = self.settings
         xid: str | None = None
-        if txn.conn is not None and txn.twophase is not None:
+        if txn.conn is not None and txn.begun:
             with self._taskErrors(txn):
                 markers = markerTable(s.markerTable, s.schema)
                 txn.conn.execute(
@@ -188,7 +193,8 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                         row_count=txn.rows,
                     )
                 )
-                txn.twophase.prepare()
+                prepareTwoPhase(txn.conn, s.family, txn.xid)
+                txn.begun = False
             xid = txn.xid
             _release(txn)
         txn.state = "prepared"
@@ -203,8 +209,9 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         txn.state = "aborted"
         if txn.conn is not None:
             try:
-                if txn.twophase is not None and txn.twophase.is_active:
-                    txn.twophase.rollback()
+                if txn.begun:
+                    rollbackTwoPhase(txn.conn, self.settings.family, txn.xid)
+                    txn.begun = False
             except Exception:
                 log.debug("sql: rollback of %s during abort failed", txn.xid, exc_info=True)
             _release(txn)
@@ -264,18 +271,20 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
 
 
 def _release(txn: SqlTransaction) -> None:
-    """Drop the task's connection without the rollback SQLAlchemy would send on close: a
-    prepared transaction must outlive it (the server detaches it when the session ends)."""
-    conn = txn.conn
-    txn.conn = None
-    txn.twophase = None
-    if conn is None:
+    """Hand the task's connection back once its transaction is prepared or rolled back:
+    ``sessions`` keeps a PostgreSQL session for the next task and ends any other without the
+    rollback SQLAlchemy would send on close (a prepared XA xid outlives its session, which
+    must end to let another connection commit it). A transaction still open (a failed
+    rollback) ends with its session: the server rolls it back."""
+    conn, engine = txn.conn, txn.engine
+    txn.conn = txn.engine = None
+    if conn is None or engine is None:
         return
-    try:
-        conn.invalidate()
-        conn.close()
-    except Exception:
-        log.debug("sql: closing the connection of %s failed", txn.xid, exc_info=True)
+    if txn.begun:
+        txn.begun = False
+        end(conn)
+        return
+    TASK_SESSIONS.give(engine, conn)
 
 
 __all__ = ["SqlTransaction", "SqlWriter"]

@@ -1,0 +1,146 @@
+"""Task connections of one worker process: which may serve the next task, and the check first.
+
+PySpark reuses Python workers, so the next task of a sink usually runs in a process whose last
+task left its connection behind. Whether that connection can serve again depends on the server:
+
+- PostgreSQL: ``PREPARE TRANSACTION`` dissociates the prepared transaction from the session at
+  once (any session can ``COMMIT PREPARED`` it), so the session is free and is kept for the
+  next task. The next task pings it first; a broken one (server restarted, session killed) is
+  closed and replaced by a new connection before the task writes.
+- MySQL/MariaDB: after ``XA PREPARE`` the xid stays attached to its session, which can neither
+  start another XA transaction (``XAER_RMFAIL``) nor let another connection commit the xid
+  (``XAER_NOTA``) until it ends; only a disconnect detaches the xid safely (on MariaDB 10.11
+  ``COM_RESET_CONNECTION`` detaches the xid from the InnoDB transaction, which then no commit
+  reaches). These sessions are never kept; the engine, its dialect and its TLS choice are
+  (``connections``).
+
+Sessions live in memory only, never pickled. A process forked after caching leaves the parent's
+sessions alone (their sockets are the parent's).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from sqlalchemy.engine import Connection, Engine
+
+from twophase.redaction import getLogger
+from twophase.sinks.sql.connections import connect
+from twophase.sinks.sql.dialect import DRIVER_ERRORS
+from twophase.sinks.sql.settings import FAMILIES
+
+log = getLogger(__name__)
+
+MAX_IDLE_PER_ENGINE = 2
+"""Idle sessions kept per engine (a worker runs one task at a time)."""
+
+
+def reusable(engine: Engine) -> bool:
+    """Whether a session of ``engine`` may serve another task after its transaction is
+    prepared: PostgreSQL yes, MySQL/MariaDB no (the session must end to detach the xid)."""
+    return FAMILIES[engine.url.get_backend_name()] == "postgresql"
+
+
+class TaskSessions:
+    """Idle task sessions of this process, by engine; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle: dict[Engine, list[Connection]] = {}
+        self._inherited: list[Connection] = []
+
+    def take(self, engine: Engine, what: str, retrySeconds: float) -> Connection:
+        """A connection for one task: a kept one that answers the dialect's ping (one round
+        trip), else a new one (``connections.connect``: retried for ``retrySeconds``)."""
+        while True:
+            with self._lock:
+                self._forkCheck()
+                idle = self._idle.get(engine) or []
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return connect(engine, what, retrySeconds)
+            if _alive(conn):
+                return conn
+            end(conn)
+
+    def give(self, engine: Engine, conn: Connection) -> None:
+        """Take back a task's connection whose transaction is prepared or rolled back: kept
+        when the server lets its session serve again and it holds nothing, else ended."""
+        if reusable(engine) and _idle(conn):
+            with self._lock:
+                self._forkCheck()
+                idle = self._idle.setdefault(engine, [])
+                if len(idle) < MAX_IDLE_PER_ENGINE:
+                    idle.append(conn)
+                    return
+        end(conn)
+
+    def idleCount(self, engine: Engine) -> int:
+        with self._lock:
+            return len(self._idle.get(engine) or [])
+
+    def clear(self) -> None:
+        """Close every idle session (tests; a worker just exits)."""
+        with self._lock:
+            sessions = [c for idle in self._idle.values() for c in idle]
+            self._idle = {}
+        for conn in sessions:
+            end(conn)
+
+    def _forkCheck(self) -> None:
+        if self._pid != os.getpid():  # forked: the sessions are the parent's; never touch them
+            self._inherited.extend(c for idle in self._idle.values() for c in idle)
+            self._idle = {}
+            self._pid = os.getpid()
+
+
+def end(conn: Connection) -> None:
+    """End a task's session without the rollback SQLAlchemy would send on close: the server
+    detaches a prepared XA transaction when its session ends, and keeps it. Never raises."""
+    try:
+        conn.invalidate()
+        conn.close()
+    except Exception:
+        log.debug("sql: ending a task session failed", exc_info=True)
+
+
+def _idle(conn: Connection) -> bool:
+    """A psycopg session that holds no transaction and is not known to be broken.
+
+    ``PREPARE TRANSACTION`` (or ``ROLLBACK``) left the server session idle; SQLAlchemy's
+    rollback then only ends its own bookkeeping (psycopg sends nothing on an idle session).
+    """
+    if conn.closed or conn.invalidated:
+        return False
+    try:
+        conn.rollback()
+        raw = conn.connection.dbapi_connection
+    except DRIVER_ERRORS:
+        return False
+    return (
+        isinstance(raw, psycopg.Connection)
+        and not raw.closed
+        and not raw.broken
+        and raw.info.transaction_status == TransactionStatus.IDLE
+    )
+
+
+def _alive(conn: Connection) -> bool:
+    """A kept session answers the dialect's ping; ``False`` when it turns out broken."""
+    try:
+        raw = conn.connection.dbapi_connection
+        return raw is not None and bool(conn.dialect.do_ping(raw))
+    except DRIVER_ERRORS:
+        log.debug("sql: a kept task session is broken; connecting again")
+        return False
+
+
+TASK_SESSIONS = TaskSessions()
+"""This process's idle task sessions."""
+
+
+__all__ = ["MAX_IDLE_PER_ENGINE", "TASK_SESSIONS", "TaskSessions", "end", "reusable"]
