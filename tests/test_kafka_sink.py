@@ -41,6 +41,7 @@ from twophase.sinks.kafka import (
     ProbeVerdict,
     checkColumns,
     ownedIds,
+    sending,
     transactionalIdFor,
 )
 from twophase.sinks.kafka import committer as committing
@@ -565,7 +566,7 @@ def preparedTransaction(pid: int = 7, epoch: int = 3) -> Any:
 
 def test_the_producer_id_and_epoch_come_from_librdkafkas_log() -> None:
     txn = preparedTransaction(7, 3)
-    handle = producing.preCommit(txn)
+    handle = sending.preCommit(txn)
     assert (handle["producerId"], handle["producerEpoch"], handle["records"]) == (7, 3, 3)
     assert txn.pooled is not None and txn.pooled.state == "prepared"
 
@@ -575,25 +576,25 @@ def test_an_epoch_bumped_during_the_transaction_or_a_fatal_error_is_not_prepared
     assert txn.pooled is not None
     getPid(txn.pooled.producerLog, 7, 4)
     with pytest.raises(KafkaWriteError, match="began with producer id 7 epoch 3"):
-        producing.preCommit(txn)
+        sending.preCommit(txn)
     txn = preparedTransaction(7, 3)
     assert txn.pooled is not None
     txn.pooled.producerLog.log(
         0, "%s [%s] %s", "FATAL", "rdkafka#producer-1", "Fatal error: Broker: fenced"
     )
     with pytest.raises(KafkaWriteError, match="fenced"):
-        producing.preCommit(txn)
+        sending.preCommit(txn)
 
 
 def test_unacknowledged_records_fail_the_task() -> None:
     txn = preparedTransaction()
     txn.deliveries.acked = 2
     with pytest.raises(KafkaWriteError, match="3 records produced but 2 acknowledged"):
-        producing.preCommit(txn)
+        sending.preCommit(txn)
     txn.deliveries.failed = 1
     txn.deliveries.errors.append("t [0]: Broker: Message size too large")
     with pytest.raises(KafkaWriteError, match="were not delivered: t \\[0\\]"):
-        producing.preCommit(txn)
+        sending.preCommit(txn)
 
 
 # -- secrets --------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""The executor side of the Kafka sink: one transaction per task attempt, on a pooled producer.
+"""A task's Kafka transaction and the producer it runs on: taken from the pool, begun, aborted.
 
 A task takes a transactional librdkafka producer from its worker's pool
-(``twophase.sinks.kafka.pool``), begins a transaction at its first row, produces its rows as it
-reads them, flushes, checks that every record was acknowledged, and leaves the transaction
-**open** for the driver to end; the producer goes back to the pool, holding it. The producer id
-and epoch come from librdkafka's own log (debug context ``eos``: ``Acquired PID{Id:..,Epoch:..}``
-when ``init_transactions`` gets them), not from its statistics, whose periodic JSON would cost
-every pooled producer CPU for as long as it lives. Two facts of confluent-kafka shape this
-module (both checked by ``integration_tests/test_kafka_protocol.py``):
+(``twophase.sinks.kafka.pool``) and begins a transaction at its first row; ``sending.py``
+produces its rows, flushes, checks that every record was acknowledged, and leaves the
+transaction **open** for the driver to end; the producer goes back to the pool, holding it.
+The producer id and epoch come from librdkafka's own log (debug context ``eos``:
+``Acquired PID{Id:..,Epoch:..}`` when ``init_transactions`` gets them), not from its statistics,
+whose periodic JSON would cost every pooled producer CPU for as long as it lives. Two facts of
+confluent-kafka shape this module (both checked by ``integration_tests/test_kafka_protocol.py``):
 
 - ``Producer.close()`` aborts an open transaction (confluent-kafka >= 2.16), so a producer
   holding a prepared transaction is never closed;
@@ -24,8 +24,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
 from twophase.clients.kafka import errorText, newClient, shownConfig
 from twophase.protocol import TransactionContext
@@ -33,14 +32,12 @@ from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
+from twophase.sinks.kafka.deliveries import Deliveries
 from twophase.sinks.kafka.errors import KafkaWriteError
 from twophase.sinks.kafka.pool import Pooled
 from twophase.sinks.kafka.settings import DEFAULT_MESSAGE_TIMEOUT_MS
 
 log = getLogger(__name__)
-
-BATCH_CHUNK = 5000
-"""Records handed to ``produce_batch`` at once."""
 
 DEFAULT_QUEUE_MESSAGES = 100000
 """librdkafka's default ``queue.buffering.max.messages``."""
@@ -57,33 +54,6 @@ def withTimeouts(config: Mapping[str, str], transactionTimeoutMs: int) -> dict[s
     if "message.timeout.ms" not in result and "delivery.timeout.ms" not in result:
         result["message.timeout.ms"] = min(DEFAULT_MESSAGE_TIMEOUT_MS, transactionTimeoutMs)
     return result
-
-
-_QUEUE_FULL = KafkaError._QUEUE_FULL
-
-
-class _Deliveries:
-    """The delivery-report callback of one transaction: counts, the first errors, a probe."""
-
-    __slots__ = ("acked", "failed", "errors", "last")
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.acked = 0
-        self.failed = 0
-        self.errors: list[str] = []
-        self.last: Message | None = None
-
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self.acked += 1
-            self.last = msg
-            return
-        self.failed += 1
-        if len(self.errors) < 5:
-            self.errors.append(redact(f"{msg.topic()} [{msg.partition()}]: {err.str()}"))
 
 
 _ACQUIRED_PID = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
@@ -150,7 +120,7 @@ class KafkaTransaction:
     beganAs: tuple[int, int] = (-1, -1)
     starting: threading.Thread | None = None
     startError: BaseException | None = None
-    deliveries: _Deliveries = field(default_factory=_Deliveries)
+    deliveries: Deliveries = field(default_factory=Deliveries)
     startedAtMs: int = 0
     queueLimit: int = DEFAULT_QUEUE_MESSAGES
     layout: ColumnLayout | None = None
@@ -192,7 +162,7 @@ def beginTransaction(
 
         def start() -> None:
             try:
-                _acquire(txn, defaultTopic)
+                acquire(txn, defaultTopic)
             except BaseException as exc:  # handed to the task thread by _awaitStart
                 txn.startError = exc
 
@@ -203,7 +173,7 @@ def beginTransaction(
     return txn
 
 
-def _awaitStart(txn: KafkaTransaction) -> None:
+def awaitStart(txn: KafkaTransaction) -> None:
     """Wait for the background start of the producer; raise what it raised."""
     if txn.starting is None:
         return
@@ -226,7 +196,7 @@ def _listOpen(txn: KafkaTransaction) -> Any:
     return listing
 
 
-def _acquire(txn: KafkaTransaction, firstTopic: str) -> None:
+def acquire(txn: KafkaTransaction, firstTopic: str) -> None:
     """Take a pooled producer: ready, or settled (its previous transaction ended), or new."""
     ctx = txn.ctx
     entry, free = pool.acquire(txn.prefix, txn.poolKey, ctx.runId, ctx.batchId)
@@ -243,7 +213,7 @@ def _acquire(txn: KafkaTransaction, firstTopic: str) -> None:
         pool.discard(entry)
         raise
     # The pooled producer's delivery reports now count for this transaction.
-    assert isinstance(entry.deliveries, _Deliveries)
+    assert isinstance(entry.deliveries, Deliveries)
     entry.deliveries.reset()
     txn.deliveries = entry.deliveries
     txn.producer = entry.producer
@@ -289,15 +259,15 @@ def _createProducer(txn: KafkaTransaction, firstTopic: str) -> tuple[Producer, P
     return producer, producerLog
 
 
-def _producerLog(txn: KafkaTransaction) -> ProducerLog:
+def producerLogOf(txn: KafkaTransaction) -> ProducerLog:
     entry = txn.pooled
     assert entry is not None and isinstance(entry.producerLog, ProducerLog)
     return entry.producerLog
 
 
-def _begin(txn: KafkaTransaction, producer: Producer) -> None:
+def begin(txn: KafkaTransaction, producer: Producer) -> None:
     """Begin the transaction (local to the producer: the broker hears of it at the first record)."""
-    producerLog = _producerLog(txn)
+    producerLog = producerLogOf(txn)
     try:
         producer.begin_transaction()
     except KafkaException as exc:
@@ -319,205 +289,10 @@ def _begin(txn: KafkaTransaction, producer: Producer) -> None:
     txn.beganAs = producerLog.current()
 
 
-def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
-    """Produce one Arrow batch into the transaction; fail at the first delivery error."""
-    if txn.layout is None:
-        txn.layout = ColumnLayout.of(batch.schema, txn.defaultTopic)
-    layout = txn.layout
-    values = batch.column(layout.value).to_pylist()
-    keys = batch.column(layout.key).to_pylist() if layout.key is not None else None
-    topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
-    _awaitStart(txn)
-    if txn.producer is None:
-        _acquire(txn, str(txn.defaultTopic or next((t for t in topics or () if t), "")))
-    producer = txn.producer
-    assert producer is not None
-    if not txn.began:
-        _begin(txn, producer)
-    if (
-        layout.topic is None
-        and layout.partition is None
-        and layout.headers is None
-        and hasattr(producer, "produce_batch")  # not in older confluent-kafka
-    ):
-        _produceBatch(txn, str(txn.defaultTopic), values, keys)
-        txn.fingerprint.add(values, keys, extra=str(txn.defaultTopic).encode())
-    else:
-        partitions = (
-            batch.column(layout.partition).to_pylist() if layout.partition is not None else None
-        )
-        headers = batch.column(layout.headers).to_pylist() if layout.headers is not None else None
-        produce = producer.produce
-        for i, value in enumerate(values):
-            topic = topics[i] if topics is not None else txn.defaultTopic
-            if topic is None:
-                raise KafkaWriteError(
-                    "kafka sink: a row has a null topic; set .option('topic', <name>) for a "
-                    "default topic"
-                )
-            kwargs: dict[str, Any] = {}
-            extra = str(topic).encode()
-            if keys is not None and keys[i] is not None:
-                kwargs["key"] = keys[i]
-            if partitions is not None and partitions[i] is not None:
-                kwargs["partition"] = int(partitions[i])
-                extra += b"\x00p%d" % kwargs["partition"]
-            if headers is not None and headers[i]:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
-                extra += b"\x00h" + repr(kwargs["headers"]).encode()
-            while True:
-                try:
-                    produce(topic, value, **kwargs)
-                    txn.fingerprint.addRecord(value, kwargs.get("key"), extra=extra)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-                    _raiseDeliveryErrors(txn)
-                except KafkaException as exc:
-                    raise KafkaWriteError(
-                        f"kafka: producing to {topic}: {errorText(exc, named=True)}"
-                    ) from exc
-        txn.produced += len(values)
-    producer.poll(0)
-    _raiseDeliveryErrors(txn)
-
-
-def _produceBatch(
-    txn: KafkaTransaction, topic: str, values: list[Any], keys: list[Any] | None
-) -> None:
-    """The fast path: one topic, no explicit partitions or headers: ``produce_batch``.
-
-    Records of a chunk are handed over only when the local queue has room for the chunk, so a
-    full queue is rare; when it happens anyway the refused records must be a suffix of the
-    chunk (then they are produced again, in order), else the task fails rather than reorder.
-    """
-    if keys is None:
-        messages = [{"value": v} for v in values]
-    else:
-        messages = [
-            {"value": v} if k is None else {"value": v, "key": k}
-            for v, k in zip(values, keys, strict=True)
-        ]
-    producer = txn.producer
-    assert producer is not None
-    chunk = max(1, min(BATCH_CHUNK, txn.queueLimit // 2))
-    for start in range(0, len(messages), chunk):
-        pending = messages[start : start + chunk]
-        while pending:
-            while len(producer) + len(pending) > txn.queueLimit:
-                producer.poll(0.005)
-            _raiseDeliveryErrors(txn)
-            try:
-                producer.produce_batch(topic, pending)
-            except KafkaException as exc:
-                raise KafkaWriteError(
-                    f"kafka: producing to {topic}: {errorText(exc, named=True)}"
-                ) from exc
-            failedAt = next((i for i, m in enumerate(pending) if "_error" in m), len(pending))
-            txn.produced += failedAt
-            failed = pending[failedAt:]
-            if not failed:
-                break
-            refused = [m for m in failed if "_error" in m]
-            if len(refused) != len(failed) or any(
-                _errorCode(m["_error"]) != _QUEUE_FULL for m in refused
-            ):
-                raise KafkaWriteError(
-                    f"kafka: producing to {topic} failed: {redact(str(refused[0]['_error']))} "
-                    f"({len(refused)} of {len(pending)} records refused)"
-                )
-            for m in failed:
-                del m["_error"]
-            pending = failed
-            producer.poll(0.05)
-
-
-def _errorCode(error: Any) -> int | None:
-    code = getattr(error, "code", None)
-    return int(code()) if callable(code) else None
-
-
-def _raiseDeliveryErrors(txn: KafkaTransaction) -> None:
-    deliveries = txn.deliveries
-    if deliveries.failed:
-        raise KafkaWriteError(
-            f"kafka: {deliveries.failed} record(s) of transactional id {txn.transactionalId} "
-            f"were not delivered: {'; '.join(deliveries.errors)}"
-        )
-
-
-def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
-    """Flush, check every delivery report, take producer id and epoch; keep the txn open.
-
-    Returns the handle fields that describe the transaction (the participant adds its own);
-    a transaction without records has nothing to commit, and its producer goes back to the
-    pool ready for the next task.
-    """
-    _awaitStart(txn)
-    producer = txn.producer
-    entry = txn.pooled
-    if producer is None or txn.produced == 0:
-        if producer is not None and txn.began:
-            producer.commit_transaction(txn.initTimeoutSeconds)  # local: no partition added
-        txn.state = "prepared"
-        if entry is not None:
-            pool.ready(entry)
-        # No transaction: the sink's prefix stands for an id (nothing to commit or sweep).
-        return {"transactionalId": txn.transactionalId or txn.prefix, "records": 0}
-    deadline = time.monotonic() + txn.flushTimeoutSeconds
-    remaining = producer.flush(txn.flushTimeoutSeconds)
-    while remaining and time.monotonic() < deadline:
-        remaining = producer.flush(max(0.1, deadline - time.monotonic()))
-    _raiseDeliveryErrors(txn)
-    if remaining:
-        raise KafkaWriteError(
-            f"kafka: {remaining} record(s) of transactional id {txn.transactionalId} were not "
-            f"acknowledged within {txn.flushTimeoutSeconds:.0f} s"
-        )
-    if txn.deliveries.acked != txn.produced:
-        raise KafkaWriteError(
-            f"kafka: transactional id {txn.transactionalId}: {txn.produced} records produced "
-            f"but {txn.deliveries.acked} acknowledged"
-        )
-    producerLog = _producerLog(txn)
-    producerId, epoch = producerLog.current()
-    if producerLog.fatal is not None:
-        raise KafkaWriteError(
-            f"kafka: transactional id {txn.transactionalId} failed: {producerLog.fatal}; the "
-            "transaction cannot be committed"
-        )
-    if producerId < 0 or (producerId, epoch) != txn.beganAs:
-        raise KafkaWriteError(
-            f"kafka: transactional id {txn.transactionalId}: librdkafka reports producer id "
-            f"{producerId} epoch {epoch}, but the transaction began with producer id "
-            f"{txn.beganAs[0]} epoch {txn.beganAs[1]}: the transaction cannot be committed"
-        )
-    handle: dict[str, Any] = {
-        "transactionalId": txn.transactionalId,
-        "producerId": producerId,
-        "producerEpoch": epoch,
-        "records": txn.produced,
-        "fingerprint": txn.fingerprint.toText(),
-        "startedAtMs": txn.startedAtMs,
-        "transactionTimeoutMs": txn.transactionTimeoutMs,
-    }
-    last = txn.deliveries.last
-    if last is not None:
-        handle["probe"] = {
-            "topic": last.topic(),
-            "partition": last.partition(),
-            "offset": last.offset(),
-        }
-    txn.state = "prepared"
-    assert entry is not None
-    pool.prepared(entry, txn.ctx.runId, txn.ctx.batchId)
-    return handle
-
-
 def abortTransaction(txn: KafkaTransaction, timeoutSeconds: float = 10.0) -> None:
     """Best effort: drop unsent records, abort the open transaction, close the producer."""
     try:
-        _awaitStart(txn)
+        awaitStart(txn)
     except BaseException:  # the start failed: nothing to abort on this side
         log.debug("kafka: %s never started", txn.transactionalId, exc_info=True)
     producer = txn.producer

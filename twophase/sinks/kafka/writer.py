@@ -16,6 +16,7 @@ import pyarrow as pa
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger
 from twophase.sinks.kafka import producer as producing
+from twophase.sinks.kafka import sending
 from twophase.sinks.kafka.handles import KIND, describeHandle
 from twophase.sinks.kafka.producer import KafkaTransaction
 from twophase.sinks.kafka.settings import KafkaSettings
@@ -55,7 +56,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         """Executor: produce the batch's rows into the open transaction."""
-        producing.write(txn, batch)
+        sending.write(txn, batch)
 
     def preCommit(self, txn: KafkaTransaction) -> Handle:
         """Executor: flush, check every delivery, return the handle; the transaction stays open."""
@@ -66,7 +67,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
             "partitionId": ctx.partitionId,
             "attempt": ctx.attemptNumber,
         }
-        handle.update(producing.preCommit(txn))
+        handle.update(sending.preCommit(txn))
         log.debug("kafka: prepared %s", describeHandle(handle))
         return handle
 

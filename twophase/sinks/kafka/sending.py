@@ -1,0 +1,226 @@
+"""The send path of a task's Kafka transaction: rows to records, the flush, preCommit's checks.
+
+``write`` produces each Arrow batch into the task's transaction (``producer.py`` begins it on a
+pooled producer); ``preCommit`` flushes, checks that every record was acknowledged and hands the
+open transaction's handle to the driver, the producer staying in the pool holding it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaException
+
+from twophase.clients.kafka import errorText
+from twophase.redaction import redact
+from twophase.sinks.kafka import pool
+from twophase.sinks.kafka.columns import ColumnLayout
+from twophase.sinks.kafka.deliveries import QUEUE_FULL
+from twophase.sinks.kafka.errors import KafkaWriteError
+from twophase.sinks.kafka.producer import (
+    KafkaTransaction,
+    acquire,
+    awaitStart,
+    begin,
+    producerLogOf,
+)
+
+BATCH_CHUNK = 5000
+"""Records handed to ``produce_batch`` at once."""
+
+
+def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
+    """Produce one Arrow batch into the transaction; fail at the first delivery error."""
+    if txn.layout is None:
+        txn.layout = ColumnLayout.of(batch.schema, txn.defaultTopic)
+    layout = txn.layout
+    values = batch.column(layout.value).to_pylist()
+    keys = batch.column(layout.key).to_pylist() if layout.key is not None else None
+    topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
+    awaitStart(txn)
+    if txn.producer is None:
+        acquire(txn, str(txn.defaultTopic or next((t for t in topics or () if t), "")))
+    producer = txn.producer
+    assert producer is not None
+    if not txn.began:
+        begin(txn, producer)
+    if (
+        layout.topic is None
+        and layout.partition is None
+        and layout.headers is None
+        and hasattr(producer, "produce_batch")  # not in older confluent-kafka
+    ):
+        _produceBatch(txn, str(txn.defaultTopic), values, keys)
+        txn.fingerprint.add(values, keys, extra=str(txn.defaultTopic).encode())
+    else:
+        partitions = (
+            batch.column(layout.partition).to_pylist() if layout.partition is not None else None
+        )
+        headers = batch.column(layout.headers).to_pylist() if layout.headers is not None else None
+        produce = producer.produce
+        for i, value in enumerate(values):
+            topic = topics[i] if topics is not None else txn.defaultTopic
+            if topic is None:
+                raise KafkaWriteError(
+                    "kafka sink: a row has a null topic; set .option('topic', <name>) for a "
+                    "default topic"
+                )
+            kwargs: dict[str, Any] = {}
+            extra = str(topic).encode()
+            if keys is not None and keys[i] is not None:
+                kwargs["key"] = keys[i]
+            if partitions is not None and partitions[i] is not None:
+                kwargs["partition"] = int(partitions[i])
+                extra += b"\x00p%d" % kwargs["partition"]
+            if headers is not None and headers[i]:
+                kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
+                extra += b"\x00h" + repr(kwargs["headers"]).encode()
+            while True:
+                try:
+                    produce(topic, value, **kwargs)
+                    txn.fingerprint.addRecord(value, kwargs.get("key"), extra=extra)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+                    _raiseDeliveryErrors(txn)
+                except KafkaException as exc:
+                    raise KafkaWriteError(
+                        f"kafka: producing to {topic}: {errorText(exc, named=True)}"
+                    ) from exc
+        txn.produced += len(values)
+    producer.poll(0)
+    _raiseDeliveryErrors(txn)
+
+
+def _produceBatch(
+    txn: KafkaTransaction, topic: str, values: list[Any], keys: list[Any] | None
+) -> None:
+    """The fast path: one topic, no explicit partitions or headers: ``produce_batch``.
+
+    Records of a chunk are handed over only when the local queue has room for the chunk, so a
+    full queue is rare; when it happens anyway the refused records must be a suffix of the
+    chunk (then they are produced again, in order), else the task fails rather than reorder.
+    """
+    if keys is None:
+        messages = [{"value": v} for v in values]
+    else:
+        messages = [
+            {"value": v} if k is None else {"value": v, "key": k}
+            for v, k in zip(values, keys, strict=True)
+        ]
+    producer = txn.producer
+    assert producer is not None
+    chunk = max(1, min(BATCH_CHUNK, txn.queueLimit // 2))
+    for start in range(0, len(messages), chunk):
+        pending = messages[start : start + chunk]
+        while pending:
+            while len(producer) + len(pending) > txn.queueLimit:
+                producer.poll(0.005)
+            _raiseDeliveryErrors(txn)
+            try:
+                producer.produce_batch(topic, pending)
+            except KafkaException as exc:
+                raise KafkaWriteError(
+                    f"kafka: producing to {topic}: {errorText(exc, named=True)}"
+                ) from exc
+            failedAt = next((i for i, m in enumerate(pending) if "_error" in m), len(pending))
+            txn.produced += failedAt
+            failed = pending[failedAt:]
+            if not failed:
+                break
+            refused = [m for m in failed if "_error" in m]
+            if len(refused) != len(failed) or any(
+                _errorCode(m["_error"]) != QUEUE_FULL for m in refused
+            ):
+                raise KafkaWriteError(
+                    f"kafka: producing to {topic} failed: {redact(str(refused[0]['_error']))} "
+                    f"({len(refused)} of {len(pending)} records refused)"
+                )
+            for m in failed:
+                del m["_error"]
+            pending = failed
+            producer.poll(0.05)
+
+
+def _errorCode(error: Any) -> int | None:
+    code = getattr(error, "code", None)
+    return int(code()) if callable(code) else None
+
+
+def _raiseDeliveryErrors(txn: KafkaTransaction) -> None:
+    deliveries = txn.deliveries
+    if deliveries.failed:
+        raise KafkaWriteError(
+            f"kafka: {deliveries.failed} record(s) of transactional id {txn.transactionalId} "
+            f"were not delivered: {'; '.join(deliveries.errors)}"
+        )
+
+
+def preCommit(txn: KafkaTransaction) -> dict[str, Any]:
+    """Flush, check every delivery report, take producer id and epoch; keep the txn open.
+
+    Returns the handle fields that describe the transaction (the participant adds its own);
+    a transaction without records has nothing to commit, and its producer goes back to the
+    pool ready for the next task.
+    """
+    awaitStart(txn)
+    producer = txn.producer
+    entry = txn.pooled
+    if producer is None or txn.produced == 0:
+        if producer is not None and txn.began:
+            producer.commit_transaction(txn.initTimeoutSeconds)  # local: no partition added
+        txn.state = "prepared"
+        if entry is not None:
+            pool.ready(entry)
+        # No transaction: the sink's prefix stands for an id (nothing to commit or sweep).
+        return {"transactionalId": txn.transactionalId or txn.prefix, "records": 0}
+    deadline = time.monotonic() + txn.flushTimeoutSeconds
+    remaining = producer.flush(txn.flushTimeoutSeconds)
+    while remaining and time.monotonic() < deadline:
+        remaining = producer.flush(max(0.1, deadline - time.monotonic()))
+    _raiseDeliveryErrors(txn)
+    if remaining:
+        raise KafkaWriteError(
+            f"kafka: {remaining} record(s) of transactional id {txn.transactionalId} were not "
+            f"acknowledged within {txn.flushTimeoutSeconds:.0f} s"
+        )
+    if txn.deliveries.acked != txn.produced:
+        raise KafkaWriteError(
+            f"kafka: transactional id {txn.transactionalId}: {txn.produced} records produced "
+            f"but {txn.deliveries.acked} acknowledged"
+        )
+    producerLog = producerLogOf(txn)
+    producerId, epoch = producerLog.current()
+    if producerLog.fatal is not None:
+        raise KafkaWriteError(
+            f"kafka: transactional id {txn.transactionalId} failed: {producerLog.fatal}; the "
+            "transaction cannot be committed"
+        )
+    if producerId < 0 or (producerId, epoch) != txn.beganAs:
+        raise KafkaWriteError(
+            f"kafka: transactional id {txn.transactionalId}: librdkafka reports producer id "
+            f"{producerId} epoch {epoch}, but the transaction began with producer id "
+            f"{txn.beganAs[0]} epoch {txn.beganAs[1]}: the transaction cannot be committed"
+        )
+    handle: dict[str, Any] = {
+        "transactionalId": txn.transactionalId,
+        "producerId": producerId,
+        "producerEpoch": epoch,
+        "records": txn.produced,
+        "fingerprint": txn.fingerprint.toText(),
+        "startedAtMs": txn.startedAtMs,
+        "transactionTimeoutMs": txn.transactionTimeoutMs,
+    }
+    last = txn.deliveries.last
+    if last is not None:
+        handle["probe"] = {
+            "topic": last.topic(),
+            "partition": last.partition(),
+            "offset": last.offset(),
+        }
+    txn.state = "prepared"
+    assert entry is not None
+    pool.prepared(entry, txn.ctx.runId, txn.ctx.batchId)
+    return handle
