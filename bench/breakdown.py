@@ -41,7 +41,6 @@ from typing import Any
 
 import psutil
 
-from bench import bench as bb
 from bench import kafka as kb
 from bench import postgres as pb
 from bench._common import (
@@ -52,6 +51,9 @@ from bench._common import (
     measureCpu,
     pgUrl,
 )
+from bench.files import fileStream, writeFiles
+from bench.measures import TARGETS
+from bench.session import benchSession, log
 
 REPO = Path(__file__).resolve().parents[1]
 SINKS = ("noop", "drop", "spark", "twophase")
@@ -224,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
-    unknown = set(targets) - set(bb.TARGETS)
+    unknown = set(targets) - set(TARGETS)
     if unknown:
-        raise SystemExit(f"unknown --targets {sorted(unknown)}; choose from {bb.TARGETS}")
+        raise SystemExit(f"unknown --targets {sorted(unknown)}; choose from {TARGETS}")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
     url, bootstrap = pgUrl(), bootstrapServers()
@@ -238,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     dests = ("twophase", "spark", "warm", "again")
     tables = {k: f"bench_profile_{k}" for k in dests}
     topics = {k: kb.createTopic(bootstrap, parts, k) for k in dests}
-    spark = bb.benchSession(args.master, parts)
+    spark = benchSession(args.master, parts)
     spark.dataSource.register(kb.DropSink)
     began = time.perf_counter()
 
     def streamOf(target: str, n: int, batch: int) -> Any:
         if target == "files":
-            return bb.fileStream(spark, n, batch, parts, width)
+            return fileStream(spark, n, batch, parts, width)
         if target == "postgres":
             return pb.stream(spark, n, batch, parts)
         return kb.stream(spark, kshape, n if n != rows else None)
@@ -263,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if target == "files":
             fmt = "twophase.files" if sink == "twophase" else "parquet"
             path = str(work / f"f-{sink}-{dest}-{time.monotonic_ns()}")
-            return bb.writeFiles(spark, fmt, path, ckpt, n, batch, parts, width)
+            return writeFiles(spark, fmt, path, ckpt, n, batch, parts, width)
         if target == "postgres":
             pb.resetTable(url, tables[dest])
             run = pb.runTwophase if sink == "twophase" else pb.runJdbc
@@ -277,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     stacks: dict[str, Stacks] = {}
     try:
         warm = max(parts * 1000, 10_000)
-        bb.log(f"warming up ({warm:,} rows per sink)")
+        log(f"warming up ({warm:,} rows per sink)")
         for target in targets:
             for sink in SINKS:
                 sinkRun(target, sink, "warm", warm, warm)
-        bb.log(f"measuring {rows:,} rows, batches of {per:,}, {parts} partitions")
+        log(f"measuring {rows:,} rows, batches of {per:,}, {parts} partitions")
         for target in targets:
             for sink in SINKS:
                 run = Run(target, sink)
@@ -290,13 +292,13 @@ def main(argv: list[str] | None = None) -> int:
                     run.seconds = sinkRun(target, sink, dest, rows, per)
                 run.cpu = cpu
                 runs.append(run)
-                bb.log(f"  {target} {sink}: {run.seconds:.1f} s, CPU jvm {cpu.jvm:.1f} s, "
+                log(f"  {target} {sink}: {run.seconds:.1f} s, CPU jvm {cpu.jvm:.1f} s, "
                        f"workers {cpu.workers:.1f} s, driver {cpu.driver:.1f} s")  # fmt: skip
             if args.no_pyspy:
                 continue
             with pySpy(work, f"spy-{target}") as outputs:
                 seconds = sinkRun(target, "twophase", "again", rows, per)
-            bb.log(f"  {target} twophase under py-spy: {seconds:.1f} s")
+            log(f"  {target} twophase under py-spy: {seconds:.1f} s")
             merge(outputs, out / f"profile-{target}.txt")
             stacks[target] = readStacks(outputs)
         text = report(args, runs, stacks, time.perf_counter() - began, spark.version)

@@ -37,7 +37,7 @@ from typing import Any
 
 from bench import kafka as kb
 from bench._common import REPO, bootstrapServers, markdownTable, pgUrl, writeCsv
-from bench.bench import benchSession, log
+from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
 
