@@ -24,7 +24,7 @@ class PostgresTarget(Target):
         self.tables: dict[str, str] = {}
 
     def prepare(self, label: str) -> None:
-        self.tables[label] = f"bench_shape_{label}".replace("-", "_")
+        self.tables[label] = f"bench_shape_{label}".replace("-", "_").lower()
         pb.resetTable(self.ctx.pgUrl, self.tables[label])
 
     def sparkWriter(self, frame: Any, label: str) -> Any:

@@ -26,7 +26,7 @@ class SqlTarget(Target):
         return sqlb.sa.create_engine(self.url, poolclass=sqlb.sa.pool.NullPool)
 
     def prepare(self, label: str) -> None:
-        self.tables[label] = f"bench_shape_{label}_sql".replace("-", "_")
+        self.tables[label] = f"bench_shape_{label}_sql".replace("-", "_").lower()
         engine = self._engine()
         try:
             sqlb.resetTable(engine, self.tables[label])
