@@ -143,3 +143,10 @@ bench-shapes: .venv
 bench-profile: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.breakdown $(PROFILE_ARGS)
+
+# What PySpark charges each Python task of a 200-task micro-batch, from Spark's own Python
+# runner (boot, init, rows per task), worker reuse on and off; bench/results/floor.md.
+.PHONY: bench-floor
+bench-floor: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	$(VENV)/bin/python -m bench.floor $(FLOOR_ARGS)
