@@ -727,3 +727,20 @@ def test_settings_and_transactions_show_no_client_config() -> None:
     )
     for shown in (repr(sink), repr(source), repr(txn)):
         assert "FAKE" not in shown
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()])
+def test_keys_and_values_reach_the_producer_as_their_utf8_bytes(kind: pa.DataType) -> None:
+    texts = ["héllo", None, "", "wörld"]
+    column = pa.array([t if t is None or kind in (pa.string(), pa.large_string())
+                       else t.encode() for t in texts], kind)  # fmt: skip
+    assert sending._bytesOf(column) == [None if t is None else t.encode() for t in texts]
+
+
+def test_a_fingerprint_is_the_same_for_text_and_its_bytes() -> None:
+    from twophase.protocol.fingerprint import Fingerprint
+
+    text, raw = Fingerprint(), Fingerprint()
+    text.add(["a", "é"], ["k", None])
+    raw.add([b"a", "é".encode()], [b"k", None])
+    assert text.toText() == raw.toText()

@@ -33,7 +33,7 @@ def _blob(value: Any) -> bytes:
 def _blobs(values: Sequence[Any]) -> Iterable[bytes]:
     if all(type(v) is bytes for v in values):
         return values
-    return [_blob(v) for v in values]
+    return [v if type(v) is bytes else _blob(v) for v in values]
 
 
 @dataclass

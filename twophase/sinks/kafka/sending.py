@@ -36,8 +36,8 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     if txn.layout is None:
         txn.layout = ColumnLayout.of(batch.schema, txn.defaultTopic)
     layout = txn.layout
-    values = batch.column(layout.value).to_pylist()
-    keys = batch.column(layout.key).to_pylist() if layout.key is not None else None
+    values = _bytesOf(batch.column(layout.value))
+    keys = _bytesOf(batch.column(layout.key)) if layout.key is not None else None
     topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
     awaitStart(txn)
     if txn.producer is None:
@@ -92,6 +92,16 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         txn.produced += len(values)
     producer.poll(0)
     _raiseDeliveryErrors(txn)
+
+
+def _bytesOf(column: pa.Array) -> list[Any]:
+    """A key or value column as Python ``bytes`` (``None`` for null): strings as their UTF-8
+    bytes without a ``str`` per row, the form the producer and the fingerprint both take."""
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_pylist()
 
 
 def _produceBatch(
