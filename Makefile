@@ -150,3 +150,11 @@ bench-profile: .venv
 bench-floor: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	$(VENV)/bin/python -m bench.floor $(FLOOR_ARGS)
+
+# End-to-end latency by trigger (0.1, 1, 10 s) for Kafka, files and PostgreSQL: twophase's two
+# paths against Spark's own sink, read by a reader of committed data (after `make services`);
+# bench/results/latency.md. LATENCY_ARGS=--load 1: the same beside a busy process.
+.PHONY: bench-latency
+bench-latency: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.latency $(LATENCY_ARGS)

@@ -1,102 +1,554 @@
-"""End-to-end latency: the rate source into a sink while a reader times each row's arrival."""
+"""``make bench-latency``: how long a row takes from the source to a reader that sees only
+committed data, twophase against Spark's own sink, by trigger interval.
+
+Spark's ``rate`` source (8 partitions) stamps each row with its creation time; a reader that
+sees only committed data times each row's arrival: a ``read_committed`` consumer for Kafka, a
+poller of the files a reader may see (twophase's visible files; the files Spark's
+``_spark_metadata`` log lists) and of PostgreSQL's committed rows. For each trigger and target,
+three paths in one session: Spark's own sink, ``format("twophase.<target>")`` and
+``twophase.foreachBatch``, after one short twophase query that starts the Python workers.
+
+Rows created during a query's first two micro-batches (its start-up, shown on its own as
+"first batch") are left out. The rate source releases each second's rows when that second
+ends, on a clock started with the query, and Spark fires triggers on multiples of the
+interval: between the two lies a phase of 0 to 1 s that differs from query to query and adds
+to every row's latency alike. The table shows it, the percentiles with it replaced by its mean
+(what the goals are checked on), and the latency from the start of the micro-batch that read
+a row (what the sink's path adds: planning, tasks, commit, the reader's poll). ``--load N``
+runs N busy processes beside the bench, as a machine shared with other work. Writes
+``bench/results/latency.{md,csv}``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
+from psycopg import sql
 
 from bench import kafka as kb
+from bench import postgres as pb
+from bench._common import REPO, bootstrapServers, markdownTable, pgUrl, writeCsv
+from bench.session import benchSession, log
+
+PATHS = ("spark", "format", "foreachBatch")
+TARGETS = ("kafka", "files", "postgres")
+GOALS = {1.0: (1.2, 2.0)}
+"""Trigger (s) -> the p50 and p95 (s) twophase's paths must meet there."""
 
 
-def rateQuery(
-    spark: Any, rate: int, seconds: int, columns: list[str], fmt: str, options: dict[str, str],
-    poll: Callable[[threading.Event], None],
-) -> None:  # fmt: skip
-    """Run ``rate`` source -> ``fmt`` sink for ``seconds`` (trigger 1 s) while ``poll`` runs."""
-    stop = threading.Event()
-    thread = threading.Thread(target=poll, args=(stop,), name="bench-latency", daemon=True)
-    thread.start()
-    try:
-        writer = (
-            spark.readStream.format("rate")
-            .option("rowsPerSecond", rate)
-            .option("numPartitions", 8)
-            .load()
-            .selectExpr(*columns)
-            .writeStream.format(fmt)
+@dataclass
+class Arrivals:
+    """What a reader saw: each row's creation time and when it saw it, by id; ids seen again."""
+
+    rows: dict[int, tuple[float, float]] = field(default_factory=dict)
+    repeated: int = 0
+
+    def add(self, rowId: int, created: int, now: float) -> None:
+        if rowId in self.rows:
+            self.repeated += 1
+        else:
+            self.rows[rowId] = (created / 1e6, now)
+
+
+Poll = Callable[[threading.Event, Arrivals], None]
+
+
+class LatencyTarget:
+    """One system: Spark's own sink, twophase's options and a reader of what is committed."""
+
+    columns = ("value AS id", "unix_micros(timestamp) AS created")
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+
+    def prepare(self, label: str) -> None:
+        """Create the empty place the path ``label`` writes into."""
+
+    def sparkWriter(self, frame: Any, label: str) -> Any:
+        raise NotImplementedError
+
+    def twophaseOptions(self, label: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def reader(self, label: str, own: bool) -> Poll:
+        """A loop that records each committed row's arrival until its event is set."""
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        """Remove what ``prepare`` made."""
+
+
+class KafkaLatency(LatencyTarget):
+    columns = ("CAST(value AS STRING) AS key", "CAST(unix_micros(timestamp) AS STRING) AS value")
+
+    def __init__(self, work: Path, bootstrap: str) -> None:
+        super().__init__(work)
+        self.bootstrap = bootstrap
+        self.topics: dict[str, str] = {}
+
+    def prepare(self, label: str) -> None:
+        self.topics[label] = kb.createTopic(self.bootstrap, 8, f"latency-{label}")
+
+    def sparkWriter(self, frame: Any, label: str) -> Any:
+        return (
+            frame.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("topic", self.topics[label])
         )
+
+    def twophaseOptions(self, label: str) -> dict[str, str]:
+        return {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topics[label]}
+
+    def reader(self, label: str, own: bool) -> Poll:
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic = self.topics[label]
+
+        def poll(stop: threading.Event, seen: Arrivals) -> None:
+            consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(8)])
+            try:
+                while not stop.is_set():
+                    for message in consumer.consume(10000, 0.02):
+                        if message.error() is None:
+                            now = time.time()
+                            seen.add(int(message.key() or b"-1"), int(message.value() or 0), now)
+            finally:
+                consumer.close()
+
+        return poll
+
+    def cleanup(self) -> None:
+        if self.topics:
+            kb.deleteTopics(self.bootstrap, list(self.topics.values()))
+
+
+class FilesLatency(LatencyTarget):
+    """Parquet files: twophase's files are visible once in place; Spark's once its
+    ``_spark_metadata`` log lists them (what Spark's own readers of the directory trust)."""
+
+    def directory(self, label: str) -> Path:
+        return self.work / f"files-{label}"
+
+    def sparkWriter(self, frame: Any, label: str) -> Any:
+        return frame.writeStream.format("parquet").option("path", str(self.directory(label)))
+
+    def twophaseOptions(self, label: str) -> dict[str, str]:
+        return {"path": str(self.directory(label))}
+
+    def reader(self, label: str, own: bool) -> Poll:
+        out = self.directory(label)
+
+        def visible() -> Iterator[Path]:
+            if not own:
+                yield from sorted(out.glob("part-*.parquet"))
+                return
+            log = out / "_spark_metadata"
+            if not log.is_dir():
+                return
+            for entry in sorted(log.iterdir()):
+                if entry.name.startswith(".") or entry.name.endswith(".tmp"):
+                    continue
+                for line in entry.read_text().splitlines()[1:]:
+                    path = json.loads(line)["path"]
+                    yield Path(path.removeprefix("file:"))
+
+        def poll(stop: threading.Event, seen: Arrivals) -> None:
+            done: set[Path] = set()
+            while not stop.is_set():
+                for path in visible():
+                    if path in done:
+                        continue
+                    now = time.time()
+                    done.add(path)
+                    table = pq.read_table(path, columns=["id", "created"])
+                    for rowId, created in zip(
+                        table.column("id").to_pylist(),
+                        table.column("created").to_pylist(),
+                        strict=True,
+                    ):
+                        seen.add(rowId, created, now)
+                stop.wait(0.02)
+
+        return poll
+
+
+class PostgresLatency(LatencyTarget):
+    """A table of (id, created); the reader polls committed rows above the lowest id it has not
+    seen yet (the rate source's ids have no gaps, so that id only moves forward)."""
+
+    def __init__(self, work: Path, url: str) -> None:
+        super().__init__(work)
+        self.url = url
+        self.tables: dict[str, str] = {}
+
+    def prepare(self, label: str) -> None:
+        table = f"bench_latency_{label}".lower()
+        self.tables[label] = table
+        pb.dropTables(self.url, [table])
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, created bigint)").format(
+                    sql.Identifier(table)
+                )
+            )
+
+    def sparkWriter(self, frame: Any, label: str) -> Any:
+        jdbc, props = pb.jdbcTarget(self.url)
+        table = self.tables[label]
+
+        def writeBatch(df: Any, batchId: int) -> None:
+            df.write.jdbc(jdbc, table, mode="append", properties=props)
+
+        return frame.writeStream.foreachBatch(writeBatch)
+
+    def twophaseOptions(self, label: str) -> dict[str, str]:
+        return {"url": self.url, "table": self.tables[label]}
+
+    def reader(self, label: str, own: bool) -> Poll:
+        query = sql.SQL("SELECT id, created FROM {} WHERE id >= %s").format(
+            sql.Identifier(self.tables[label])
+        )
+
+        def poll(stop: threading.Event, seen: Arrivals) -> None:
+            low = 0
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                while not stop.is_set():
+                    rows = conn.execute(query, (low,)).fetchall()
+                    now = time.time()
+                    for rowId, created in rows:
+                        if rowId not in seen.rows:
+                            seen.add(rowId, created, now)
+                    while low in seen.rows:
+                        low += 1
+                    stop.wait(0.02)
+
+        return poll
+
+    def cleanup(self) -> None:
+        if self.tables:
+            pb.dropTables(self.url, list(self.tables.values()))
+
+
+@dataclass
+class Run:
+    """One path at one trigger: latencies of the rows after the warm-up, or why it failed."""
+
+    trigger: float
+    target: str
+    path: str
+    rows: int = 0
+    repeated: int = 0
+    p50: float = float("nan")
+    p95: float = float("nan")
+    worst: float = float("nan")
+    sinkP50: float = float("nan")
+    sinkP95: float = float("nan")
+    sinkWorst: float = float("nan")
+    """The same from the start of the micro-batch that read the row (what the sink's path
+    adds: planning, tasks, commit, the reader's poll)."""
+    phase: float = float("nan")
+    """The luck of the draw: the rate source releases each second's rows on its own clock
+    (started with the query), Spark fires triggers on multiples of the interval, so every row
+    of a query waits this long for the first trigger after its release (0 to 1 s at triggers of
+    1 s and more, 0 to the interval under 1 s), and a sink's slowness adds to that."""
+    fairP50: float = float("nan")
+    fairP95: float = float("nan")
+    """p50 and p95 with the phase replaced by its mean (half of the interval, at most half a
+    second): what the goals are checked on, so that one path's luck does not decide them."""
+    batches: int = 0
+    start: float = float("nan")
+    """Seconds from ``start()`` to the end of the first micro-batch (the query's start-up)."""
+    error: str = ""
+    latencies: list[float] = field(default_factory=list, repr=False)
+
+
+def pathWriter(target: LatencyTarget, frame: Any, name: str, path: str, label: str) -> Any:
+    import twophase
+
+    if path == "spark":
+        return target.sparkWriter(frame, label)
+    options = {**target.twophaseOptions(label), "checkpointLocation": str(target.work / label)}
+    if path == "format":
+        writer = frame.writeStream.format(f"twophase.{name}")
         for key, value in options.items():
             writer = writer.option(key, value)
-        query = writer.trigger(processingTime="1 second").start()
-        time.sleep(seconds)
-        query.stop()
-        time.sleep(2.0)  # let the poller see the last committed batch
+        return writer
+    return frame.writeStream.foreachBatch(twophase.foreachBatch(f"twophase.{name}", options))
+
+
+def measure(
+    spark: Any, target: LatencyTarget, name: str, path: str, trigger: float, rate: int,
+    seconds: float,
+) -> Run:  # fmt: skip
+    """Run the rate source into ``path`` for ``seconds`` while the target's reader times rows."""
+    label = f"{name}_{path}_{str(trigger).replace('.', '_')}".lower()
+    run = Run(trigger, name, path)
+    target.prepare(label)
+    frame = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rate)
+        .option("numPartitions", 8)
+        .load()
+        .selectExpr(*target.columns)
+    )
+    writer = pathWriter(target, frame, name, path, label)
+    if path == "spark":
+        writer = writer.option("checkpointLocation", str(target.work / label))
+    seen = Arrivals()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=target.reader(label, own=path == "spark"), args=(stop, seen), daemon=True
+    )
+    thread.start()
+    started = time.time()
+    query = writer.trigger(processingTime=f"{int(trigger * 1000)} milliseconds").start()
+    progress: list[dict[str, Any]] = []
+    try:
+        query.awaitTermination(seconds)
+        if query.exception() is not None:
+            run.error = str(query.exception()).splitlines()[0][:160]
+        progress = list(query.recentProgress)
     finally:
+        query.stop()
+        time.sleep(min(2.0 + trigger, 5.0))  # the last committed batch reaches the reader
         stop.set()
         thread.join()
+    ends = [batchEnd(p) for p in progress]
+    run.batches = sum(1 for p in progress if p.get("numInputRows", 0) > 0)
+    if ends:
+        run.start = ends[0] - started
+    # Steady state: rows created after the query's first two micro-batches (its start-up, and
+    # the catch-up batch that follows it), and early enough that a full trigger interval and a
+    # commit followed them before the stop (a batch the stop cut short is never committed).
+    warmup = ends[1] if len(ends) > 1 else started + seconds
+    cutoff = started + seconds - 2 * trigger - 2.0
+    kept = {i: row for i, row in seen.rows.items() if warmup <= row[0] <= cutoff}
+    run.repeated = seen.repeated
+    run.rows = len(kept)
+    run.latencies = [now - created for created, now in kept.values()]
+    run.p50, run.p95, run.worst = spread(run.latencies)
+    carriers = carriersOf(progress)
+    fromTrigger = []
+    for rowId, (_, now) in kept.items():
+        began = carriers.get(rowId // rate)
+        if began is not None:
+            fromTrigger.append(now - began)
+    run.sinkP50, run.sinkP95, run.sinkWorst = spread(fromTrigger)
+    if 0 in seen.rows:
+        # The rate source releases second k's rows at origin + k + 1 (origin: row 0's time);
+        # Spark fires triggers on multiples of the interval since the epoch. Their offset is
+        # the phase, the same for every batch of one query and uniform over queries.
+        grain = min(trigger, 1.0)
+        run.phase = (-seen.rows[0][0]) % grain
+        shift = grain / 2 - run.phase
+        run.fairP50, run.fairP95, _ = spread([latency + shift for latency in run.latencies])
+    return run
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """p50, p95 and max, NaN when there are too few values."""
+    if len(values) < 2:
+        return float("nan"), float("nan"), float("nan")
+    cuts = statistics.quantiles(values, n=100)
+    return cuts[49], cuts[94], max(values)
+
+
+def carriersOf(progress: list[dict[str, Any]]) -> dict[int, float]:
+    """For each second of the rate source's rows, when the micro-batch that read it began.
+
+    The ``rate`` source's offsets count seconds since it started; a micro-batch reads the rows
+    of the seconds from its start offset up to its end offset.
+    """
+    carriers: dict[int, float] = {}
+    for p in progress:
+        source = p["sources"][0]
+        first = int(source["startOffset"]) if source["startOffset"] not in (None, "null") else 0
+        began = batchEnd(p) - p["durationMs"]["triggerExecution"] / 1000
+        for second in range(first, int(source["endOffset"])):
+            carriers[second] = began
+    return carriers
+
+
+def batchEnd(progress: dict[str, Any]) -> float:
+    """When a micro-batch of ``query.recentProgress`` ended (epoch seconds)."""
+    began = datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    began = began.replace(tzinfo=UTC)
+    return began.timestamp() + progress["durationMs"]["triggerExecution"] / 1000
+
+
+def warmUp(spark: Any, work: Path) -> None:
+    """One short twophase query first, so the first path measured does not pay for starting
+    the session's Python workers (every path after it finds them running)."""
+    frame = spark.readStream.format("rate").option("rowsPerSecond", 100).load()
+    query = (
+        frame.selectExpr("value AS id", "unix_micros(timestamp) AS created")
+        .writeStream.format("twophase.files")
+        .option("path", str(work / "warm-up"))
+        .option("checkpointLocation", str(work / "warm-up-ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    while len(query.recentProgress) < 3 and query.isActive:
+        time.sleep(0.2)
+    query.stop()
+
+
+def busy(stop: Any) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+@contextmanager
+def load(processes: int) -> Iterator[None]:
+    """``processes`` busy processes beside the bench for the duration."""
+    stop = multiprocessing.Event()
+    workers = [multiprocessing.Process(target=busy, args=(stop,)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+
+
+def fmt(value: float) -> str:
+    return "-" if value != value else f"{value:.2f}"
+
+
+def report(runs: list[Run], out: Path, title: str) -> str:
+    header = ["trigger (s)", "target", "path", "rows", "p50 / p95 / max (s)", "phase (s)",
+              "p50 / p95 at mean phase (s)", "p95 / Spark's", "goal",
+              "from trigger p50 / p95 / max (s)", "first batch (s)"]  # fmt: skip
+    rows = []
+    for run in runs:
+        key = (run.trigger, run.target, "spark")
+        own = next((r for r in runs if (r.trigger, r.target, r.path) == key), None)
+        goal = GOALS.get(run.trigger)
+        met = "-"
+        if goal and run.path != "spark" and not run.error:
+            met = "met" if run.fairP50 <= goal[0] and run.fairP95 <= goal[1] else "NOT met"
+        rows.append([
+            f"{run.trigger:g}", run.target, run.path,
+            f"failed: {run.error}" if run.error else f"{run.rows:,}" + (
+                f" ({run.repeated} twice)" if run.repeated else ""),
+            f"{fmt(run.p50)} / {fmt(run.p95)} / {fmt(run.worst)}", fmt(run.phase),
+            f"{fmt(run.fairP50)} / {fmt(run.fairP95)}",
+            fmt(run.fairP95 / own.fairP95) if own and run.path != "spark" else "-",
+            met, f"{fmt(run.sinkP50)} / {fmt(run.sinkP95)} / {fmt(run.sinkWorst)}",
+            fmt(run.start),
+        ])  # fmt: skip
+    table = markdownTable(header, rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latency.md").write_text(f"# End-to-end latency\n\n{title}\n\n{table}\n")
+    writeCsv(out / "latency.csv", header, rows)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--triggers", default="0.1,1,10", help="trigger intervals, seconds")
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--rate", type=int, default=2000, help="rows per second")
+    parser.add_argument("--seconds", type=float, default=30.0,
+                        help="per run; at least 6 trigger intervals")  # fmt: skip
+    parser.add_argument("--load", type=int, default=0, help="busy processes beside the bench")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+    triggers = [float(t) for t in args.triggers.split(",")]
+    names = args.targets.split(",")
+    paths = args.paths.split(",")
+    spark = benchSession("local[2]", 8)
+    work = Path(tempfile.mkdtemp(prefix="twophase-latency-"))
+    targets: dict[str, LatencyTarget] = {}
+    for name in names:
+        if name == "kafka":
+            targets[name] = KafkaLatency(work, bootstrapServers())
+        elif name == "files":
+            targets[name] = FilesLatency(work)
+        elif name == "postgres":
+            targets[name] = PostgresLatency(work, pgUrl())
+        else:
+            raise SystemExit(f"unknown target {name!r}: choose from {', '.join(TARGETS)}")
+    title = (
+        f"Spark {spark.version}, local[2], `rate` source at {args.rate:,} rows/s, 8 partitions, "
+        f"{args.load} busy processes beside it; each run at least {args.seconds:g} s. Latency: "
+        "a row's creation to a reader of committed data seeing it, over the rows created after "
+        "each query's first two micro-batches; first batch: from `start()` to the end of the "
+        "query's first micro-batch."
+    )
+    runs: list[Run] = []
+    try:
+        warmUp(spark, work)
+        with load(args.load):
+            for trigger in triggers:
+                seconds = max(args.seconds, 6 * trigger + 8)
+                for name, target in targets.items():
+                    for path in paths:
+                        log(f"trigger {trigger:g} s, {name}, {path}: {seconds:g} s")
+                        run = measure(spark, target, name, path, trigger, args.rate, seconds)
+                        log(f"  p50 {fmt(run.p50)} p95 {fmt(run.p95)} max {fmt(run.worst)}; "
+                            f"from trigger {fmt(run.sinkP50)} {fmt(run.sinkP95)} "
+                            f"{fmt(run.sinkWorst)}; phase {fmt(run.phase)}; over {run.rows:,} "
+                            f"rows {run.error}")  # fmt: skip
+                        runs.append(run)
+    finally:
+        for target in targets.values():
+            target.cleanup()
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{title}\n\n{report(runs, args.out, title)}")
+    return 0
 
 
 def latencyKafka(spark: Any, bootstrap: str, work: Path, rate: int, seconds: int) -> list[float]:
-    """Rate source -> twophase.kafka; a read_committed consumer times creation -> visible."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    topic = kb.createTopic(bootstrap, 8, "latency")
-    latencies: list[float] = []
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(8)])
-
-    def poll(stop: threading.Event) -> None:
-        while not stop.is_set():
-            for message in consumer.consume(10000, 0.05):
-                if message.error() is None:
-                    latencies.append(time.time() - int(message.value() or b"0") / 1e6)
-
-    columns = ["cast(value AS string) AS key", "cast(unix_micros(timestamp) AS string) AS value"]
-    options = {
-        "kafka.bootstrap.servers": bootstrap,
-        "topic": topic,
-        "checkpointLocation": str(work / "latency-kafka"),
-    }
+    """``make bench``'s one latency line for twophase.kafka at a 1 s trigger."""
+    run = KafkaLatency(work, bootstrap)
     try:
-        rateQuery(spark, rate, seconds, columns, "twophase.kafka", options, poll)
+        return _latencies(spark, run, "kafka", rate, seconds)
     finally:
-        consumer.close()
-        kb.deleteTopics(bootstrap, [topic])
-    return latencies
+        run.cleanup()
 
 
 def latencyFiles(spark: Any, work: Path, rate: int, seconds: int) -> list[float]:
-    """Rate source -> twophase.files; a poller reads each new visible file once."""
-    out = work / "latency-files"
-    out.mkdir(parents=True, exist_ok=True)
-    latencies: list[float] = []
-    seen: set[Path] = set()
+    """``make bench``'s one latency line for twophase.files at a 1 s trigger."""
+    return _latencies(spark, FilesLatency(work), "files", rate, seconds)
 
-    def poll(stop: threading.Event) -> None:
-        while not stop.is_set():
-            for p in sorted(out.glob("part-*.parquet")):
-                if p in seen:
-                    continue
-                now = time.time()
-                seen.add(p)
-                micros = pq.read_table(p, columns=["created"]).column("created").to_pylist()
-                latencies.extend(now - m / 1e6 for m in micros)
-            stop.wait(0.05)
 
-    columns = ["value AS id", "unix_micros(timestamp) AS created"]
-    options = {"path": str(out), "checkpointLocation": str(work / "latency-files-ckpt")}
-    rateQuery(spark, rate, seconds, columns, "twophase.files", options, poll)
-    return latencies
+def _latencies(
+    spark: Any, target: LatencyTarget, name: str, rate: int, seconds: int
+) -> list[float]:
+    run = measure(spark, target, name, "format", 1.0, rate, float(seconds))
+    return run.latencies
+
+
+if __name__ == "__main__":
+    sys.exit(main())
