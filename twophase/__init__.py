@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import twophase.filesystems  # noqa: F401  (first: fsspec without the jars; see its doc)
+import twophase.imports  # noqa: F401  (first: fsspec without the jars; see its doc)
 from twophase.protocol import (
     Committer,
     Handle,

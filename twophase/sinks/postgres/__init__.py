@@ -18,6 +18,11 @@ types), ``xid`` (gids), ``staging`` (the staged path's tables and statements), `
 ``errors``; how to connect is ``twophase.clients.postgres``.
 """
 
+from twophase.imports import importWithoutJars
+
+importWithoutJars("psycopg")  # before the modules below import it (twophase.imports)
+# ruff: noqa: E402
+
 from twophase.sinks.postgres.committer import PostgresCommitter
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,

@@ -15,6 +15,11 @@ PostgreSQL), ``connections``, ``sessions`` (task connections a worker keeps), ``
 doctor``), ``errors``.
 """
 
+from twophase.imports import importWithoutJars
+
+importWithoutJars("psycopg")  # before the modules below import it (twophase.imports)
+# ruff: noqa: E402
+
 from twophase.sinks.sql.committer import SqlCommitter
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError, XidTooLongError
 from twophase.sinks.sql.handles import KIND

@@ -1,4 +1,5 @@
-"""twophase imports fsspec without reading the jars Spark puts on its Python workers' path."""
+"""twophase imports fsspec and psycopg without reading the jars Spark puts on its Python
+workers' path."""
 
 from __future__ import annotations
 
@@ -46,3 +47,25 @@ def test_jars_on_the_path_are_not_read_for_entry_points(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"restored": True, "fromJar": False, "fromDir": True}
+
+
+PSYCOPG_PROBE = """
+import json
+import twophase.sinks.postgres
+import psycopg_binary
+print(json.dumps({"version": psycopg_binary.__version__}))
+"""
+
+
+def test_psycopg_does_not_read_its_version_from_a_jar(tmp_path: Path) -> None:
+    jar = tmp_path / "org.example_other-1.0.jar"
+    with zipfile.ZipFile(jar, "w") as archive:
+        info = "psycopg_binary-0.0.1.dist-info"
+        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: psycopg-binary\n"
+                         "Version: 0.0.1\n")  # fmt: skip
+    env = {"PYTHONPATH": f"{jar}:{Path(__file__).resolve().parents[1]}"}
+    out = subprocess.run(
+        [sys.executable, "-c", PSYCOPG_PROBE], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["version"] != "0.0.1"
