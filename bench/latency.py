@@ -281,7 +281,6 @@ class Run:
     fairP95: float = float("nan")
     """p50 and p95 with the phase replaced by its mean (half of the interval, at most half a
     second): what the goals are checked on, so that one path's luck does not decide them."""
-    batches: int = 0
     start: float = float("nan")
     """Seconds from ``start()`` to the end of the first micro-batch (the query's start-up)."""
     error: str = ""
@@ -340,7 +339,6 @@ def measure(
         stop.set()
         thread.join()
     ends = [batchEnd(p) for p in progress]
-    run.batches = sum(1 for p in progress if p.get("numInputRows", 0) > 0)
     if ends:
         run.start = ends[0] - started
     # Steady state: rows created after the query's first two micro-batches (its start-up, and

@@ -35,9 +35,6 @@ def importWithoutJars(name: str) -> None:
         if name in sys.modules:
             return
         saved = list(sys.path)
-        if not any(isJavaArchive(entry) for entry in saved):
-            importlib.import_module(name)
-            return
         sys.path[:] = [entry for entry in saved if not isJavaArchive(entry)]
         try:
             importlib.import_module(name)
