@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,46 @@ class ServiceControl:
         self.stop()
         self.start()
 
+    def freeze(self) -> None:
+        """SIGSTOP to every process of the server: connections stay open and unanswered."""
+        self._run("freeze")
+
+    def thaw(self) -> None:
+        """SIGCONT to them again (nothing when the server is not running)."""
+        self._run("thaw")
+
+
+def callsDuringAFreeze(
+    server: ServiceControl, calls: dict[str, Callable[[], object]], limit: float = 30.0
+) -> dict[str, tuple[BaseException | None, float]]:
+    """Run ``calls`` in threads while ``server`` is frozen; each one's error (``None`` when it
+    returned) and seconds. The server is thawed after ``limit`` seconds whatever happened; a
+    call still blocked then is missing from the result."""
+    outcomes: dict[str, tuple[BaseException | None, float]] = {}
+
+    def timed(name: str, call: Callable[[], object]) -> threading.Thread:
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                call()
+                outcomes[name] = (None, time.monotonic() - started)
+            except Exception as exc:
+                outcomes[name] = (exc, time.monotonic() - started)
+
+        return threading.Thread(target=run, daemon=True)
+
+    threads = [timed(name, call) for name, call in calls.items()]
+    server.freeze()
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + limit
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        server.thaw()
+    return dict(outcomes)
+
 
 def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
     """True when `script query` (the running service's address) matches what the tests use."""
@@ -179,6 +221,7 @@ def kafka_broker(kafka_bootstrap: str, services_dir: Path) -> Iterator[ServiceCo
         )
     control = ServiceControl(script, "broker")
     yield control
+    control.thaw()
     control.start()
 
 
@@ -194,6 +237,7 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
         )
     control = ServiceControl(script, "server")
     yield control
+    control.thaw()
     control.start()
 
 
@@ -232,6 +276,7 @@ def mariadb_server(mariadb_url: str, services_dir: Path) -> Iterator[ServiceCont
         )
     control = ServiceControl(script, "server")
     yield control
+    control.thaw()
     control.start()
 
 
@@ -299,6 +344,7 @@ def s3_server(s3: S3Service, services_dir: Path) -> Iterator[ServiceControl]:
         )
     control = ServiceControl(script, "server")
     yield control
+    control.thaw()
     control.start()
 
 

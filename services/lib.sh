@@ -10,7 +10,8 @@
 #   TITLE          the server's name in messages (PostgreSQL, Kafka, ...)
 #   STATE          its state directory, under $RUN_DIR
 #   MARKER         a file in $STATE that exists once the state is complete (resumable)
-#   NOUN           `server` or `broker`: the verbs are stop-<noun>, kill-<noun>, start-<noun>
+#   NOUN           `server` or `broker`: the verbs are stop-<noun>, kill-<noun>, start-<noun>,
+#                  freeze-<noun> and thaw-<noun>
 #   ADDRESS_VERB   the verb that prints the address: `url`, `bootstrap`, `endpoint`
 #   SERVER_LOG     the log shown when a start fails (OUTPUT_LOG: a second one, optional)
 #   READY_TIMEOUT  seconds a start may take to get ready; READY_INTERVAL between two probes
@@ -269,6 +270,27 @@ stop_server() {
     svc_stop "$1" "$pid"
 }
 
+# tree_pids PID: PID and every process below it.
+tree_pids() {
+    local child
+    echo "$1"
+    for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$child"; done
+}
+
+# signal_server STOP|CONT: a frozen server (every process of it stopped, its sockets left open
+# and unanswered, as a paused VM or a long pause leaves them), or the same server resumed.
+# Resuming a server that is not running does nothing.
+signal_server() {
+    local pid
+    if ! pid=$(svc_pid); then
+        [[ $1 == CONT ]] && return 0
+        die "the $NOUN is not running"
+    fi
+    log "SIG$1 to the $NOUN, pid $pid and the processes it started"
+    # shellcheck disable=SC2046 # one pid per word
+    kill -"$1" $(tree_pids "$pid")
+}
+
 # service_up: the `up` command. A running server is checked, a stopped one resumed when its
 # ports are still free, else a fresh one made on free ports; then what clients need is set up.
 service_up() {
@@ -342,8 +364,10 @@ service_main() {
     "stop-$NOUN") stop_server graceful ;;
     "kill-$NOUN") stop_server crash ;;
     "start-$NOUN") service_start ;;
+    "freeze-$NOUN") signal_server STOP ;;
+    "thaw-$NOUN") signal_server CONT ;;
     *)
-        echo "usage: $0 up|down|status|$ADDRESS_VERB|stop-$NOUN|kill-$NOUN|start-$NOUN" >&2
+        echo "usage: $0 up|down|status|$ADDRESS_VERB|stop-$NOUN|kill-$NOUN|start-$NOUN|freeze-$NOUN|thaw-$NOUN" >&2
         exit 2
         ;;
     esac
