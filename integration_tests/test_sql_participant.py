@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
-from integration_tests.conftest import ServiceControl
+from integration_tests.conftest import ServiceControl, callsDuringAFreeze
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
@@ -576,3 +576,44 @@ def test_prepared_xa_survives_a_server_kill_and_commits_after_restart(
     committer.commit(h)
     committer.commit(h2)
     assert [r[0] for r in t.rows()] == [0, 1, 2, 3, 4]
+
+
+def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_commits_once(
+    mtarget: Target, mariadb_server: ServiceControl
+) -> None:
+    """A frozen MariaDB (every process stopped: connections open, nothing answered, as a paused
+    VM leaves them) must not hold a task's INSERT or the driver's XA COMMIT forever: each fails
+    within socketTimeout (the commit within socketTimeout + connectTimeout: its pooled session
+    is pinged, then a new one tried), retryably, naming the option. The INSERT the server
+    received before it froze is rolled back when it resumes; the decided batch then commits."""
+    t = mtarget
+    createSimple(t)
+    opts = {"socketTimeout": "2", "connectTimeout": "2", "connectRetrySeconds": "0"}
+    h0 = prepare(t, 0, simple(range(0, 2)), 0, **opts)
+    h1 = prepare(t, 1, simple(range(2, 4)), 0, **opts)
+    committer = SqlCommitter(t.settings(**opts))
+    committer.commit(h0)  # the committer's pool now holds a session
+    writer = SqlWriter(t.settings(**opts))
+    txn = writer.beginTransaction(t.ctx(2))
+    writer.write(txn, simple(range(4, 6)))  # the task's session is open, its XA active
+    outcomes = callsDuringAFreeze(
+        mariadb_server,
+        {
+            "write": lambda: writer.write(txn, simple(range(6, 8))),
+            "commit": lambda: committer.commit(h1),
+        },
+    )
+    assert sorted(outcomes) == ["commit", "write"], f"still blocked after 30 s: {outcomes}"
+    writeError, writeSeconds = outcomes["write"]
+    assert isinstance(writeError, SqlUnavailableError), writeError
+    assert "no answer within socketTimeout=2 s" in str(writeError)
+    assert "batch 2, partition 0" in str(writeError) and "raise the option" in str(writeError)
+    assert writeSeconds < 6, writeSeconds
+    commitError, commitSeconds = outcomes["commit"]
+    assert isinstance(commitError, TransientCommitError), commitError
+    assert commitSeconds < 10, commitSeconds
+    writer.abortTransaction(txn)
+    committer.commit(h1)  # after the server resumed: once
+    committer.commit(h1)  # and again (a retry after a lost reply): a no-op
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
+    assert t.prepared() == []

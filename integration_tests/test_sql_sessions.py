@@ -152,7 +152,10 @@ def test_a_worker_keeps_its_postgresql_session_and_the_driver_commits_meanwhile(
     t = pgtarget
     createSimple(t)
     writer = SqlWriter(t.settings())
-    engine = engineFor(t.settings().url, pooled=False, connectTimeout=10)
+    s = t.settings()
+    engine = engineFor(
+        s.url, pooled=False, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+    )
     first, session = runTask(writer, t, 0, range(0, 3))
     assert TASK_SESSIONS.idleCount(engine) == 1
     # The next task runs on the same session; the driver commits the first meanwhile.
@@ -185,7 +188,10 @@ def test_a_mariadb_worker_keeps_its_engine_and_tls_choice_but_ends_each_session(
 
     monkeypatch.setattr(ssl, "create_default_context", spy)
     writer = SqlWriter(t.settings())
-    engine = engineFor(t.settings().url, pooled=False, connectTimeout=10)
+    s = t.settings()
+    engine = engineFor(
+        s.url, pooled=False, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+    )
     results = [runTask(writer, t, p, range(p * 2, p * 2 + 2)) for p in range(4)]
     assert len({session for _, session in results}) == 4  # a new session per task
     assert len(made) <= 1  # PyMySQL's default TLS context: at most once per engine

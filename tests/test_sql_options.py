@@ -24,6 +24,11 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
     assert s.keyColumns == ("id", "day")
     assert (s.url.username, s.url.password, s.family) == ("other", "new", "mysql")
     assert s.publicUrl == "mysql+pymysql://other@db:3306/shop"
+    assert s.socketTimeout == 120  # a bound by default, above InnoDB's 50 s lock wait
+    assert (
+        SqlSettings.fromOptions({"url": URL, "dbtable": "t", "socketTimeout": "0"}).socketTimeout
+        == 0
+    )
     pg = SqlSettings.fromOptions({"url": "postgresql+psycopg://u@h/db", "table": "t"})
     assert (pg.family, pg.schema, pg.table) == ("postgresql", None, "t")
 
@@ -39,6 +44,8 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
         ({"url": URL, "dbtable": "t", "mode": "merge"}, "mode"),
         ({"url": URL, "dbtable": "t", "mode": "upsert"}, "keyColumns"),
         ({"url": URL, "dbtable": "t", "batchsize": "0"}, "batchsize"),
+        ({"url": URL, "dbtable": "t", "socketTimeout": "-1"}, "socketTimeout"),
+        ({"url": URL, "dbtable": "t", "socketTimeout": "soon"}, "socketTimeout"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:

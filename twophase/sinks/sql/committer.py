@@ -23,7 +23,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.redaction import getLogger
-from twophase.sinks.sql.connections import connection, engineFor, isUnavailable
+from twophase.sinks.sql.connections import connection, engineFor, isTimeout, isUnavailable
 from twophase.sinks.sql.dialect import (
     DRIVER_ERRORS,
     errorMessage,
@@ -72,7 +72,9 @@ class SqlCommitter(Committer):
     def _engine(self, handle: Handle | None = None) -> sa.Engine:
         s = self.settings
         url = s.url if handle is None else handleUrl(handle, s)
-        return engineFor(url, pooled=True, connectTimeout=s.connectTimeout)
+        return engineFor(
+            url, pooled=True, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+        )
 
     def commit(self, handle: Handle) -> None:
         """Idempotent: commit the prepared xid; one no longer prepared is checked (marker)."""
@@ -109,6 +111,11 @@ class SqlCommitter(Committer):
         except SqlUnavailableError as exc:
             raise TransientCommitError(str(exc)) from None
         except DRIVER_ERRORS as exc:
+            if isTimeout(exc):
+                raise TransientCommitError(
+                    f"sql: {what}: no answer within socketTimeout={self.settings.socketTimeout} "
+                    f"s (the server is frozen, overloaded or unreachable): {errorMessage(exc)}"
+                ) from None
             if isUnavailable(exc):
                 raise TransientCommitError(f"sql: {what}: {errorMessage(exc)}") from None
             raise SqlSinkError(f"sql: {what}: {errorMessage(exc)}") from None

@@ -25,7 +25,7 @@ from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlC
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
 
-_engines: dict[tuple[str, bool, int], Engine] = {}
+_engines: dict[tuple[str, bool, int, int], Engine] = {}
 _tlsChoices: dict[Engine, _TlsChoice] = {}
 _lock = threading.Lock()
 
@@ -105,9 +105,15 @@ def _setsTls(url: URL) -> bool:
     return any(k == "ssl" or k.startswith("ssl_") for k in url.query)
 
 
-def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
-    """The process's engine for ``url`` (created once); ``pooled`` for the committer."""
-    key = (url.render_as_string(hide_password=False), pooled, connectTimeout)
+def engineFor(
+    url: URL, *, pooled: bool, connectTimeout: int = 10, socketTimeout: int = 0
+) -> Engine:
+    """The process's engine for ``url`` (created once); ``pooled`` for the committer.
+
+    ``socketTimeout`` (MySQL/MariaDB; 0: none) bounds the wait for one statement's answer or
+    send, unless the URL sets PyMySQL's ``read_timeout``/``write_timeout`` itself.
+    """
+    key = (url.render_as_string(hide_password=False), pooled, connectTimeout, socketTimeout)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
@@ -115,6 +121,9 @@ def engineFor(url: URL, *, pooled: bool, connectTimeout: int = 10) -> Engine:
             args: dict[str, object] = {"connect_timeout": connectTimeout}
             if family == "mysql":
                 args["init_command"] = "SET time_zone = '+00:00'"
+                for name in ("read_timeout", "write_timeout"):
+                    if socketTimeout and name not in url.query:
+                        args[name] = socketTimeout
             else:
                 # A kept task session is pinged before a task writes on it: a server that
                 # stopped answering fails the ping within the connect timeout, not later.
@@ -151,6 +160,11 @@ def isUnavailable(exc: BaseException) -> bool:
     if state is not None:
         return state.startswith("08") or state in ("57P01", "57P02", "57P03")
     return isinstance(exc, sa.exc.OperationalError | psycopg.OperationalError)
+
+
+def isTimeout(exc: BaseException) -> bool:
+    """PyMySQL gave up waiting for the server (``read_timeout``/``write_timeout``)."""
+    return mysqlCode(exc) == 2013 and "timed out" in str(exc)
 
 
 def isAccessDenied(exc: BaseException) -> bool:
@@ -211,4 +225,11 @@ def connection(
         conn.close()
 
 
-__all__ = ["connect", "connection", "engineFor", "isAccessDenied", "isUnavailable"]
+__all__ = [
+    "connect",
+    "connection",
+    "engineFor",
+    "isAccessDenied",
+    "isTimeout",
+    "isUnavailable",
+]

@@ -41,7 +41,7 @@ def inspect(committer: SqlCommitter, sinkId: str, now: datetime) -> Inspection:
     where = s.describe()
     since: dict[str, datetime] = {}
     try:
-        engine = engineFor(s.url, pooled=False, connectTimeout=5)
+        engine = engineFor(s.url, pooled=False, connectTimeout=5, socketTimeout=s.socketTimeout)
         with connection(engine, "doctor", autocommit=True) as conn:
             xids = preparedXids(conn, s.family, sinkPrefix(sinkId))
             if s.family == "postgresql" and xids:

@@ -27,7 +27,9 @@ def validateTarget(s: SqlSettings, schema: pa.Schema, sinkId: str) -> None:
     """Driver: raise ``SqlSinkError`` naming the fix, or ``SqlUnavailableError`` (retryable)."""
     checkXidRoom(sinkId, MAX_XID_BYTES[s.family])
     _checkColumnsOfOptions(s, schema)
-    engine = engineFor(s.url, pooled=True, connectTimeout=s.connectTimeout)
+    engine = engineFor(
+        s.url, pooled=True, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+    )
     what = f"checking table {s.qualifiedName}"
     with connection(engine, what, autocommit=True, retrySeconds=s.connectRetrySeconds) as conn:
         if s.family == "mysql":

@@ -23,7 +23,7 @@ FAMILIES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql"}
 
 SAFE_OPTIONS = frozenset(
     {"url", "dbtable", "table", "user", "mode", "keycolumns", "batchsize", "createtable"}
-    | {"markertable", "connecttimeout", "connectretryseconds"}
+    | {"markertable", "connecttimeout", "connectretryseconds", "sockettimeout"}
 )
 """Options (lower-cased) that may be persisted: never ``password``; ``url`` without it."""
 
@@ -107,6 +107,11 @@ class SqlSettings:
     - ``connectTimeout``: seconds to wait for a connection (default 10).
     - ``connectRetrySeconds``: how long tasks and the driver's checks keep retrying to
       connect to a server that is down or restarting (default 30; 0: no retry).
+    - ``socketTimeout``: MySQL/MariaDB: seconds to wait for the server's answer to one
+      statement, or to send one (PyMySQL's ``read_timeout``/``write_timeout``; default 120,
+      above InnoDB's 50 s lock wait; 0: no limit). A frozen or unreachable server then fails
+      the task or the commit instead of holding it forever. ``read_timeout``/``write_timeout``
+      in the URL win.
     """
 
     url: URL = field(repr=False)
@@ -119,6 +124,7 @@ class SqlSettings:
     markerTable: str = "twophase_sql_commits"
     connectTimeout: int = 10
     connectRetrySeconds: float = 30.0
+    socketTimeout: int = 120
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> SqlSettings:
@@ -168,6 +174,7 @@ class SqlSettings:
             markerTable=marker,
             connectTimeout=intOption(options, "connectTimeout", 10, minimum=1),
             connectRetrySeconds=float(intOption(options, "connectRetrySeconds", 30, minimum=0)),
+            socketTimeout=intOption(options, "socketTimeout", 120, minimum=0),
         )
 
     @property

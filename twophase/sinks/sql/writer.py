@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.sql.committer import SqlCommitter
-from twophase.sinks.sql.connections import engineFor, isUnavailable
+from twophase.sinks.sql.connections import engineFor, isTimeout, isUnavailable
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
     beginTwoPhase,
@@ -150,7 +150,9 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
 
     def _open(self, txn: SqlTransaction, schema: pa.Schema) -> None:
         s = self.settings
-        engine = engineFor(s.url, pooled=False, connectTimeout=s.connectTimeout)
+        engine = engineFor(
+            s.url, pooled=False, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+        )
         what = f"batch {txn.ctx.batchId} partition {txn.ctx.partitionId}"
         conn = TASK_SESSIONS.take(engine, what, s.connectRetrySeconds)
         txn.conn, txn.engine = conn, engine
@@ -240,6 +242,13 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
             f"(attempt {ctx.attemptNumber}), table {s.qualifiedName} at {s.describe()}"
         )
         text = errorMessage(exc)
+        if isTimeout(exc):
+            return SqlUnavailableError, (
+                f"{where}: no answer within socketTimeout={s.socketTimeout} s (the server is "
+                f"frozen, overloaded or unreachable): {text}. Nothing of this task is visible; "
+                "Spark retries the task. If statements take that long on a healthy server, "
+                "raise the option socketTimeout."
+            )
         if isUnavailable(exc):
             return SqlUnavailableError, (
                 f"{where}: lost the connection: {text}. Nothing of this task is visible; Spark "
