@@ -31,7 +31,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from integration_tests.conftest import ServiceControl
+from integration_tests.conftest import ServiceControl, callsDuringAFreeze
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
@@ -486,6 +486,41 @@ def test_prepared_transactions_survive_a_server_crash_and_commit_waits_for_the_s
         except TransientCommitError:
             continue
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(3,)]
+
+
+def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_commits_once(
+    pg_url: str, table: str, postgres_server: ServiceControl
+) -> None:
+    """A frozen PostgreSQL (every process stopped: connections open, packets acknowledged by
+    the kernel, nothing answered, as a paused container leaves them) must not hold a task's
+    COPY or the driver's COMMIT PREPARED forever: libpq has no read timeout, so socketTimeout
+    drops the connection; both fail retryably, naming the option. The task's unprepared
+    transaction is rolled back when the server resumes; the decided batch then commits."""
+    createIdTable(pg_url, table)
+    w, c = sink(pg_url, table, socketTimeout="2", connectTimeout="2", connectRetrySeconds="0")
+    h0 = writeAndPrepare(w, context(table, batch=0), idsBatch([1, 2]))
+    h1 = writeAndPrepare(w, context(table, batch=1), idsBatch([3, 4]))
+    c.commit(h0)  # the driver's pool now holds a connection
+    txn = w.beginTransaction(context(table, batch=2))
+    w.write(txn, idsBatch([5, 6]))  # the task's COPY is open
+    outcomes = callsDuringAFreeze(
+        postgres_server, {"preCommit": lambda: w.preCommit(txn), "commit": lambda: c.commit(h1)}
+    )
+    assert sorted(outcomes) == ["commit", "preCommit"], f"still blocked after 30 s: {outcomes}"
+    taskError, taskSeconds = outcomes["preCommit"]
+    assert isinstance(taskError, PostgresUnavailableError), taskError
+    assert "batch 2, partition 0" in str(taskError)
+    assert "no answer within socketTimeout=2 s" in str(taskError)
+    assert taskSeconds < 6, taskSeconds
+    commitError, commitSeconds = outcomes["commit"]
+    assert isinstance(commitError, TransientCommitError), commitError
+    assert "socketTimeout=2" in str(commitError)
+    assert commitSeconds < 6, commitSeconds
+    w.abortTransaction(txn)
+    c.commit(h1)  # after the server resumed: once
+    c.commit(h1)  # and again (a retry after a lost reply): a no-op
+    assert execute(pg_url, f"SELECT id FROM {table} ORDER BY id") == [(1,), (2,), (3,), (4,)]
+    assert prepared(pg_url, table) == []
 
 
 # -- memory -------------------------------------------------------------------------------------

@@ -290,6 +290,7 @@ def test_a_committer_rebuilt_from_sink_json_reaches_the_same_table_the_same_way(
         "connectTimeout": "3",
         "connectRetrySeconds": "5",
         "lockTimeoutSeconds": "7",
+        "socketTimeout": "9",
         "upsertBatchRows": "100",
         "pg.keepalives_idle": "30",
         "pg.options": "-c statement_timeout=0",
@@ -303,6 +304,10 @@ def test_a_committer_rebuilt_from_sink_json_reaches_the_same_table_the_same_way(
     original = PostgresSettings.fromOptions(options)
     rebuilt = PostgresCommitter.fromOptions(public).settings
     assert rebuilt == original  # secrets are not compared
+    assert (
+        original.socketTimeout,
+        PostgresSettings.fromOptions(options | {"socketTimeout": "0"}).socketTimeout,
+    ) == (9.0, 0.0)
     assert rebuilt.secrets == () and original.secrets != ()
     assert rebuilt.target.describe() == "bob@db.example:5433/sales"
 

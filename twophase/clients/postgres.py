@@ -9,9 +9,11 @@ and come from the options of the process, else from libpq's usual places (``PGPA
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -277,6 +279,69 @@ def connect(
             delay = min(delay * 2, 5.0)
 
 
+class AnswerWatch:
+    """A bound on the wait for PostgreSQL's answer on one connection, however it is stuck.
+
+    libpq has no read timeout, and TCP's (``tcp_user_timeout``, keepalives) never fires when
+    the server's kernel still acknowledges packets: a stopped or paused server process, a
+    frozen container. So after ``seconds`` inside the block the connection's socket is shut
+    down from a timer thread; the call blocked in libpq then fails at once (the connection is
+    broken, the server rolls back what was not prepared), and the block's psycopg error is
+    raised as ``PostgresUnavailableError`` naming the wait. ``connection`` is read when the
+    timer fires, so a block may open the connection itself. ``seconds`` 0: no bound.
+    """
+
+    def __init__(
+        self,
+        seconds: float,
+        connection: Callable[[], psycopg.Connection[Any] | None],
+        what: str,
+    ) -> None:
+        self.seconds = seconds
+        self.connection = connection
+        self.what = what
+        self.fired = False
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> AnswerWatch:
+        if self.seconds > 0:
+            self._timer = threading.Timer(self.seconds, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.fired and isinstance(exc, psycopg.Error):
+            raise PostgresUnavailableError(
+                f"{self.what}: no answer within socketTimeout={self.seconds:g} s (the server is "
+                "frozen, overloaded or unreachable); if statements take that long on a healthy "
+                "server, raise the option socketTimeout"
+            ) from None
+
+    def _expire(self) -> None:
+        self.fired = True
+        conn = self.connection()
+        if conn is None or conn.closed:
+            return
+        try:
+            duplicate = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        except (OSError, psycopg.Error):
+            return  # no socket any more: nothing is waiting on it
+        log.warning(
+            "postgres: %s: no answer within %g s; dropping the connection", self.what, self.seconds
+        )
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            duplicate.close()
+
+
 class DriverConnections:
     """Autocommit connections of one process, reused across commits (thread-safe).
 
@@ -298,17 +363,23 @@ class DriverConnections:
         secrets: Secrets,
         what: str,
         retrySeconds: float = 0.0,
+        socketTimeout: float = 0.0,
     ) -> Iterator[psycopg.Connection[Any]]:
-        """An idle autocommit connection to ``target`` (or a new one), returned when done."""
+        """An idle autocommit connection to ``target`` (or a new one), returned when done; the
+        block's wait for answers bounded by ``socketTimeout`` (``AnswerWatch``)."""
         key = (target.params, secrets)
         with self._lock:
             idle = self._idle.get(key) or []
             conn = idle.pop() if idle else None
         if conn is None or conn.closed or conn.broken:
             conn = connect(target, secrets, autocommit=True, retrySeconds=retrySeconds, what=what)
+        watch = AnswerWatch(socketTimeout, lambda: conn, f"postgres: {what} at {target.describe()}")
         try:
-            yield conn
+            with watch:
+                yield conn
         finally:
+            if watch.fired:
+                conn.close()  # its socket may be shut down: never reuse it
             healthy = (
                 not conn.closed
                 and not conn.broken
@@ -345,6 +416,7 @@ def driverErrors(what: str, target: ConnectionTarget) -> Iterator[None]:
 
 __all__ = [
     "DRIVER_CONNECTIONS",
+    "AnswerWatch",
     "OPTION_PARAMS",
     "PUBLIC_LIBPQ_KEYWORDS",
     "SECRET_PARAMS",

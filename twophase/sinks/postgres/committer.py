@@ -84,7 +84,12 @@ class PostgresCommitter(Committer):
             return
         target, secrets = handleTarget(h, self.settings)
         what = f"commit of {self.describe(h)}"
-        with driverErrors(what, target), DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn:
+        with (
+            driverErrors(what, target),
+            DRIVER_CONNECTIONS.borrow(
+                target, secrets, what, socketTimeout=self.settings.socketTimeout
+            ) as conn,
+        ):
             try:
                 conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(h["gid"])))
             except pgerrors.UndefinedObject:
@@ -125,7 +130,12 @@ class PostgresCommitter(Committer):
         what = f"commit of {self.describe(h)}"
         table = sql.Identifier(*_tableParts(str(h.get("table")), self.settings))
         move = moveStatement(names, table, list(h["columns"]), list(h["keys"]))
-        with driverErrors(what, target), DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn:
+        with (
+            driverErrors(what, target),
+            DRIVER_CONNECTIONS.borrow(
+                target, secrets, what, socketTimeout=self.settings.socketTimeout
+            ) as conn,
+        ):
             try:
                 with conn.transaction():
                     conn.execute(
@@ -182,7 +192,9 @@ class PostgresCommitter(Committer):
             what = f"abort of {self.describe(h)}"
             with (
                 driverErrors(what, target),
-                DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn,
+                DRIVER_CONNECTIONS.borrow(
+                    target, secrets, what, socketTimeout=self.settings.socketTimeout
+                ) as conn,
             ):
                 deleteToken(conn, StagingNames.fromHandle(h), str(h["token"]))
             return
@@ -190,7 +202,12 @@ class PostgresCommitter(Committer):
             return
         target, secrets = handleTarget(h, self.settings)
         what = f"abort of {self.describe(h)}"
-        with driverErrors(what, target), DRIVER_CONNECTIONS.borrow(target, secrets, what) as conn:
+        with (
+            driverErrors(what, target),
+            DRIVER_CONNECTIONS.borrow(
+                target, secrets, what, socketTimeout=self.settings.socketTimeout
+            ) as conn,
+        ):
             try:
                 conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(h["gid"])))
             except pgerrors.UndefinedObject:
@@ -217,7 +234,9 @@ class PostgresCommitter(Committer):
         what = f"recoverAndAbort of postgres sink {scope.sinkId}"
         with (
             driverErrors(what, s.target),
-            DRIVER_CONNECTIONS.borrow(s.target, s.secrets, what) as conn,
+            DRIVER_CONNECTIONS.borrow(
+                s.target, s.secrets, what, socketTimeout=s.socketTimeout
+            ) as conn,
         ):
             rows = conn.execute(
                 "SELECT gid, database = current_database(), database FROM pg_prepared_xacts"

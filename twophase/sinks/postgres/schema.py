@@ -58,7 +58,11 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema) -> None:
         try:
             # The first connection of a batch waits for a restarting server, as tasks do.
             with DRIVER_CONNECTIONS.borrow(
-                s.target, s.secrets, what, retrySeconds=s.connectRetrySeconds
+                s.target,
+                s.secrets,
+                what,
+                retrySeconds=s.connectRetrySeconds,
+                socketTimeout=s.socketTimeout,
             ) as conn:
                 _checkTarget(conn, s, schema)
             return

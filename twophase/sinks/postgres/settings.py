@@ -45,6 +45,7 @@ SAFE_OPTIONS = frozenset(
         "connecttimeout",
         "connectretryseconds",
         "locktimeoutseconds",
+        "sockettimeout",
         "upsertbatchrows",
         "commitmode",
         "maxpreparedpartitions",
@@ -143,6 +144,10 @@ class PostgresSettings:
       while the server is unreachable (default 30; 0 tries once).
     - ``lockTimeoutSeconds``: a task waiting longer than this for a row lock fails with an
       error naming the prepared transactions it waits for (default 60; 0 waits forever).
+    - ``socketTimeout``: seconds a task or the driver waits for the server to answer one
+      call (a statement, a chunk of COPY) before dropping the connection and failing,
+      retryably (default 120, above ``lockTimeoutSeconds``; 0: no limit). Bounds a frozen or
+      partitioned server, which libpq alone waits for forever (``clients.postgres.AnswerWatch``).
     - ``upsertBatchRows``: rows per ``INSERT ... ON CONFLICT`` statement (default 20000).
     - ``commitMode``: ``auto`` (default), ``prepared`` or ``staged``. ``prepared``: every task
       holds one prepared transaction until the driver commits, so a batch needs one slot of
@@ -163,6 +168,7 @@ class PostgresSettings:
     createTable: bool = False
     connectRetrySeconds: float = 30.0
     lockTimeoutSeconds: float = 60.0
+    socketTimeout: float = 120.0
     upsertBatchRows: int = 20000
     commitMode: str = "auto"
     maxPreparedPartitions: int | None = None
@@ -236,6 +242,7 @@ class PostgresSettings:
             createTable=boolOption(options, "createTable", False),
             connectRetrySeconds=_nonNegative(options, "connectRetrySeconds", 30.0),
             lockTimeoutSeconds=_nonNegative(options, "lockTimeoutSeconds", 60.0),
+            socketTimeout=_nonNegative(options, "socketTimeout", 120.0),
             upsertBatchRows=intOption(options, "upsertBatchRows", 20000, minimum=1),
             commitMode=(optionOf(options, "commitMode") or "auto").strip().lower(),
             maxPreparedPartitions=(

@@ -27,7 +27,7 @@ import pyarrow as pa
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from twophase.clients.postgres import connect, errorText
+from twophase.clients.postgres import AnswerWatch, connect, errorText
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.postgres.committer import PostgresCommitter
@@ -269,9 +269,18 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
 
     @contextmanager
     def _taskErrors(self, txn: PostgresTransaction) -> Iterator[None]:
-        """psycopg errors of a task, turned into errors that name the batch and the fix."""
+        """psycopg errors of a task, turned into errors that name the batch and the fix; the
+        wait for the server's answers bounded by ``socketTimeout`` (``AnswerWatch``)."""
+        ctx = txn.ctx
+        watch = AnswerWatch(
+            self.settings.socketTimeout,
+            lambda: txn.conn,
+            f"postgres sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
+            f"(attempt {ctx.attemptNumber}) at {self.settings.target.describe()}",
+        )
         try:
-            yield
+            with watch:
+                yield
         except psycopg.Error as exc:
             errorType, message = self._taskError(txn, exc)
             raise errorType(redact(message)) from None
