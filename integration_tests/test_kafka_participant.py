@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaAdminClient
 
-from integration_tests.conftest import ServiceControl
+from integration_tests.conftest import ServiceControl, callsDuringAFreeze
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
 from twophase.protocol import (
     RecoveryScope,
@@ -507,6 +507,41 @@ def test_a_commit_waits_for_a_crashed_broker_to_come_back(
     finally:
         restart.join()
     assert values(readTopic(kafka_bootstrap, topic)) == ["across", "before"]
+
+
+def test_a_frozen_broker_fails_the_flush_and_the_commit_in_bounded_time_then_commits_once(
+    kafka_bootstrap: str, kafka_broker: ServiceControl
+) -> None:
+    """A frozen broker (its process stopped: connections open, nothing answered) must not hold
+    a task's flush or the driver's EndTxn forever: the flush fails after flushTimeoutSeconds,
+    the commit after requestTimeoutSeconds with a retryable error; once the broker resumes the
+    decided transaction commits, and the task's unflushed one never becomes visible."""
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    w, c = sink(kafka_bootstrap, topic, requestTimeoutSeconds="3", flushTimeoutSeconds="3")
+    first = prepare(w, "before", partition=0)
+    c.commit(first)  # the driver's client is connected
+    second = prepare(w, "decided", partition=1)
+    txn = w.beginTransaction(ctx(batch=1, partition=2))
+    w.write(txn, rows("never"))
+    outcomes = callsDuringAFreeze(
+        kafka_broker,
+        {
+            "preCommit": lambda: (w.write(txn, rows("never, sent frozen")), w.preCommit(txn)),
+            "commit": lambda: c.commit(second),
+        },
+    )
+    assert sorted(outcomes) == ["commit", "preCommit"], f"still blocked after 30 s: {outcomes}"
+    flushError, flushSeconds = outcomes["preCommit"]
+    assert isinstance(flushError, KafkaWriteError), flushError
+    assert "within 3 s" in str(flushError), flushError
+    assert flushSeconds < 8, flushSeconds
+    commitError, commitSeconds = outcomes["commit"]
+    assert isinstance(commitError, TransientCommitError), commitError
+    assert commitSeconds < 10, commitSeconds
+    w.abortTransaction(txn)
+    retrying(c.commit, second, seconds=60)
+    retrying(c.commit, second, seconds=60)  # again, as after a lost reply: a no-op
+    assert values(readTopic(kafka_bootstrap, topic)) == ["before", "decided"]
 
 
 def test_secret_options_librdkafka_does_not_use_on_plaintext_change_nothing(
