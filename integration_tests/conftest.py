@@ -197,6 +197,21 @@ def callsDuringAFreeze(
     return dict(outcomes)
 
 
+def failedWithin(
+    outcomes: dict[str, tuple[BaseException | None, float]],
+    name: str,
+    errorType: type[BaseException],
+    seconds: float,
+) -> BaseException:
+    """The error call ``name`` of ``callsDuringAFreeze`` ended with, checked: it ended, with an
+    ``errorType``, within ``seconds``."""
+    assert name in outcomes, f"{name} was still blocked when the server was thawed: {outcomes}"
+    error, took = outcomes[name]
+    assert isinstance(error, errorType), f"{name} ended with {error!r}, not a {errorType.__name__}"
+    assert took < seconds, f"{name} failed after {took:.1f} s, not within {seconds} s"
+    return error
+
+
 def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
     """True when `script query` (the running service's address) matches what the tests use."""
     env = dict(os.environ)

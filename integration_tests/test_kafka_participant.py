@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaAdminClient
 
-from integration_tests.conftest import ServiceControl, callsDuringAFreeze
+from integration_tests.conftest import ServiceControl, callsDuringAFreeze, failedWithin
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
 from twophase.protocol import (
     RecoveryScope,
@@ -523,21 +523,21 @@ def test_a_frozen_broker_fails_the_flush_and_the_commit_in_bounded_time_then_com
     second = prepare(w, "decided", partition=1)
     txn = w.beginTransaction(ctx(batch=1, partition=2))
     w.write(txn, rows("never"))
+
+    def writeAndPrepare() -> None:  # sent while the server is frozen
+        w.write(txn, rows("never, sent frozen"))
+        w.preCommit(txn)
+
     outcomes = callsDuringAFreeze(
         kafka_broker,
         {
-            "preCommit": lambda: (w.write(txn, rows("never, sent frozen")), w.preCommit(txn)),
+            "preCommit": writeAndPrepare,
             "commit": lambda: c.commit(second),
         },
     )
-    assert sorted(outcomes) == ["commit", "preCommit"], f"still blocked after 30 s: {outcomes}"
-    flushError, flushSeconds = outcomes["preCommit"]
-    assert isinstance(flushError, KafkaWriteError), flushError
+    flushError = failedWithin(outcomes, "preCommit", KafkaWriteError, 8)
     assert "within 3 s" in str(flushError), flushError
-    assert flushSeconds < 8, flushSeconds
-    commitError, commitSeconds = outcomes["commit"]
-    assert isinstance(commitError, TransientCommitError), commitError
-    assert commitSeconds < 10, commitSeconds
+    failedWithin(outcomes, "commit", TransientCommitError, 10)
     w.abortTransaction(txn)
     retrying(c.commit, second, seconds=60)
     retrying(c.commit, second, seconds=60)  # again, as after a lost reply: a no-op
