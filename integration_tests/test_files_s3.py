@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from integration_tests.conftest import S3Service, ServiceControl
+from integration_tests.conftest import S3Service, ServiceControl, callsDuringAFreeze, failedWithin
 from twophase.protocol import (
     Handle,
     RecoveryScope,
@@ -27,7 +27,7 @@ from twophase.protocol import (
     TransactionLostError,
     TransientCommitError,
 )
-from twophase.sinks.files import FilesCommitter, FilesWriter
+from twophase.sinks.files import FilesCommitter, FilesUnavailableError, FilesWriter
 from twophase.sinks.files.inspect import handleKey, inspect
 from twophase.sinks.files.multipart import sinkUploads
 from twophase.sinks.files.s3 import MIN_PART_SIZE, S3Calls, splitKey
@@ -261,6 +261,41 @@ def test_the_server_down_is_transient_and_the_commit_finishes_after(
         s3_server.start()
     committer.commit(handle)  # the upload survived the crash of the server
     assertEveryReaderSees(s3, prefix, list(range(40)))
+
+
+def test_a_frozen_server_fails_the_upload_and_the_commit_in_bounded_time_then_commits_once(
+    s3: S3Service, prefix: str, s3_server: ServiceControl
+) -> None:
+    """A frozen S3 server (its process stopped: connections open, nothing answered) must not
+    hold a task's upload or the driver's CompleteMultipartUpload forever: botocore's timeouts
+    (here 1 s, one attempt each, s3fs retrying a few times) end both, the task's with an error
+    that names the batch and the timeouts; after the server resumes the decided batch commits
+    once and the task's upload never shows."""
+    config = '{"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 1}'
+    opts = options(s3, prefix, **{"fs.config_kwargs": config})
+    writer, committer = FilesWriter.fromOptions(opts), FilesCommitter.fromOptions(opts)
+    committer.commit(prepare(writer, ctx(0), rows(0, 40)))
+    decided = prepare(writer, ctx(1), rows(40, 40))
+    txn = writer.beginTransaction(ctx(2))
+
+    def writeAndPrepare() -> None:  # sent while the server is frozen
+        writer.write(txn, rows(80, 40))
+        writer.preCommit(txn)
+
+    outcomes = callsDuringAFreeze(
+        s3_server,
+        {
+            "preCommit": writeAndPrepare,
+            "commit": lambda: committer.commit(decided),
+        },
+    )
+    uploadError = failedWithin(outcomes, "preCommit", FilesUnavailableError, 25)
+    assert "batch 2, partition 0" in str(uploadError) and "read_timeout" in str(uploadError)
+    failedWithin(outcomes, "commit", TransientCommitError, 25)
+    writer.abortTransaction(txn)
+    committer.commit(decided)
+    committer.commit(decided)  # again, as after a lost reply: a no-op
+    assertEveryReaderSees(s3, prefix, list(range(80)))
 
 
 def test_doctor_lists_the_pending_uploads_of_the_sink(s3: S3Service, prefix: str) -> None:

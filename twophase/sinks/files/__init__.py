@@ -12,10 +12,11 @@ Spark here; ``twophase.spark.files`` binds both as the data source ``twophase.fi
 Modules by role: ``settings`` (options), ``formats`` (encoders), ``layout`` (staging and final
 names), ``partitioning`` (Hive directories), ``jsonlines`` (JSON encoding), ``storage`` (the
 filesystem), ``durability`` (the fsyncs), ``s3`` and ``multipart`` (the S3 path),
-``handles`` (what the decision log holds), ``writer`` and ``committer``.
+``handles`` (what the decision log holds), ``errors``, ``writer`` and ``committer``.
 """
 
 from twophase.sinks.files.committer import FilesCommitter
+from twophase.sinks.files.errors import FilesUnavailableError
 from twophase.sinks.files.formats import FORMATS
 from twophase.sinks.files.handles import KIND, StagedFile, stagedFiles
 from twophase.sinks.files.layout import (
@@ -36,6 +37,7 @@ __all__ = [
     "STAGING_DIR_NAME",
     "FilesCommitter",
     "FilesSettings",
+    "FilesUnavailableError",
     "FilesTransaction",
     "FilesWriter",
     "StagedFile",

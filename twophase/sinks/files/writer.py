@@ -8,7 +8,8 @@ a handle naming them. Nothing here makes a file visible: that is the committer's
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, cast
 
@@ -16,7 +17,8 @@ import pyarrow as pa
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.protocol.fingerprint import Fingerprint
-from twophase.redaction import getLogger
+from twophase.redaction import getLogger, redact
+from twophase.sinks.files.errors import FilesUnavailableError
 from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
 from twophase.sinks.files.handles import (
     StagedFile,
@@ -32,7 +34,7 @@ from twophase.sinks.files.layout import (
 )
 from twophase.sinks.files.multipart import MultipartFile, recordFingerprint
 from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartition
-from twophase.sinks.files.s3 import S3Calls, isS3, splitKey
+from twophase.sinks.files.s3 import S3Calls, isS3, isTransient, splitKey
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import Storage, Storages, parentOf
 
@@ -148,7 +150,37 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         return txn
 
     def write(self, txn: FilesTransaction, batch: pa.RecordBatch) -> None:
-        """Executor: stream ``batch`` into the open part files; nothing becomes visible.
+        """Executor: stream ``batch`` into the open part files (``_write``)."""
+        with self._storageErrors(txn):
+            self._write(txn, batch)
+
+    def preCommit(self, txn: FilesTransaction) -> Handle:
+        """Executor: close every part file, fsync or upload what is left, return the handle
+        (``_preCommit``)."""
+        with self._storageErrors(txn):
+            return self._preCommit(txn)
+
+    @contextmanager
+    def _storageErrors(self, txn: FilesTransaction) -> Iterator[None]:
+        """Storage that did not answer (botocore's connection and timeout errors, after
+        s3fs's own retries) as ``FilesUnavailableError`` naming the task and the bound."""
+        try:
+            yield
+        except Exception as exc:
+            if not isTransient(exc):
+                raise
+            ctx = txn.ctx
+            raise FilesUnavailableError(
+                f"files sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
+                f"(attempt {ctx.attemptNumber}): the storage at {redact(txn.path)} did not "
+                f"answer: {type(exc).__name__}: {redact(str(exc))}. Nothing of this task is "
+                "visible; Spark retries the task. Each request waits at most botocore's "
+                "connect_timeout and read_timeout (60 s each unless fs.config_kwargs sets "
+                'them, e.g. {"read_timeout": 20}), retried by s3fs a few times.'
+            ) from None
+
+    def _write(self, txn: FilesTransaction, batch: pa.RecordBatch) -> None:
+        """Stream ``batch`` into the open part files; nothing becomes visible.
 
         Rows go to their partition directory's open writer, rolling to a new part file when
         ``maxRecordsPerFile`` would be exceeded (the batch is split). All batches of one
@@ -251,8 +283,8 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             self.stagingStorage.close(part.raw)
         txn.files.append(StagedFile(staging=part.staging, final=part.final, rows=part.rows))
 
-    def preCommit(self, txn: FilesTransaction) -> Handle:
-        """Executor: close every part file, fsync files and directories, return the handle.
+    def _preCommit(self, txn: FilesTransaction) -> Handle:
+        """Close every part file, fsync files and directories, return the handle.
 
         Nothing is visible yet. Calling it again returns the same handle (its format is in
         :mod:`twophase.sinks.files.handles`).
