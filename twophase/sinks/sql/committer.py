@@ -23,7 +23,13 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.redaction import getLogger
-from twophase.sinks.sql.connections import connection, engineFor, isTimeout, isUnavailable
+from twophase.sinks.sql.connections import (
+    connection,
+    engineFor,
+    isTimeout,
+    isUnavailable,
+    noAnswer,
+)
 from twophase.sinks.sql.dialect import (
     DRIVER_ERRORS,
     errorMessage,
@@ -113,8 +119,7 @@ class SqlCommitter(Committer):
         except DRIVER_ERRORS as exc:
             if isTimeout(exc):
                 raise TransientCommitError(
-                    f"sql: {what}: no answer within socketTimeout={self.settings.socketTimeout} "
-                    f"s (the server is frozen, overloaded or unreachable): {errorMessage(exc)}"
+                    f"sql: {what}: {noAnswer(self.settings.socketTimeout)}: {errorMessage(exc)}"
                 ) from None
             if isUnavailable(exc):
                 raise TransientCommitError(f"sql: {what}: {errorMessage(exc)}") from None

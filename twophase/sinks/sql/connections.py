@@ -167,6 +167,14 @@ def isTimeout(exc: BaseException) -> bool:
     return mysqlCode(exc) == 2013 and "timed out" in str(exc)
 
 
+def noAnswer(socketTimeout: int) -> str:
+    """How an error says the server did not answer within ``socketTimeout``."""
+    return (
+        f"no answer within socketTimeout={socketTimeout} s (the server is frozen, overloaded "
+        "or unreachable)"
+    )
+
+
 def isAccessDenied(exc: BaseException) -> bool:
     code = mysqlCode(exc)
     if code is not None:
@@ -232,4 +240,5 @@ __all__ = [
     "isAccessDenied",
     "isTimeout",
     "isUnavailable",
+    "noAnswer",
 ]

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.sql.committer import SqlCommitter
-from twophase.sinks.sql.connections import engineFor, isTimeout, isUnavailable
+from twophase.sinks.sql.connections import engineFor, isTimeout, isUnavailable, noAnswer
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
     beginTwoPhase,
@@ -244,8 +244,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         text = errorMessage(exc)
         if isTimeout(exc):
             return SqlUnavailableError, (
-                f"{where}: no answer within socketTimeout={s.socketTimeout} s (the server is "
-                f"frozen, overloaded or unreachable): {text}. Nothing of this task is visible; "
+                f"{where}: {noAnswer(s.socketTimeout)}: {text}. Nothing of this task is visible; "
                 "Spark retries the task. If statements take that long on a healthy server, "
                 "raise the option socketTimeout."
             )
