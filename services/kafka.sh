@@ -7,9 +7,16 @@
 #   services/kafka.sh down          stop it and delete its state
 #   services/kafka.sh status        exit 0 when it is running
 #   services/kafka.sh bootstrap     print host:port for bootstrap.servers
+#   services/kafka.sh proxy         print what the broker's proxy listens on and forwards to
+#                                   (`127.0.0.1:<proxy port> 127.0.0.1:<proxied port>`)
 #   services/kafka.sh stop-broker   graceful stop; data and ports are kept
 #   services/kafka.sh kill-broker   SIGKILL (a crash); data and ports are kept
 #   services/kafka.sh start-broker  start the stopped broker again, same data and ports
+#
+# A client that bootstraps through a proxy (services/toxiproxy.sh) is told by the broker where
+# the broker is and then connects there. So the broker has a second listener, PROXIED, that
+# advertises the proxy's port instead of its own: clients that bootstrap at the proxy stay on
+# the proxy, clients that bootstrap at the plain listener (`bootstrap`) never see it.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), TWOPHASE_KAFKA_TXN_MAX_TIMEOUT_MS
 # (default in services/settings.env), TWOPHASE_KAFKA_READY_TIMEOUT (seconds, default 60),
@@ -34,8 +41,9 @@ SERVER_LOG=$STATE/broker.log # the broker's own log
 OUTPUT_LOG=$STATE/stdout.log # the JVM's output (crashes, log4j2 warnings)
 READY_TIMEOUT=${TWOPHASE_KAFKA_READY_TIMEOUT:-60}
 READY_INTERVAL=1
+EXTRA_VERBS=proxy
 
-# The state: ports.env (ports, cluster id), server.properties, log4j.properties, data/,
+# The state: ports.env (ports, the proxy's port, cluster id), server.properties, log4j.properties, data/,
 # broker.log, stdout.log, kafka.pid, .formatted.
 VERSION=$TWOPHASE_KAFKA_VERSION
 POM=$SERVICES_DIR/kafka/pom.xml
@@ -75,12 +83,20 @@ svc_install() {
     echo "$want" >"$stamp"
 }
 
-# svc_load, svc_ports: ports.env holds both ports and the cluster id.
+# svc_load, svc_ports: ports.env holds the ports and the cluster id. The proxy's port is not
+# the broker's to bind (toxiproxy listens there), so it is not among the ports a resume needs.
 svc_load() {
+    PROXIED_PORT='' PROXY_PORT=''
     # shellcheck source=/dev/null
     . "$STATE/ports.env"
+    if [[ -z $PROXIED_PORT || -z $PROXY_PORT ]]; then
+        # A state made before the broker had a listener for its proxy: two ports more, kept
+        # from now on; the configuration takes them at the next start (svc_launch).
+        read -r PROXIED_PORT PROXY_PORT < <(free_ports 2)
+        printf 'PROXIED_PORT=%s\nPROXY_PORT=%s\n' "$PROXIED_PORT" "$PROXY_PORT" >>"$STATE/ports.env"
+    fi
 }
-svc_ports() { echo "$BROKER_PORT $CONTROLLER_PORT"; }
+svc_ports() { echo "$BROKER_PORT $CONTROLLER_PORT $PROXIED_PORT"; }
 
 # write_config: server.properties and the log configurations, from the state's ports.
 write_config() {
@@ -92,10 +108,11 @@ write_config() {
         # A static one-voter quorum: formatting needs no --standalone and restarts need nothing.
         echo "controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT"
         echo "controller.listener.names=CONTROLLER"
-        echo "listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT"
-        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT"
+        echo "listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,PROXIED://127.0.0.1:$PROXIED_PORT"
+        # PROXIED is reached through the proxy only, so it advertises the proxy's port.
+        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,PROXIED://127.0.0.1:$PROXY_PORT"
         echo "inter.broker.listener.name=PLAINTEXT"
-        echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT"
         echo "log.dirs=$STATE/data"
         echo "transaction.max.timeout.ms=$TXN_MAX"
         # The settings shared with docker-compose.yml (services/settings.env).
@@ -138,11 +155,11 @@ log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
 EOC
 }
 
-# svc_create: two free ports, a cluster id, the configuration, then the equivalent of
+# svc_create: four free ports, a cluster id, the configuration, then the equivalent of
 # `kafka-storage.sh format -t <id> -c server.properties`.
 svc_create() {
     local features=() f
-    read -r BROKER_PORT CONTROLLER_PORT < <(free_ports 2)
+    read -r BROKER_PORT CONTROLLER_PORT PROXIED_PORT PROXY_PORT < <(free_ports 4)
     # A cluster id is 16 random bytes in URL-safe base64 without padding, like
     # `kafka-storage random-uuid`, which also avoids a leading '-'.
     CLUSTER_ID=$("$PYTHON" -c '
@@ -152,8 +169,9 @@ while True:
     if not s.startswith("-"):
         print(s)
         break')
-    printf 'BROKER_PORT=%s\nCONTROLLER_PORT=%s\nCLUSTER_ID=%s\n' \
-        "$BROKER_PORT" "$CONTROLLER_PORT" "$CLUSTER_ID" >"$STATE/ports.env"
+    printf 'BROKER_PORT=%s\nCONTROLLER_PORT=%s\nPROXIED_PORT=%s\nPROXY_PORT=%s\nCLUSTER_ID=%s\n' \
+        "$BROKER_PORT" "$CONTROLLER_PORT" "$PROXIED_PORT" "$PROXY_PORT" "$CLUSTER_ID" \
+        >"$STATE/ports.env"
     write_config
     for f in ${TWOPHASE_KAFKA_FEATURES:-}; do
         features+=(--feature "$f")
@@ -216,5 +234,18 @@ svc_stop() { stop_pid "$@"; }
 
 # svc_address: host:port for bootstrap.servers.
 svc_address() { echo "127.0.0.1:$BROKER_PORT"; }
+
+# svc_verb_proxy: the `proxy` verb: where the broker's proxy listens and what it forwards to.
+# A broker still running on a configuration without the PROXIED listener would be unreachable
+# through the proxy: that needs a restart first.
+svc_verb_proxy() {
+    load_state
+    if svc_pid >/dev/null && ! grep -q "^listeners=.*PROXIED://127.0.0.1:$PROXIED_PORT" "$PROPS"; then
+        die "the running broker was started without a listener for its proxy; restart it on the
+    same data (services/kafka.sh stop-broker && services/kafka.sh start-broker), or start afresh
+    (services/services.sh down && services/services.sh up)"
+    fi
+    echo "127.0.0.1:$PROXY_PORT 127.0.0.1:$PROXIED_PORT"
+}
 
 service_main "$@"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The life of one local server (install, start, wait until ready, stop, clean up), shared by
-# services/{postgres,kafka,mariadb,s3}.sh, and the helpers services/services.sh uses.
+# services/{postgres,kafka,mariadb,s3,toxiproxy}.sh, and the helpers services/services.sh uses.
 # Sourced, not run; the caller has `set -euo pipefail`.
 #
 # A server script sets these variables, defines the hooks below, and ends with
@@ -15,6 +15,8 @@
 #   ADDRESS_VERB   the verb that prints the address: `url`, `bootstrap`, `endpoint`
 #   SERVER_LOG     the log shown when a start fails (OUTPUT_LOG: a second one, optional)
 #   READY_TIMEOUT  seconds a start may take to get ready; READY_INTERVAL between two probes
+#   EXTRA_VERBS    optional: more verbs of the script's own, space separated; verb V runs the
+#                  function svc_verb_V with the remaining arguments
 #
 #   svc_install         the binaries are there afterwards (installs them when missing)
 #   svc_create          a fresh state in the new, empty $STATE: free ports, data, configuration
@@ -367,7 +369,12 @@ service_main() {
     "freeze-$NOUN") signal_server STOP ;;
     "thaw-$NOUN") signal_server CONT ;;
     *)
-        echo "usage: $0 up|down|status|$ADDRESS_VERB|stop-$NOUN|kill-$NOUN|start-$NOUN|freeze-$NOUN|thaw-$NOUN" >&2
+        if [[ -n ${1:-} && " ${EXTRA_VERBS:-} " == *" $1 "* ]]; then
+            "svc_verb_$1" "${@:2}"
+            return
+        fi
+        local extra=${EXTRA_VERBS:+|${EXTRA_VERBS// /|}}
+        echo "usage: $0 up|down|status|$ADDRESS_VERB|stop-$NOUN|kill-$NOUN|start-$NOUN|freeze-$NOUN|thaw-$NOUN$extra" >&2
         exit 2
         ;;
     esac
