@@ -5,7 +5,9 @@ else from .services.env at the repo root, which `make services` writes. A server
 configured or not reachable fails the test: these tests are never skipped silently.
 
 Tests that restart a server use the `kafka_broker` and `postgres_server` fixtures; they drive
-services/kafka.sh and services/postgres.sh (stop/start keep data and ports).
+services/kafka.sh and services/postgres.sh (stop/start keep data and ports). Tests that disturb
+a server's network use `proxies` (services/toxiproxy.sh, integration_tests/toxiproxy.py) and
+connect through a proxy (`proxiedUrl`, or the `kafka` proxy's listen address as bootstrap).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from integration_tests.toxiproxy import PROXY_NAMES, Toxiproxy, ToxiproxyError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVICES_DIR = REPO_ROOT / "services"
@@ -418,3 +422,41 @@ def pg_table(pg_url: str) -> Iterator[str]:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for dropped in (name, f"{name}_twophase_staging", f"{name}_twophase_commits"):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(dropped)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The network between a client and a server, through the proxies of services/toxiproxy.sh.
+
+
+@pytest.fixture(scope="session")
+def toxiproxy() -> Toxiproxy:
+    """The Toxiproxy of services/toxiproxy.sh (TWOPHASE_TOXIPROXY_URL), with its four proxies."""
+    url = service_setting("TWOPHASE_TOXIPROXY_URL")
+    if not url:
+        pytest.fail(
+            f"Toxiproxy is not configured: TWOPHASE_TOXIPROXY_URL is unset and {SERVICES_ENV} "
+            "has none; start it with `make services` (docker compose runs no proxies)",
+            pytrace=False,
+        )
+    client = Toxiproxy(url)
+    problem = None
+    try:
+        missing = sorted(set(PROXY_NAMES) - set(client.proxies()))
+        if missing:
+            problem = (
+                f"Toxiproxy at {url} has no proxy {', '.join(missing)}; `make services` makes them"
+            )
+    except ToxiproxyError as exc:  # it says what went wrong and how to start it
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    return client
+
+
+@pytest.fixture
+def proxies(toxiproxy: Toxiproxy) -> Iterator[Toxiproxy]:
+    """The proxies with no toxic and all enabled; reset again after the test, whatever
+    happened, so a fault never outlives its test."""
+    toxiproxy.reset()
+    yield toxiproxy
+    toxiproxy.reset()

@@ -3,7 +3,9 @@
 Kafka: a transaction's records reach a read_committed consumer only when it commits, and they
 survive a broker restart. PostgreSQL: a prepared transaction is invisible until another
 connection commits it, outlives its session and a server crash, and
-max_prepared_transactions leaves room for many tasks.
+max_prepared_transactions leaves room for many tasks. Toxiproxy: each server's proxy reaches
+it (Kafka's keeps its clients on the proxy), and a partition through one ends a query within
+the client's own timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from integration_tests.conftest import ServiceControl
+from integration_tests.conftest import S3Service, ServiceControl
+from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
+from twophase.clients.postgres import AnswerWatch, PostgresUnavailableError
 
 # ---------------------------------------------------------------------------------------------
 # Kafka
@@ -247,3 +251,70 @@ def test_pg_prepared_transaction_survives_a_server_crash(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.tpc_commit(xid)
     assert visible_rows(pg_url, pg_table) == rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Toxiproxy
+
+
+def test_the_postgres_mariadb_and_s3_proxies_reach_their_servers(
+    proxies: Toxiproxy, pg_url: str, mariadb_url: str, s3: S3Service
+) -> None:
+    import botocore.session
+    import sqlalchemy as sa
+
+    with psycopg.connect(proxiedUrl(pg_url, proxies.proxy("postgres")), connect_timeout=5) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    engine = sa.create_engine(
+        proxiedUrl(mariadb_url, proxies.proxy("mariadb")), poolclass=sa.pool.NullPool
+    )
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=proxiedUrl(s3.endpoint, proxies.proxy("s3")),
+        aws_access_key_id=s3.accessKey,
+        aws_secret_access_key=s3.secretKey,
+        region_name="us-east-1",
+    )
+    assert s3.bucket in [b["Name"] for b in client.list_buckets()["Buckets"]]
+
+
+def test_the_kafka_proxy_keeps_its_clients_on_the_proxy(
+    proxies: Toxiproxy, kafka_bootstrap: str, topic: str
+) -> None:
+    """The broker's metadata names the proxy to a client that bootstrapped there (so its later
+    connections go through the proxy too), and the broker itself to one that did not."""
+    listen = proxies.proxy("kafka").listen
+    through = AdminClient({"bootstrap.servers": listen}).list_topics(timeout=15)
+    assert [f"{b.host}:{b.port}" for b in through.brokers.values()] == [listen]
+    direct = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=15)
+    assert [f"{b.host}:{b.port}" for b in direct.brokers.values()] == [kafka_bootstrap]
+    producer = Producer({"bootstrap.servers": listen})
+    producer.produce(topic, value=b"through the proxy")
+    assert producer.flush(15) == 0
+    assert read_partition(listen, topic, "read_committed") == ["through the proxy"]
+
+
+def test_a_partition_ends_a_query_within_its_timeout_and_healing_lets_queries_through(
+    proxies: Toxiproxy, pg_url: str
+) -> None:
+    """Packets dropped both ways, connections held open, nothing reset: only the client's own
+    bounds end its waits (here 2 s for a query's answer and for a new connection)."""
+    proxy = proxies.proxy("postgres")
+    url = proxiedUrl(pg_url, proxy)
+    conn = psycopg.connect(url, autocommit=True, connect_timeout=2)
+    proxy.partition()
+    started = time.monotonic()
+    with pytest.raises(PostgresUnavailableError, match="socketTimeout=2"):
+        with AnswerWatch(2, lambda: conn, "select 1 through a partition"):
+            conn.execute("SELECT 1")
+    assert time.monotonic() - started < 5
+    started = time.monotonic()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=2)
+    assert time.monotonic() - started < 5
+    conn.close()
+    proxy.heal()
+    with psycopg.connect(url, connect_timeout=5) as healed:
+        assert healed.execute("SELECT 1").fetchone() == (1,)
