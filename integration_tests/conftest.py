@@ -175,6 +175,17 @@ def callsDuringAFreeze(
     """Run ``calls`` in threads while ``server`` is frozen; each one's error (``None`` when it
     returned) and seconds. The server is thawed after ``limit`` seconds whatever happened; a
     call still blocked then is missing from the result."""
+    return callsDuring(server.freeze, server.thaw, calls, limit)
+
+
+def callsDuring(
+    fault: Callable[[], object],
+    heal: Callable[[], object],
+    calls: dict[str, Callable[[], object]],
+    limit: float = 30.0,
+) -> dict[str, tuple[BaseException | None, float]]:
+    """Run ``calls`` in threads while a fault lasts (``fault`` makes it, ``heal`` ends it:
+    ``proxy.loseReplies`` and ``proxy.heal``, say); as ``callsDuringAFreeze``."""
     outcomes: dict[str, tuple[BaseException | None, float]] = {}
 
     def timed(name: str, call: Callable[[], object]) -> threading.Thread:
@@ -189,7 +200,7 @@ def callsDuringAFreeze(
         return threading.Thread(target=run, daemon=True)
 
     threads = [timed(name, call) for name, call in calls.items()]
-    server.freeze()
+    fault()
     try:
         for thread in threads:
             thread.start()
@@ -197,7 +208,7 @@ def callsDuringAFreeze(
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
     finally:
-        server.thaw()
+        heal()
     return dict(outcomes)
 
 
@@ -207,9 +218,9 @@ def failedWithin(
     errorType: type[BaseException],
     seconds: float,
 ) -> BaseException:
-    """The error call ``name`` of ``callsDuringAFreeze`` ended with, checked: it ended, with an
-    ``errorType``, within ``seconds``."""
-    assert name in outcomes, f"{name} was still blocked when the server was thawed: {outcomes}"
+    """The error call ``name`` of ``callsDuringAFreeze`` (or ``callsDuring``) ended with,
+    checked: it ended, with an ``errorType``, within ``seconds``."""
+    assert name in outcomes, f"{name} was still blocked when the fault ended: {outcomes}"
     error, took = outcomes[name]
     assert isinstance(error, errorType), f"{name} ended with {error!r}, not a {errorType.__name__}"
     assert took < seconds, f"{name} failed after {took:.1f} s, not within {seconds} s"

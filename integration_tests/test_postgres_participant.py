@@ -31,7 +31,13 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from integration_tests.conftest import ServiceControl, callsDuringAFreeze, failedWithin
+from integration_tests.conftest import (
+    ServiceControl,
+    callsDuring,
+    callsDuringAFreeze,
+    failedWithin,
+)
+from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
@@ -516,6 +522,34 @@ def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_comm
     c.commit(h1)  # and again (a retry after a lost reply): a no-op
     assert execute(pg_url, f"SELECT id FROM {table} ORDER BY id") == [(1,), (2,), (3,), (4,)]
     assert prepared(pg_url, table) == []
+
+
+def test_a_lost_reply_to_commit_prepared_fails_in_bounded_time_and_the_retry_finds_it_done(
+    pg_url: str, table: str, proxies: Toxiproxy
+) -> None:
+    """The network loses the server's answer to ``COMMIT PREPARED`` (the request arrived and
+    committed): the driver's commit fails within socketTimeout, retryably, and the coordinator's
+    retry finds the gid no longer prepared, asks the server what became of the transaction
+    (committed) and succeeds without writing anything twice."""
+    createIdTable(pg_url, table)
+    proxy = proxies.proxy("postgres")
+    w, c = sink(
+        proxiedUrl(pg_url, proxy),
+        table,
+        socketTimeout="2",
+        connectTimeout="2",
+        connectRetrySeconds="0",
+    )
+    c.commit(writeAndPrepare(w, context(table, batch=0), idsBatch([1, 2])))  # pool: 1 session
+    decided = writeAndPrepare(w, context(table, batch=1), idsBatch([3, 4]))
+    outcomes = callsDuring(proxy.loseReplies, proxy.heal, {"commit": lambda: c.commit(decided)})
+    commitError = failedWithin(outcomes, "commit", TransientCommitError, 6)
+    assert "socketTimeout=2" in str(commitError)
+    # Read directly, not through the proxy: the request did reach the server.
+    assert execute(pg_url, f"SELECT id FROM {table} ORDER BY id") == [(1,), (2,), (3,), (4,)]
+    assert prepared(pg_url, table) == []
+    c.commit(decided)  # the coordinator's retry
+    assert execute(pg_url, f"SELECT id FROM {table} ORDER BY id") == [(1,), (2,), (3,), (4,)]
 
 
 # -- memory -------------------------------------------------------------------------------------
