@@ -27,7 +27,13 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
-from integration_tests.conftest import ServiceControl, callsDuringAFreeze, failedWithin
+from integration_tests.conftest import (
+    ServiceControl,
+    callsDuring,
+    callsDuringAFreeze,
+    failedWithin,
+)
+from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
@@ -612,3 +618,49 @@ def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_comm
     committer.commit(h1)  # and again (a retry after a lost reply): a no-op
     assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
     assert t.prepared() == []
+
+
+def test_a_lost_reply_to_xa_commit_fails_in_bounded_time_and_the_retry_finds_it_done(
+    mtarget: Target, proxies: Toxiproxy
+) -> None:
+    """The network loses MariaDB's answer to ``XA COMMIT`` (the request arrived and committed):
+    the driver's commit fails within socketTimeout, retryably, and the coordinator's retry
+    finds the xid no longer prepared and its marker committed, and succeeds without writing
+    anything twice. The answers are lost from the moment ``XA COMMIT`` is sent: the pooled
+    session's ping before it must get through, or the statement is never sent at all (the
+    frozen-server test covers that)."""
+    t = mtarget
+    createSimple(t)
+    proxy = proxies.proxy("mariadb")
+    opts = {
+        "url": proxiedUrl(t.url, proxy),
+        "socketTimeout": "2",
+        "connectTimeout": "2",
+        "connectRetrySeconds": "0",
+    }
+    committer = SqlCommitter(t.settings(**opts))
+    committer.commit(prepare(t, 0, simple(range(0, 2)), 0, **opts))
+    decided = prepare(t, 1, simple(range(2, 4)), 0, **opts)
+    sent: list[str] = []
+
+    def loseRepliesFromXaCommit(conn: object, cursor: object, statement: str, *_: object) -> None:
+        if statement.startswith("XA COMMIT"):
+            sent.append(statement)
+            proxy.loseReplies()
+
+    def arm() -> None:
+        sa.event.listen(sa.Engine, "before_cursor_execute", loseRepliesFromXaCommit)
+
+    def heal() -> None:
+        sa.event.remove(sa.Engine, "before_cursor_execute", loseRepliesFromXaCommit)
+        proxy.heal()
+
+    outcomes = callsDuring(arm, heal, {"commit": lambda: committer.commit(decided)})
+    commitError = failedWithin(outcomes, "commit", TransientCommitError, 6)
+    assert "socketTimeout=2" in str(commitError)
+    assert len(sent) == 1, sent
+    # Read directly, not through the proxy: the request did reach the server.
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
+    assert t.prepared() == []
+    committer.commit(decided)  # the coordinator's retry
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
