@@ -19,8 +19,14 @@ import pyarrow as pa
 import pytest
 from kafka import KafkaAdminClient
 
-from integration_tests.conftest import ServiceControl, callsDuringAFreeze, failedWithin
+from integration_tests.conftest import (
+    ServiceControl,
+    callsDuring,
+    callsDuringAFreeze,
+    failedWithin,
+)
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
+from integration_tests.toxiproxy import Toxiproxy
 from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
@@ -541,6 +547,30 @@ def test_a_frozen_broker_fails_the_flush_and_the_commit_in_bounded_time_then_com
     w.abortTransaction(txn)
     retrying(c.commit, second, seconds=60)
     retrying(c.commit, second, seconds=60)  # again, as after a lost reply: a no-op
+    assert values(readTopic(kafka_bootstrap, topic)) == ["before", "decided"]
+
+
+def test_a_lost_reply_to_end_txn_fails_in_bounded_time_and_the_retry_finds_it_done(
+    kafka_bootstrap: str, proxies: Toxiproxy
+) -> None:
+    """The network loses the broker's answer to ``EndTxn(commit)`` (the request arrived and
+    the transaction committed): the driver's commit fails after requestTimeoutSeconds,
+    retryably, and the coordinator's retry of the same EndTxn is answered with success (the
+    broker ends a transaction once; the same producer id and epoch again is a no-op), so every
+    record is there once. Writer and committer bootstrap through the proxy, and the broker's
+    metadata keeps them there. The partition's previous batch was committed first, as in a
+    running query: the driver then knows the transaction's coordinator and sends EndTxn alone
+    (a lookup whose answer is lost would keep EndTxn from being sent at all)."""
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    proxy = proxies.proxy("kafka")
+    w, c = sink(proxy.listen, topic, requestTimeoutSeconds="3")
+    c.commit(prepare(w, "before", batch=0, partition=1))
+    decided = prepare(w, "decided", batch=1, partition=1)
+    outcomes = callsDuring(proxy.loseReplies, proxy.heal, {"commit": lambda: c.commit(decided)})
+    failedWithin(outcomes, "commit", TransientCommitError, 8)
+    # Read directly, not through the proxy: the request did reach the broker.
+    assert values(readTopic(kafka_bootstrap, topic)) == ["before", "decided"]
+    c.commit(decided)  # the coordinator's retry
     assert values(readTopic(kafka_bootstrap, topic)) == ["before", "decided"]
 
 
