@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from integration_tests.conftest import S3Service, ServiceControl, callsDuringAFreeze, failedWithin
+from integration_tests.conftest import (
+    S3Service,
+    ServiceControl,
+    callsDuring,
+    callsDuringAFreeze,
+    failedWithin,
+)
+from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
     Handle,
     RecoveryScope,
@@ -296,6 +304,30 @@ def test_a_frozen_server_fails_the_upload_and_the_commit_in_bounded_time_then_co
     committer.commit(decided)
     committer.commit(decided)  # again, as after a lost reply: a no-op
     assertEveryReaderSees(s3, prefix, list(range(80)))
+
+
+def test_a_lost_reply_to_complete_multipart_fails_in_bounded_time_and_the_retry_finds_it_done(
+    s3: S3Service, prefix: str, proxies: Toxiproxy
+) -> None:
+    """The network loses the server's answer to ``CompleteMultipartUpload`` (the request
+    arrived and the object is complete): the driver's commit fails after botocore's read
+    timeouts and s3fs's retries, retryably, and the coordinator's retry finds the upload gone
+    and the object with the ETag its parts complete into, and succeeds; the rows are there
+    once."""
+    proxied = replace(s3, endpoint=proxiedUrl(s3.endpoint, proxies.proxy("s3")))
+    config = '{"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 1}'
+    opts = options(proxied, prefix, **{"fs.config_kwargs": config})
+    writer, committer = FilesWriter.fromOptions(opts), FilesCommitter.fromOptions(opts)
+    decided = prepare(writer, ctx(0), rows(0, 40))
+    proxy = proxies.proxy("s3")
+    outcomes = callsDuring(
+        proxy.loseReplies, proxy.heal, {"commit": lambda: committer.commit(decided)}
+    )
+    failedWithin(outcomes, "commit", TransientCommitError, 15)
+    # Read directly, not through the proxy: the request did reach the server.
+    assertEveryReaderSees(s3, prefix, list(range(40)))
+    committer.commit(decided)  # the coordinator's retry
+    assertEveryReaderSees(s3, prefix, list(range(40)))
 
 
 def test_doctor_lists_the_pending_uploads_of_the_sink(s3: S3Service, prefix: str) -> None:
