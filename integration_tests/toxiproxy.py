@@ -32,7 +32,11 @@ STREAMS = ("upstream", "downstream")
 
 
 class ToxiproxyError(RuntimeError):
-    """Toxiproxy refused a request, or did not answer."""
+    """Toxiproxy refused a request (``status``: its HTTP status), or did not answer (None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Toxiproxy:
@@ -69,7 +73,8 @@ class Toxiproxy:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace").strip()
             raise ToxiproxyError(
-                f"toxiproxy at {self.url}: {method} {path} answered {exc.code}: {detail}"
+                f"toxiproxy at {self.url}: {method} {path} answered {exc.code}: {detail}",
+                exc.code,
             ) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -89,7 +94,7 @@ class Toxiproxy:
         try:
             info = self.call("GET", f"/proxies/{quote(name, safe='')}")
         except ToxiproxyError as exc:
-            if " answered 404" not in str(exc):
+            if exc.status != 404:
                 raise
             raise ToxiproxyError(
                 f"toxiproxy at {self.url} has no proxy {name!r}; `make services` makes "
