@@ -431,6 +431,21 @@ def test_a_rejected_row_names_batch_column_and_fix_and_nothing_is_visible(
     assert "constraint" in str(dup.value) and "already exists" in str(dup.value)
 
 
+def test_an_upsert_refuses_a_value_too_long_for_its_column_as_copy_does(
+    pg_url: str, table: str
+) -> None:
+    """A cast to varchar(n) would cut the value; the insert's own check refuses it."""
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload varchar(5))")
+    w, c = sink(pg_url, table, mode="upsert", keyColumns="id")
+    with pytest.raises(RowRejectedError, match="value too long for type character varying"):
+        writeAndPrepare(w, context(table), idsBatch([1, 2], payload="too-long-"))
+    assert prepared(pg_url, table) == [] and execute(pg_url, f"SELECT count(*) FROM {table}") == [
+        (0,)
+    ]
+    c.commit(writeAndPrepare(w, context(table, batch=1), idsBatch([1, 2], payload="r")))
+    assert execute(pg_url, f"SELECT payload FROM {table} ORDER BY id") == [("r1",), ("r2",)]
+
+
 def test_password_never_reaches_handles_logs_or_errors(
     pg_url: str, table: str, caplog: pytest.LogCaptureFixture
 ) -> None:

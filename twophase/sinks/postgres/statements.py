@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -29,20 +29,30 @@ def copyStatement(s: PostgresSettings, names: list[str]) -> sql.Composed:
     return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(s.tableIdentifier, columns)
 
 
+def tableTypes(conn: psycopg.Connection[Any], s: PostgresSettings) -> dict[str, tuple[str, str]]:
+    """Each column of the target: its type as declared (``character varying(5)``) and without
+    the modifier (``character varying``), from the catalog."""
+    rows = conn.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), format_type(a.atttypid, NULL)"
+        " FROM pg_attribute a"
+        " JOIN pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0"
+        " AND NOT a.attisdropped",
+        (s.schema, s.table),
+    ).fetchall()
+    return {name: (declared, base) for name, declared, base in rows}
+
+
 def upsertStatement(
-    conn: psycopg.Connection[Any], s: PostgresSettings, schema: pa.Schema
+    s: PostgresSettings, schema: pa.Schema, types: dict[str, tuple[str, str]]
 ) -> sql.Composed:
-    """The ``INSERT ... ON CONFLICT`` of one chunk; array types from the table's catalog."""
-    types = dict(
-        conn.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
-            " JOIN pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0"
-            " AND NOT a.attisdropped",
-            (s.schema, s.table),
-        ).fetchall()
-    )
+    """The ``INSERT ... ON CONFLICT`` of one chunk (``types`` from ``tableTypes``).
+
+    The arrays are cast to the column types without their modifier, so that the insert
+    checks each value against the column as ``COPY`` does: a cast to ``varchar(5)`` would
+    cut a longer value where the insert refuses it.
+    """
     missing = [n for n in schema.names if n not in types]
     if missing:
         raise TwoPhaseConfigError(
@@ -51,7 +61,7 @@ def upsertStatement(
         )
     names = schema.names
     arrays = sql.SQL(", ").join(
-        sql.SQL("%s::{}[]").format(sql.SQL(types[n]))
+        sql.SQL("%s::{}[]").format(sql.SQL(types[n][1]))
         for n in names  # type from the catalog
     )
     action = conflictAction(names, s.keyColumns)
@@ -67,12 +77,25 @@ def upsertStatement(
     )
 
 
-def upsertParameters(s: PostgresSettings, batch: pa.RecordBatch) -> Iterator[list[str]]:
-    """The upsert's parameters, one list of array literals per chunk of ``upsertBatchRows``."""
+class UpsertChunk(NamedTuple):
+    """One upsert statement's rows: ``rows`` holds each one's position in the record batch."""
+
+    batch: pa.RecordBatch
+    rows: np.ndarray
+    parameters: list[str]
+
+
+def upsertChunks(s: PostgresSettings, batch: pa.RecordBatch) -> Iterator[UpsertChunk]:
+    """The upsert's chunks of ``upsertBatchRows`` rows, each with its array literals."""
     step = s.upsertBatchRows
     for offset in range(0, batch.num_rows, step):
-        chunk = lastPerKey(batch.slice(offset, step), s.keyColumns)
-        yield [arrayLiteral(c) for c in chunk.columns]
+        chunk = batch.slice(offset, step)
+        kept = lastPerKeyRows(chunk, s.keyColumns)
+        if kept is None:
+            rows = np.arange(offset, offset + chunk.num_rows, dtype=np.int64)
+        else:
+            chunk, rows = chunk.take(pa.array(kept)), kept + offset
+        yield UpsertChunk(chunk, rows, [arrayLiteral(c) for c in chunk.columns])
 
 
 def lastPerKey(batch: pa.RecordBatch, keys: tuple[str, ...]) -> pa.RecordBatch:
@@ -80,8 +103,14 @@ def lastPerKey(batch: pa.RecordBatch, keys: tuple[str, ...]) -> pa.RecordBatch:
 
     ``INSERT ... ON CONFLICT DO UPDATE`` refuses to touch one row twice in a statement.
     """
+    kept = lastPerKeyRows(batch, keys)
+    return batch if kept is None else batch.take(pa.array(kept))
+
+
+def lastPerKeyRows(batch: pa.RecordBatch, keys: tuple[str, ...]) -> np.ndarray | None:
+    """The positions of ``lastPerKey``'s rows in ``batch``, in order; ``None`` when all."""
     if batch.num_rows < 2:
-        return batch
+        return None
     table = pa.Table.from_batches([batch]).select(list(keys))
     valid = np.ones(batch.num_rows, dtype=bool)
     for column in table.columns:
@@ -91,9 +120,8 @@ def lastPerKey(batch: pa.RecordBatch, keys: tuple[str, ...]) -> pa.RecordBatch:
     keyed = table.filter(pa.array(valid)).append_column("__row", pa.array(index[valid]))
     last = keyed.group_by(list(keys), use_threads=False).aggregate([("__row", "max")])
     if last.num_rows == int(valid.sum()):
-        return batch
-    keepRows = np.sort(np.concatenate([last.column("__row_max").to_numpy(), index[~valid]]))
-    return batch.take(pa.array(keepRows))
+        return None
+    return np.sort(np.concatenate([last.column("__row_max").to_numpy(), index[~valid]]))
 
 
 def conflictAction(columns: Sequence[str], keys: Sequence[str]) -> sql.Composed | sql.SQL:

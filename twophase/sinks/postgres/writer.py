@@ -47,7 +47,12 @@ from twophase.sinks.postgres.staging import (
     StagingNames,
     stagingCopyStatement,
 )
-from twophase.sinks.postgres.statements import copyStatement, upsertParameters, upsertStatement
+from twophase.sinks.postgres.statements import (
+    copyStatement,
+    tableTypes,
+    upsertChunks,
+    upsertStatement,
+)
 from twophase.sinks.postgres.xid import GlobalXid, sinkPrefix
 
 log = getLogger(__name__)
@@ -70,6 +75,7 @@ class PostgresTransaction:
     copy: Any = None
     schema: pa.Schema | None = None
     upsertSql: sql.Composed | None = None
+    types: dict[str, tuple[str, str]] = field(default_factory=dict)
     rows: int = 0
     state: str = "open"
     handle: Handle | None = None
@@ -153,7 +159,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         elif s.mode == "append":
             txn.copy = txn.stack.enter_context(conn.cursor().copy(copyStatement(s, schema.names)))
         else:
-            txn.upsertSql = upsertStatement(conn, s, schema)
+            txn.types = tableTypes(conn, s)
+            txn.upsertSql = upsertStatement(s, schema, txn.types)
 
     def _limitMessage(self, ctx: TransactionContext, limit: int) -> str:
         s = self.settings
@@ -183,8 +190,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
     def _upsert(self, txn: PostgresTransaction, batch: pa.RecordBatch) -> None:
         assert txn.conn is not None and txn.upsertSql is not None
         with txn.conn.cursor() as cur:
-            for parameters in upsertParameters(self.settings, batch):
-                cur.execute(txn.upsertSql, parameters)
+            for chunk in upsertChunks(self.settings, batch):
+                cur.execute(txn.upsertSql, chunk.parameters)
 
     def preCommit(self, txn: PostgresTransaction) -> Handle:
         """Executor: end the COPY, then ``PREPARE TRANSACTION`` (prepared) or ``COMMIT`` into
