@@ -408,27 +408,115 @@ def test_upsert_without_a_matching_unique_index_is_refused(pg_url: str, table: s
         )
 
 
-def test_a_rejected_row_names_batch_column_and_fix_and_nothing_is_visible(
-    pg_url: str, table: str
+SECRET = "private-value-do-not-show"
+
+# What each kind of bad row meets: the payload column's definition, the payload of the bad row
+# (row 1 of the task's second record batch, so row 3 of the task), rows in the table before,
+# and what the error must say besides the row's position.
+REJECTIONS: dict[str, tuple[str, str | None, int, str | None, list[str]]] = {
+    "not-null": (
+        "payload text NOT NULL",
+        None,
+        3,
+        None,
+        ["column payload", "violates not-null constraint", "df.na.drop(subset=['payload'])"],
+    ),
+    "check": (
+        "payload text CONSTRAINT short_payload CHECK (length(payload) < 10)",
+        SECRET,
+        3,
+        None,
+        ["constraint short_payload", "filter the rows that break constraint short_payload"],
+    ),
+    "too-long": (
+        "payload varchar(10)",
+        SECRET,
+        3,
+        None,
+        ["column payload", "character varying(10)", "widen column payload", "truncate"],
+    ),
+    "duplicate-in-batch": (
+        "payload text",
+        "dup",
+        11,
+        None,
+        ["key (id) already exists", "deduplicate"],
+    ),
+    "duplicate-of-a-row": (
+        "payload text",
+        "dup",
+        424242,
+        "INSERT INTO {table} VALUES (424242, 'there before')",
+        ["key (id) already exists", "deduplicate"],
+    ),
+}
+
+
+@pytest.mark.parametrize("commitMode", ["prepared", "staged"])
+@pytest.mark.parametrize("case", list(REJECTIONS))
+def test_a_rejected_row_names_its_position_column_and_fix_and_nothing_is_visible(
+    pg_url: str, table: str, case: str, commitMode: str
 ) -> None:
-    createIdTable(pg_url, table)
-    w, c = sink(pg_url, table)
+    """The task fails (the staged path checks keys at the move, after the decision, and fails
+    the commit), naming the batch, partition, row, column or constraint and the fix, never the
+    value; nothing of the batch is visible, and a later good batch commits."""
+    column, payload, badId, before, expected = REJECTIONS[case]
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, {column})")
+    if before:
+        execute(pg_url, before.format(table=table))
+    existing = execute(pg_url, f"SELECT count(*) FROM {table}")[0][0]
+    w, c = sink(pg_url, table, commitMode=commitMode)
+    validateTarget(w.settings, idsBatch([1]).schema)
     bad = pa.record_batch(
-        {"id": pa.array([1, 2, 3], pa.int64()), "payload": pa.array(["a", None, "c"])}
+        {"id": pa.array([12, badId, 14], pa.int64()), "payload": pa.array(["a", payload, "c"])}
+    )
+    atTheMove = commitMode == "staged" and case.startswith("duplicate")
+    with pytest.raises(RowRejectedError) as info:
+        handle = writeAndPrepare(w, context(table, batch=5, part=2), idsBatch([10, 11]), bad)
+        assert atTheMove, "the task should have failed"
+        c.commit(handle)
+    message = str(info.value)
+    assert "batch 5" in message and "partition 2" in message and table in message
+    assert "row 3 of partition 2 (counting from 0)" in message
+    for fragment in expected:
+        assert fragment in message, (fragment, message)
+    assert SECRET not in message and "424242" not in message and "Failing row" not in message
+    assert SECRET not in str(info.value.__cause__), "the chained server error quotes the row"
+    if atTheMove:  # decided: the rows stay staged, moved at the restart after the fix
+        assert "The batch is decided" in message and "restart the query" in message
+        assert ("DROP CONSTRAINT" in message) == (case == "duplicate-in-batch")
+    else:
+        assert "restart the query: the batch is written again" in message
+    assert prepared(pg_url, table) == []
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(existing,)]
+
+    c.commit(writeAndPrepare(w, context(table, batch=6, part=2), idsBatch([20, 21])))
+    assert execute(pg_url, f"SELECT count(*) FROM {table} WHERE id IN (20, 21)") == [(2,)]
+
+
+@pytest.mark.parametrize("constraint", ["payload text NOT NULL", "payload varchar(3)"])
+def test_an_upsert_names_the_row_the_server_did_not_place(
+    pg_url: str, table: str, constraint: str
+) -> None:
+    """An upsert statement says no line: the row is found in its chunk (after the last row per
+    key was kept), its position counted in the task."""
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, {constraint})")
+    w, c = sink(pg_url, table, mode="upsert", keyColumns="id", upsertBatchRows="2")
+    bad = pa.record_batch(
+        {
+            "id": pa.array([1, 2, 2, 3], pa.int64()),
+            "payload": pa.array(["a", "b", None if "NULL" in constraint else SECRET, "c"]),
+        }
     )
     with pytest.raises(RowRejectedError) as info:
-        writeAndPrepare(w, context(table, batch=5, part=2), idsBatch([10, 11]), bad)
+        writeAndPrepare(w, context(table, batch=2), idsBatch([10, 11], "r"), bad)
     message = str(info.value)
-    assert "batch 5" in message and "partition 2" in message and "column payload" in message
-    assert "not-null" in message and "restart the query" in message
-    assert prepared(pg_url, table) == [] and execute(pg_url, f"SELECT count(*) FROM {table}") == [
-        (0,)
-    ]
-
-    c.commit(writeAndPrepare(w, context(table, batch=6), idsBatch([1])))
-    with pytest.raises(RowRejectedError) as dup:
-        writeAndPrepare(w, context(table, batch=7), idsBatch([1]))
-    assert "constraint" in str(dup.value) and "already exists" in str(dup.value)
+    # chunks: rows 2-3 (ids 1, 2), rows 4-5 (ids 2, 3): the bad row is the task's row 4
+    assert "row 4 of partition 0 (counting from 0), column payload" in message, message
+    assert SECRET not in message
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+    c.commit(writeAndPrepare(w, context(table, batch=3), idsBatch([1], "r")))
+    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(1,)]
 
 
 def test_an_upsert_refuses_a_value_too_long_for_its_column_as_copy_does(

@@ -15,7 +15,8 @@ Modules by role: ``settings`` (options), ``schema`` (table checks, ``createTable
 ``statements`` (COPY, upsert), ``encoding`` (Arrow to PostgreSQL text), ``types`` (column
 types), ``xid`` (gids), ``staging`` (the staged path's tables and statements), ``sessions``
 (task connections reused within a worker), ``handles``, ``writer``, ``committer``,
-``errors``; how to connect is ``twophase.clients.postgres``.
+``errors``, ``rejections`` (a refused row's position, column and fix); how to connect is
+``twophase.clients.postgres``.
 """
 
 from twophase.imports import importWithoutJars

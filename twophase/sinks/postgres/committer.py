@@ -16,8 +16,8 @@ from psycopg import sql
 
 from twophase.clients.postgres import DRIVER_CONNECTIONS, ConnectionTarget, driverErrors
 from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
-from twophase.redaction import getLogger
-from twophase.sinks.postgres.errors import PostgresSinkError
+from twophase.redaction import getLogger, redact
+from twophase.sinks.postgres.errors import PostgresSinkError, RowRejectedError
 from twophase.sinks.postgres.handles import (
     KIND,
     briefHandle,
@@ -26,6 +26,13 @@ from twophase.sinks.postgres.handles import (
     handleTarget,
     isStaged,
     xactStatus,
+)
+from twophase.sinks.postgres.rejections import (
+    describe,
+    fixFor,
+    rejectionOf,
+    stagedConflict,
+    withoutRowData,
 )
 from twophase.sinks.postgres.settings import PostgresSettings, parseTableName
 from twophase.sinks.postgres.staging import (
@@ -164,18 +171,18 @@ class PostgresCommitter(Committer):
                         )
                     conn.execute(markerInsert(names), (token, parts.sinkId, parts.batchId, moved))
             except (pgerrors.IntegrityError, pgerrors.DataError) as exc:
-                raise PostgresSinkError(
-                    f"postgres: {what}: the target refused a staged row: "
-                    f"{exc.diag.message_primary} (SQLSTATE {exc.sqlstate}"
-                    + (
-                        f", constraint {exc.diag.constraint_name}"
-                        if exc.diag.constraint_name
-                        else ""
+                rejection = stagedConflict(
+                    conn, names, table, token, rejectionOf(exc), list(h["keys"])
+                )
+                raise RowRejectedError(
+                    redact(
+                        f"postgres: {what}: the target refused staged "
+                        f"{describe(rejection, int(h.get('partitionId', -1)))}. The batch is "
+                        "decided: this partition's rows stay in the staging table and none of "
+                        "them is visible. Fix: "
+                        f"{fixFor(rejection, str(h.get('table')), staged=True)}."
                     )
-                    + "). The batch is decided: its rows stay in the staging table, nothing of "
-                    "this handle is visible. Fix the conflicting rows of the target (or the "
-                    "constraint), then restart the query: recovery moves them."
-                ) from None
+                ) from withoutRowData(exc)
             except pgerrors.InsufficientPrivilege as exc:
                 raise PostgresSinkError(
                     f"postgres: {what}: {exc.diag.message_primary}; the committing user needs "

@@ -12,7 +12,9 @@ from twophase.clients.postgres import PostgresSinkError, PostgresUnavailableErro
 
 
 class RowRejectedError(PostgresSinkError):
-    """PostgreSQL refused a row (constraint, NOT NULL, bad value); names batch, column, fix."""
+    """PostgreSQL refused a row (constraint, NOT NULL, a value too long): names the batch,
+    partition, the row's position in its task, the column or constraint and the fix, never
+    the row's values; the server's error is chained without them (see ``rejections``)."""
 
 
 class PreparedLimitError(PostgresSinkError):

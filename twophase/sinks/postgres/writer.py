@@ -39,6 +39,13 @@ from twophase.sinks.postgres.errors import (
     RowRejectedError,
 )
 from twophase.sinks.postgres.handles import KIND, currentXid, preparedHandle, stagedHandle
+from twophase.sinks.postgres.rejections import (
+    describe,
+    fixFor,
+    locateInChunk,
+    rejectionOf,
+    withoutRowData,
+)
 from twophase.sinks.postgres.sessions import TASK_SESSIONS, TaskSession
 from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
 from twophase.sinks.postgres.staging import (
@@ -76,6 +83,8 @@ class PostgresTransaction:
     schema: pa.Schema | None = None
     upsertSql: sql.Composed | None = None
     types: dict[str, tuple[str, str]] = field(default_factory=dict)
+    chunk: tuple[pa.RecordBatch, np.ndarray] | None = None
+    """The upsert statement running: its rows, and their positions in the task."""
     rows: int = 0
     state: str = "open"
     handle: Handle | None = None
@@ -191,7 +200,9 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         assert txn.conn is not None and txn.upsertSql is not None
         with txn.conn.cursor() as cur:
             for chunk in upsertChunks(self.settings, batch):
+                txn.chunk = (chunk.batch, chunk.rows + txn.rows)
                 cur.execute(txn.upsertSql, chunk.parameters)
+            txn.chunk = None
 
     def preCommit(self, txn: PostgresTransaction) -> Handle:
         """Executor: end the COPY, then ``PREPARE TRANSACTION`` (prepared) or ``COMMIT`` into
@@ -290,6 +301,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 yield
         except psycopg.Error as exc:
             errorType, message = self._taskError(txn, exc)
+            if errorType is RowRejectedError:
+                raise errorType(redact(message)) from withoutRowData(exc)
             raise errorType(redact(message)) from None
 
     def _taskError(
@@ -305,21 +318,15 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         diag = exc.diag
         primary = diag.message_primary or errorText(exc)
         if isinstance(exc, pgerrors.IntegrityError | pgerrors.DataError):
-            facts = [f"SQLSTATE {exc.sqlstate}"]
-            if diag.column_name:
-                facts.append(f"column {diag.column_name}")
-            if diag.constraint_name:
-                facts.append(f"constraint {diag.constraint_name}")
-            if diag.context:
-                facts.append(" ".join(diag.context.split())[:300])
-            detail = (
-                f" {' '.join(diag.message_detail.split())[:300]}" if diag.message_detail else ""
-            )
+            rejection = rejectionOf(exc)
+            if txn.chunk is not None:
+                types = {name: declared for name, (declared, _) in txn.types.items()}
+                rejection = locateInChunk(rejection, *txn.chunk, types)
             return RowRejectedError, (
-                f"{where}: PostgreSQL rejected a row: {primary} ({'; '.join(facts)}).{detail} "
-                f"Nothing of batch {ctx.batchId} becomes visible: its transactions are rolled "
-                "back and the query fails. Fix the data in Spark (filter or fill the column) or "
-                "the table's constraint, then restart the query: the batch is written again."
+                f"{where}: PostgreSQL rejected {describe(rejection, ctx.partitionId)}. Nothing "
+                f"of batch {ctx.batchId} becomes visible: its transactions are rolled back and "
+                f"the query fails. Fix: {fixFor(rejection, s.qualifiedName)}; then restart the "
+                "query: the batch is written again."
             )
         if isinstance(exc, pgerrors.LockNotAvailable):
             blockers = self._preparedOfSink(ctx.sinkId)
