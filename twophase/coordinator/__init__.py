@@ -9,6 +9,7 @@ from twophase.coordinator.errors import (
     CommitFailedError,
     CoordinatorError,
     DecisionConflictError,
+    DecisionLogWriteError,
     LogOwnershipError,
 )
 from twophase.coordinator.log import DecisionLog
@@ -27,6 +28,7 @@ __all__ = [
     "CoordinatorSettings",
     "DecisionConflictError",
     "DecisionLog",
+    "DecisionLogWriteError",
     "LogOwner",
     "LogOwnershipError",
     "LoggedHandle",

@@ -15,6 +15,11 @@ from typing import Any
 
 import fsspec
 
+from twophase.coordinator.errors import DecisionLogWriteError
+from twophase.redaction import getLogger
+
+log = getLogger(__name__)
+
 SINK_DESCRIPTION = "sink.json"
 
 
@@ -44,7 +49,11 @@ class SinkDescription:
 
 
 def writeSinkDescription(logLocation: str, description: SinkDescription) -> None:
-    """Write ``sink.json`` in the log directory, only when it changed (a batch costs one read)."""
+    """Write ``sink.json`` in the log directory, only when it changed (a batch costs one read).
+
+    Written under a temporary name, then renamed; a write the filesystem refuses (a full or
+    read-only disk) raises ``DecisionLogWriteError`` after removing the temporary file.
+    """
     body = description.toText()
     fs, root = fsspec.core.url_to_fs(logLocation)
     path = f"{root.rstrip('/')}/{SINK_DESCRIPTION}"
@@ -53,11 +62,21 @@ def writeSinkDescription(logLocation: str, description: SinkDescription) -> None
             if f.read() == body:
                 return
     except FileNotFoundError:
-        fs.makedirs(root, exist_ok=True)
+        pass
     tmp = f"{path}.{os.getpid()}.tmp"
-    with fs.open(tmp, "w") as f:
-        f.write(body)
-    fs.mv(tmp, path)
+    try:
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(tmp, "w") as f:
+            f.write(body)
+        fs.mv(tmp, path)
+    except OSError as exc:
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except OSError as rmError:  # the write's own error matters more
+            log.warning("sink description %s: could not remove %s: %s", logLocation, tmp, rmError)
+        record = f"the sink description ({SINK_DESCRIPTION})"
+        raise DecisionLogWriteError(logLocation, record, exc) from exc
 
 
 def readSinkDescription(logLocation: str) -> SinkDescription | None:

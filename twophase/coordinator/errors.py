@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 from twophase.protocol import TransactionLostError
+from twophase.redaction import redact
 
 
 class CoordinatorError(Exception):
@@ -33,6 +35,54 @@ class LogOwnershipError(CoordinatorError):
             "new twophase.sinkId."
         )
         super().__init__(f"{message} {detail}".rstrip())
+
+
+class DecisionLogWriteError(CoordinatorError, OSError):
+    """A record could not be written to the decision log: a full or read-only disk, no access.
+
+    Raised by every write of the log (the owner record, a decision, a rewrite record, the
+    committed and aborted marks, ``sink.json``, removals) with the filesystem's ``OSError``
+    chained and its ``errno`` kept (an ``OSError`` still, for callers that catch those). A
+    refused write leaves no partial record and no temporary file, so nothing half written is
+    ever read: once the log can be written again, a restart recovers from the log as it stands.
+    """
+
+    def __init__(self, url: str, record: str, cause: OSError, verb: str = "write") -> None:
+        self.url = url
+        self.record = record
+        self.cause = cause
+        self.verb = verb
+        code = errno.errorcode.get(cause.errno or 0)
+        reason = (
+            f"{code} ({cause.strerror})"
+            if code and cause.strerror
+            else f"{type(cause).__name__}: {cause}"
+        )
+        super().__init__(
+            redact(
+                f"twophase decision log {url}: could not {verb} {record}: {reason}. "
+                f"{_fixFor(cause.errno, url)} Nothing decided is lost: once the log can be "
+                "written again, restart the query; it recovers from the log, committing each "
+                "decided batch once and discarding what no decision names (Spark writes those "
+                "batches again)."
+            )
+        )
+        # Only errno: an OSError with strerror set would print "[Errno N] ..." instead.
+        self.errno = cause.errno
+
+    def __reduce__(self) -> tuple[type[DecisionLogWriteError], tuple[str, str, OSError, str]]:
+        return type(self), (self.url, self.record, self.cause, self.verb)
+
+
+def _fixFor(code: int | None, url: str) -> str:
+    """What an operator does about a write to the log at ``url`` refused with ``code``."""
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"The filesystem holding {url} is full (or its quota used up): free space on it."
+    if code == errno.EROFS:
+        return f"The filesystem holding {url} is read-only: make it writable again."
+    if code in (errno.EACCES, errno.EPERM):
+        return f"This process may not write there: give it write access to {url}."
+    return f"Make {url} writable again."
 
 
 class DecisionConflictError(CoordinatorError):

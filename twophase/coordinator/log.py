@@ -141,7 +141,9 @@ class DecisionLog:
                     f"{', '.join(str(s.batchId) for s in waiting)} are decided but not "
                     "committed; the coordinator commits them before a reset.",
                 )
-            removed = self._storage.clear()
+            removed = self._storage.clear(
+                what=f"the records of query {current.queryId} (twophase.resetLog)"
+            )
             log.warning(
                 "twophase sink %s: reset decision log %s of query %s for query %s "
                 "(%d records removed)",
@@ -158,13 +160,14 @@ class DecisionLog:
             "queryId": queryId,
             "createdAt": isoTime(owner.createdAt),
         }
+        what = f"the owner record ({OWNER_FILE}) of query {queryId}"
         try:
             # Exclusive only for a fresh log: two first starts racing must not both win.
-            self._storage.publish(OWNER_FILE, body, exclusive=current is None)
+            self._storage.publish(OWNER_FILE, body, exclusive=current is None, what=what)
         except FileExistsError:
             winner = self.owner()
             if winner is None:  # an unreadable owner.json: nobody can own the log through it
-                self._storage.publish(OWNER_FILE, body, exclusive=False)
+                self._storage.publish(OWNER_FILE, body, exclusive=False, what=what)
                 return owner
             if (winner.queryId, winner.sinkId) != (queryId, sinkId):
                 raise LogOwnershipError(self._url, sinkId, winner.queryId, queryId) from None
@@ -200,8 +203,9 @@ class DecisionLog:
             "handles": [e.toJson() for e in entries.values()],
         }
         name = recordName(batchId, BatchStatus.DECIDED)
+        what = f"the decision of batch {batchId}"
         try:
-            self._storage.publish(name, body, exclusive=True)
+            self._storage.publish(name, body, exclusive=True, what=what)
         except FileExistsError:
             existing = self.state(batchId)
             if existing is not None and existing.isDecided:
@@ -218,7 +222,7 @@ class DecisionLog:
                 self._url,
                 batchId,
             )
-            self._storage.publish(name, body, exclusive=False)
+            self._storage.publish(name, body, exclusive=False, what=what)
         return BatchState(
             batchId,
             BatchStatus.DECIDED,
@@ -244,7 +248,12 @@ class DecisionLog:
             "lost": sorted(set(lost)),
             "replacements": [h.toJson() for h in replacements],
         }
-        self._storage.publish(recordName(batchId, BatchStatus.REWRITE), body, exclusive=False)
+        self._storage.publish(
+            recordName(batchId, BatchStatus.REWRITE),
+            body,
+            exclusive=False,
+            what=f"the rewrite record (lost partitions {body['lost']}) of batch {batchId}",
+        )
 
     def markCommitted(self, batchId: int, commitSeconds: float) -> None:
         """Record that every handle of decided batch N is committed. Idempotent."""
@@ -256,7 +265,12 @@ class DecisionLog:
             "committedAt": isoTime(datetime.now(UTC)),
             "commitSeconds": round(commitSeconds, 6),
         }
-        self._storage.publish(recordName(batchId, BatchStatus.COMMITTED), body, exclusive=False)
+        self._storage.publish(
+            recordName(batchId, BatchStatus.COMMITTED),
+            body,
+            exclusive=False,
+            what=f"the committed mark of batch {batchId}",
+        )
 
     def _requireDecided(self, batchId: int, what: str) -> None:
         if BatchStatus.DECIDED not in self._storage.listing().records.get(batchId, {}):
@@ -277,7 +291,12 @@ class DecisionLog:
             "state": str(BatchStatus.ABORTED),
             "abortedAt": isoTime(datetime.now(UTC)),
         }
-        self._storage.publish(recordName(batchId, BatchStatus.ABORTED), body, exclusive=False)
+        self._storage.publish(
+            recordName(batchId, BatchStatus.ABORTED),
+            body,
+            exclusive=False,
+            what=f"the aborted mark of batch {batchId}",
+        )
 
     # ------------------------------------------------------------------ queries
 

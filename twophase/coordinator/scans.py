@@ -97,6 +97,6 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
         path for path, age in listing.temporary if age is not None and age >= tmpGraceSeconds
     ]
     if doomed:
-        storage.remove(doomed)
+        storage.remove(doomed, what=f"{len(doomed)} pruned file(s)")
         log.debug("decision log %s: pruned %d files", storage.url, len(doomed))
     return len(doomed)

@@ -3,7 +3,10 @@
 Every record is one small indented JSON file, published atomically: written under a
 ``_tmp-<uuid>.json`` name in the same directory, flushed (and fsynced on local disk), then
 renamed to its final name (a hard link, which fails instead of overwriting, where a decision
-must not replace another). Reading a record verifies its ``checksum``
+must not replace another). A write the filesystem refuses (a full or read-only disk) raises
+:class:`~twophase.coordinator.errors.DecisionLogWriteError` naming the record, after removing its
+own temporary file, so nothing half written is left under a final name. Reading a record
+verifies its ``checksum``
 (:func:`~twophase.coordinator.records.checksum`): a torn or garbage file raises
 :class:`CorruptRecord`, never passes for a record. A listing sorts the directory into records by
 batch and status, and temporary files with their age, which ``prune`` removes once they are old.
@@ -26,6 +29,7 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from twophase.coordinator.errors import DecisionLogWriteError
 from twophase.coordinator.records import RECORD_NAME, BatchStatus, checksum
 from twophase.redaction import getLogger
 
@@ -108,49 +112,71 @@ class LogStorage:
             raise CorruptRecord("checksum mismatch (torn or edited file)")
         return body
 
-    def remove(self, paths: Sequence[str]) -> None:
-        self.fs.rm(list(paths))
+    def remove(self, paths: Sequence[str], *, what: str) -> None:
+        """Delete ``paths`` (``what`` names them); ``DecisionLogWriteError`` if refused."""
+        try:
+            self.fs.rm(list(paths))
+        except OSError as exc:
+            raise DecisionLogWriteError(self.url, what, exc, verb="remove") from exc
 
-    def clear(self) -> int:
+    def clear(self, *, what: str) -> int:
         """Remove every record and temporary file; returns how many."""
         listing = self.listing()
         doomed = [p for paths in listing.records.values() for p in paths.values()]
         doomed += [p for p, _ in listing.temporary]
         if doomed:
-            self.fs.rm(doomed)
+            self.remove(doomed, what=what)
         return len(doomed)
 
-    def publish(self, name: str, body: Mapping[str, Any], *, exclusive: bool) -> None:
-        """Create ``name`` atomically with ``body``; ``exclusive`` fails if it already exists."""
+    def publish(self, name: str, body: Mapping[str, Any], *, exclusive: bool, what: str) -> None:
+        """Create ``name`` atomically with ``body``; ``exclusive`` fails if it already exists.
+
+        ``what`` names the record for an operator ("the decision of batch 7"): a write the
+        filesystem refuses raises ``DecisionLogWriteError`` with it, the ``OSError`` chained.
+        Refused while the bytes are written (``ENOSPC``, ``EROFS``), it leaves ``name`` as it
+        was and removes its temporary file; refused after the rename (the directory's fsync),
+        the complete record is in place.
+        """
         data = (json.dumps({**body, "checksum": checksum(body)}, indent=2) + "\n").encode()
         final = self.path(name)
         tmp = self.path(f"{TMP_PREFIX}{uuid.uuid4().hex}.json")
-        if not self._madeRoot:
-            self.fs.makedirs(self.root, exist_ok=True)
-            self._madeRoot = True
-        if self._local:
-            self._publishLocal(tmp, final, data, exclusive)
-            return
-        self.fs.pipe_file(tmp, data)
         try:
+            if not self._madeRoot:
+                self.fs.makedirs(self.root, exist_ok=True)
+                self._madeRoot = True
+            if self._local:
+                self._publishLocal(tmp, final, data, exclusive)
+            else:
+                self._publishRemote(tmp, final, data, exclusive)
+        except FileExistsError:
+            raise  # an exclusive create that lost: the caller reads what is there
+        except OSError as exc:
+            raise DecisionLogWriteError(self.url, what, exc) from exc
+
+    def _publishRemote(self, tmp: str, final: str, data: bytes, exclusive: bool) -> None:
+        try:
+            self.fs.pipe_file(tmp, data)
             if exclusive and self.fs.exists(final):
                 raise FileExistsError(errno.EEXIST, "log record exists", final)
             self.fs.mv(tmp, final)
         except BaseException:
-            if self.fs.exists(tmp):
-                self.fs.rm(tmp)
+            try:
+                if self.fs.exists(tmp):
+                    self.fs.rm(tmp)
+            except Exception as exc:  # the write's own error matters more
+                log.warning("decision log %s: could not remove %s: %s", self.url, tmp, exc)
             raise
 
     def _publishLocal(self, tmp: str, final: str, data: bytes, exclusive: bool) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             if exclusive:
                 try:
                     os.link(tmp, final)  # atomic, and never replaces an existing record
@@ -163,10 +189,13 @@ class LogStorage:
             else:
                 os.replace(tmp, final)
         finally:
+            # Gone after a rename; after a link, or a failed write (a full disk), it is ours.
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # the write's own error matters more; prune removes it
+                log.warning("decision log %s: could not remove %s: %s", self.url, tmp, exc)
         dirfd = os.open(os.path.dirname(final), os.O_RDONLY)
         try:
             os.fsync(dirfd)
