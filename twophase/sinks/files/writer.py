@@ -266,13 +266,15 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
         return MultipartFile(S3Calls(self.storage.fs), bucket, key, self.settings.partSize)
 
     def _closePart(self, txn: FilesTransaction, part: OpenPart) -> None:
-        del txn.openParts[part.directory]
+        # Out of openParts only once closed: a part whose close fails (a full disk) stays there,
+        # so abortTransaction still deletes its staged file or aborts its upload.
         if isinstance(part.raw, MultipartFile):
             raw = part.raw
             try:
                 part.writer.close()
             finally:
                 raw.close()
+            del txn.openParts[part.directory]
             txn.uploads.append(
                 UploadedFile(part.final, raw.uploadId, tuple(raw.partEtags), raw.size, part.rows)
             )
@@ -281,6 +283,7 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             part.writer.close()
         finally:
             self.stagingStorage.close(part.raw)
+        del txn.openParts[part.directory]
         txn.files.append(StagedFile(staging=part.staging, final=part.final, rows=part.rows))
 
     def _preCommit(self, txn: FilesTransaction) -> Handle:
