@@ -12,7 +12,7 @@ is ``twophase.spark.sql.SqlSink``.
 Modules by role: ``settings`` (options), ``xid``, ``dialect`` (what differs between MySQL and
 PostgreSQL), ``connections``, ``sessions`` (task connections a worker keeps), ``schema``
 (checks, ``createTable``), ``handles``, ``writer``, ``committer``, ``inspect`` (``twophase
-doctor``), ``errors``.
+doctor``), ``errors``, ``rejections`` (a refused row's position, column and fix).
 """
 
 from twophase.imports import importWithoutJars
@@ -21,7 +21,12 @@ importWithoutJars("psycopg")  # before the modules below import it (twophase.imp
 # ruff: noqa: E402
 
 from twophase.sinks.sql.committer import SqlCommitter
-from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError, XidTooLongError
+from twophase.sinks.sql.errors import (
+    RowRejectedError,
+    SqlSinkError,
+    SqlUnavailableError,
+    XidTooLongError,
+)
 from twophase.sinks.sql.handles import KIND
 from twophase.sinks.sql.schema import validateTarget
 from twophase.sinks.sql.settings import MODES, SAFE_OPTIONS, SqlSettings, publicOptionValue
@@ -31,6 +36,7 @@ __all__ = [
     "KIND",
     "MODES",
     "SAFE_OPTIONS",
+    "RowRejectedError",
     "SqlCommitter",
     "SqlSettings",
     "SqlSinkError",

@@ -20,4 +20,10 @@ class XidTooLongError(SqlSinkError):
     """A transaction id would not fit the server's limit (MySQL/MariaDB: 64-byte gtrid)."""
 
 
-__all__ = ["SqlSinkError", "SqlUnavailableError", "XidTooLongError"]
+class RowRejectedError(SqlSinkError):
+    """The database refused a row (NULL, duplicate key, too long, a constraint): names the
+    batch, partition, the row's position in its task, the column or key and the fix, never the
+    row's values; the driver's error is chained without them (see ``rejections``)."""
+
+
+__all__ = ["RowRejectedError", "SqlSinkError", "SqlUnavailableError", "XidTooLongError"]

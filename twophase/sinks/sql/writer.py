@@ -12,10 +12,10 @@ prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,8 +42,17 @@ from twophase.sinks.sql.dialect import (
     tableText,
     valuesText,
 )
-from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
+from twophase.sinks.sql.errors import RowRejectedError, SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.handles import KIND, taskHandle
+from twophase.sinks.sql.rejections import (
+    Rejection,
+    describe,
+    fixFor,
+    isRejection,
+    locate,
+    rejectionOf,
+    withoutRowData,
+)
 from twophase.sinks.sql.sessions import TASK_SESSIONS, end
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.xid import SqlXid
@@ -52,6 +61,16 @@ log = getLogger(__name__)
 
 MAX_STATEMENT_BYTES = 4 << 20
 """Largest multi-row ``INSERT`` sent at once (MariaDB's ``max_allowed_packet`` is 16 MiB)."""
+
+
+@dataclass(frozen=True)
+class SentRows:
+    """The rows of the ``INSERT`` running: the task's row of its first, how many, and how to
+    send rows ``start:stop`` of them again on their own (to find the one refused)."""
+
+    first: int
+    count: int
+    send: Callable[[int, int], None]
 
 
 @dataclass(eq=False)
@@ -75,6 +94,9 @@ class SqlTransaction:
     rows: int = 0
     state: str = "open"
     handle: Handle | None = None
+    batch: pa.RecordBatch | None = None
+    """The record batch being written (its first row is the task's row ``rows``)."""
+    sent: SentRows | None = None
 
 
 class SqlWriter(TransactionWriter[SqlTransaction]):
@@ -118,35 +140,36 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                     f"({txn.schema} -> {batch.schema})"
                 )
             assert txn.conn is not None
+            txn.batch = batch
             values = valuesText(batch, txn.backslashEscapes) if s.family == "mysql" else None
             if values is not None:
                 self._insertText(txn, values)
             else:
                 rows = rowsOf(batch, s.family)
                 for start in range(0, len(rows), s.batchsize):
-                    txn.conn.exec_driver_sql(txn.statement, rows[start : start + s.batchsize])
+                    chunk = rows[start : start + s.batchsize]
+                    txn.sent = SentRows(txn.rows + start, len(chunk), _resend(txn, chunk))
+                    txn.conn.exec_driver_sql(txn.statement, chunk)
             txn.rows += batch.num_rows
+            txn.batch = txn.sent = None
 
     def _insertText(self, txn: SqlTransaction, values: pa.Array) -> None:
         """MySQL/MariaDB: multi-row ``INSERT``s of at most ``batchsize`` rows and
         ``MAX_STATEMENT_BYTES``, from rows already in SQL text (``dialect.valuesText``)."""
         assert txn.conn is not None
-        head, tail = txn.parts
         pending = [
-            values.slice(start, self.settings.batchsize)
+            (start, values.slice(start, self.settings.batchsize))
             for start in range(0, len(values), self.settings.batchsize)
         ]
         while pending:
-            chunk = pending.pop(0)
+            start, chunk = pending.pop(0)
             size = pc.sum(pc.binary_length(chunk)).as_py() or 0
             if size > MAX_STATEMENT_BYTES and len(chunk) > 1:
                 half = len(chunk) // 2
-                pending[:0] = [chunk.slice(0, half), chunk.slice(half)]
+                pending[:0] = [(start, chunk.slice(0, half)), (start + half, chunk.slice(half))]
                 continue
-            # The DBAPI cursor without parameters: the text is final, nothing may treat its
-            # '%' as a placeholder.
-            with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
-                cursor.execute(head + ",".join(chunk.to_pylist()) + tail)
+            txn.sent = SentRows(txn.rows + start, len(chunk), _resendText(txn, chunk))
+            _sendText(txn, chunk)
 
     def _open(self, txn: SqlTransaction, schema: pa.Schema) -> None:
         s = self.settings
@@ -232,6 +255,8 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
             if not isDriverError(exc):
                 raise
             errorType, message = self._taskError(txn, exc)
+            if errorType is RowRejectedError:
+                raise errorType(redact(message)) from withoutRowData(exc)
             raise errorType(redact(message)) from None
 
     def _taskError(self, txn: SqlTransaction, exc: Exception) -> tuple[type[SqlSinkError], str]:
@@ -262,20 +287,85 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 "max_prepared_transactions in postgresql.conf above the number of partitions "
                 "(and restart the server), or write fewer partitions (df.coalesce(n))."
             )
-        if isinstance(exc, sa.exc.IntegrityError | sa.exc.DataError) or mysqlCode(exc) in (
-            1048,
-            1062,
-            1264,
-            1366,
-            1406,
-            1452,
-        ):
-            return SqlSinkError, (
-                f"{where}: the database rejected a row: {text}. Nothing of batch "
-                f"{ctx.batchId} becomes visible; the query fails. Fix the data or the table, "
+        if isinstance(exc, sa.exc.IntegrityError | sa.exc.DataError) or isRejection(exc):
+            rejection = self._placed(txn, exc)
+            return RowRejectedError, (
+                f"{where}: the database rejected {describe(rejection, ctx.partitionId)}. "
+                f"Nothing of batch {ctx.batchId} becomes visible: the task's transaction is "
+                f"rolled back and the query fails. Fix: {fixFor(rejection, s.qualifiedName)}; "
                 "then restart the query: the batch is written again."
             )
         return SqlSinkError, f"{where}: {text}"
+
+    def _placed(self, txn: SqlTransaction, exc: Exception) -> Rejection:
+        """The refused row's position in the task: as the server says it, else found by
+        sending the statement's rows again in halves (MySQL/MariaDB), else the statement's
+        rows; for a value too long, its length and the column's type."""
+        sent, txn.sent = txn.sent, None
+        rejection = rejectionOf(exc, sent.first if sent is not None else txn.rows)
+        code = mysqlCode(exc)
+        if rejection.row is None and sent is not None:
+            index = None
+            if code is not None and self.settings.family == "mysql":
+                index = locate(sent.send, sent.count, code)
+            if index is None:
+                last = sent.first + sent.count - 1
+                rejection = replace(rejection, rows=f"rows {sent.first} to {last}")
+            else:
+                rejection = replace(rejection, row=sent.first + index)
+        if code == 1406 and rejection.row is not None and rejection.column:
+            s = self.settings
+            length = _tooLong(txn, rejection.row, rejection.column, s.schema, s.table)
+            rejection = replace(rejection, length=length)
+        return rejection
+
+
+def _sendText(txn: SqlTransaction, rows: pa.Array) -> None:
+    """One multi-row ``INSERT`` of rows already in SQL text, on the DBAPI cursor without
+    parameters: the text is final, nothing may treat its '%' as a placeholder."""
+    assert txn.conn is not None
+    head, tail = txn.parts
+    with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+        cursor.execute(head + ",".join(rows.to_pylist()) + tail)
+
+
+def _resendText(txn: SqlTransaction, rows: pa.Array) -> Callable[[int, int], None]:
+    return lambda start, stop: _sendText(txn, rows.slice(start, stop - start))
+
+
+def _resend(txn: SqlTransaction, rows: list[tuple[Any, ...]]) -> Callable[[int, int], None]:
+    def send(start: int, stop: int) -> None:
+        assert txn.conn is not None
+        with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+            cursor.executemany(txn.statement, rows[start:stop])
+
+    return send
+
+
+def _tooLong(txn: SqlTransaction, row: int, column: str, schema: str | None, table: str) -> str:
+    """``the value has 12 characters; the column is varchar(5)``, as far as known."""
+    facts = []
+    batch = txn.batch
+    index = row - txn.rows
+    if batch is not None and column in batch.schema.names and 0 <= index < batch.num_rows:
+        value = batch.column(column)[index].as_py()
+        if isinstance(value, str | bytes):
+            unit = "characters" if isinstance(value, str) else "bytes"
+            facts.append(f"the value has {len(value)} {unit}")
+    try:
+        assert txn.conn is not None
+        with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+            cursor.execute(
+                "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+                "COALESCE(%s, DATABASE()) AND TABLE_NAME = %s AND COLUMN_NAME = %s",
+                (schema, table, column),
+            )
+            found = cursor.fetchone()
+        if found:
+            facts.append(f"the column is {found[0]}")
+    except Exception:  # best effort: the message stands without it
+        log.debug("sql: reading the type of column %s failed", column, exc_info=True)
+    return "; ".join(facts)
 
 
 def _release(txn: SqlTransaction) -> None:
