@@ -16,7 +16,7 @@ filesystem), ``durability`` (the fsyncs), ``s3`` and ``multipart`` (the S3 path)
 """
 
 from twophase.sinks.files.committer import FilesCommitter
-from twophase.sinks.files.errors import FilesUnavailableError
+from twophase.sinks.files.errors import FilesNotWritableError, FilesUnavailableError
 from twophase.sinks.files.formats import FORMATS
 from twophase.sinks.files.handles import KIND, StagedFile, stagedFiles
 from twophase.sinks.files.layout import (
@@ -36,6 +36,7 @@ __all__ = [
     "SAFE_OPTIONS",
     "STAGING_DIR_NAME",
     "FilesCommitter",
+    "FilesNotWritableError",
     "FilesSettings",
     "FilesUnavailableError",
     "FilesTransaction",

@@ -1,4 +1,5 @@
-"""The files sink's errors: storage that did not answer, named with the batch and the fix."""
+"""The files sink's errors: storage that did not answer or took no more bytes, named with the
+batch and the fix."""
 
 from __future__ import annotations
 
@@ -9,4 +10,11 @@ class FilesUnavailableError(ConnectionError):
     timeouts that bound the wait."""
 
 
-__all__ = ["FilesUnavailableError"]
+class FilesNotWritableError(OSError):
+    """A task could not write its files: the filesystem under the staging path (the output
+    path, on S3) is full or read-only, or refuses this process. Names the batch, the place
+    and the fix; ``errno`` is the filesystem's (``ENOSPC``, ``EDQUOT``, ``EROFS``,
+    ``EACCES``)."""
+
+
+__all__ = ["FilesNotWritableError", "FilesUnavailableError"]

@@ -7,6 +7,7 @@ a handle naming them. Nothing here makes a file visible: that is the committer's
 
 from __future__ import annotations
 
+import errno
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import pyarrow as pa
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
-from twophase.sinks.files.errors import FilesUnavailableError
+from twophase.sinks.files.errors import FilesNotWritableError, FilesUnavailableError
 from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
 from twophase.sinks.files.handles import (
     StagedFile,
@@ -39,6 +40,14 @@ from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import Storage, Storages, parentOf
 
 log = getLogger(__name__)
+
+_REFUSED = {
+    errno.ENOSPC: "is full: free space on it",
+    errno.EDQUOT: "has used up its quota: raise it or free space on it",
+    errno.EROFS: "is read-only: make it writable again",
+    errno.EACCES: "does not let this process write: give it write access",
+}
+"""Why a filesystem refuses a task's bytes, by errno, and what an operator does about it."""
 
 
 def checkWritable(schema: pa.Schema, settings: FilesSettings) -> list[int]:
@@ -163,21 +172,43 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
     @contextmanager
     def _storageErrors(self, txn: FilesTransaction) -> Iterator[None]:
         """Storage that did not answer (botocore's connection and timeout errors, after
-        s3fs's own retries) as ``FilesUnavailableError`` naming the task and the bound."""
+        s3fs's own retries) as ``FilesUnavailableError`` naming the task and the bound; a
+        full or read-only filesystem as ``FilesNotWritableError`` naming the place and fix."""
         try:
             yield
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in _REFUSED:
+                raise self._notWritable(txn, exc) from exc
             if not isTransient(exc):
                 raise
-            ctx = txn.ctx
-            raise FilesUnavailableError(
-                f"files sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
-                f"(attempt {ctx.attemptNumber}): the storage at {redact(txn.path)} did not "
-                f"answer: {type(exc).__name__}: {redact(str(exc))}. Nothing of this task is "
-                "visible; Spark retries the task. Each request waits at most botocore's "
-                "connect_timeout and read_timeout (60 s each unless fs.config_kwargs sets "
-                'them, e.g. {"read_timeout": 20}), retried by s3fs a few times.'
-            ) from None
+            raise self._unavailable(txn, exc) from None
+
+    @staticmethod
+    def _notWritable(txn: FilesTransaction, exc: OSError) -> FilesNotWritableError:
+        ctx = txn.ctx
+        where = redact(txn.path if txn.multipart else txn.stagingPath)
+        code = errno.errorcode.get(exc.errno or 0, "")
+        error = FilesNotWritableError(
+            f"files sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
+            f"(attempt {ctx.attemptNumber}): cannot write its files under {where}: {code} "
+            f"({exc.strerror}). The filesystem holding {where} {_REFUSED[exc.errno or 0]}. "
+            "Nothing of this task is visible; once the filesystem takes writes again, Spark's "
+            "retry of the task or a restart of the query writes the batch exactly once."
+        )
+        error.errno = exc.errno
+        return error
+
+    @staticmethod
+    def _unavailable(txn: FilesTransaction, exc: Exception) -> FilesUnavailableError:
+        ctx = txn.ctx
+        return FilesUnavailableError(
+            f"files sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
+            f"(attempt {ctx.attemptNumber}): the storage at {redact(txn.path)} did not "
+            f"answer: {type(exc).__name__}: {redact(str(exc))}. Nothing of this task is "
+            "visible; Spark retries the task. Each request waits at most botocore's "
+            "connect_timeout and read_timeout (60 s each unless fs.config_kwargs sets "
+            'them, e.g. {"read_timeout": 20}), retried by s3fs a few times.'
+        )
 
     def _write(self, txn: FilesTransaction, batch: pa.RecordBatch) -> None:
         """Stream ``batch`` into the open part files; nothing becomes visible.
