@@ -29,12 +29,17 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def createTopic(bootstrap: str, partitions: int = 1, prefix: str = "it-kafka") -> str:
+def createTopic(
+    bootstrap: str,
+    partitions: int = 1,
+    prefix: str = "it-kafka",
+    config: dict[str, str] | None = None,
+) -> str:
+    """A new topic; ``config`` sets topic configs (``{"max.message.bytes": "2000"}``)."""
     name = unique(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
-        name
-    ].result(timeout=60)
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
+    admin.create_topics([topic])[name].result(timeout=60)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # metadata reaches every client a little later
         topic = admin.list_topics(name, timeout=10).topics.get(name)

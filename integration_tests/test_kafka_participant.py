@@ -40,6 +40,7 @@ from twophase.sinks.kafka import (
     KafkaUnreachableError,
     KafkaWriteError,
     KafkaWriter,
+    RecordTooLargeError,
     brokerTransactionMaxTimeoutMs,
     ownedIds,
     pooledTransactionalIds,
@@ -308,6 +309,98 @@ def test_a_record_the_broker_refuses_fails_the_task_and_leaves_nothing(
         assert time.monotonic() < deadline, [(t.transactionalId, t.state) for t in left]
         time.sleep(0.5)
     assert readTopic(kafka_bootstrap, topic) == []
+
+
+def assertNothingOpen(bootstrap: str, w: KafkaWriter, topic: str) -> None:
+    """The failed task aborted its transaction itself: nothing open, nothing visible.
+    (Polled: under load the broker may list it a moment longer; an abort that never happened
+    would stay listed until the transaction timeout.)"""
+    _, c = sink(bootstrap, topic)
+    deadline = time.monotonic() + 15
+    while left := c.client().listOngoing(w.settings.prefixFor("it-sink") + "-"):
+        assert time.monotonic() < deadline, [(t.transactionalId, t.state) for t in left]
+        time.sleep(0.5)
+    assert readTopic(bootstrap, topic) == []
+
+
+def sized(*sizes: int, topic: str | None = None) -> pa.RecordBatch:
+    """Records whose values have these sizes (bytes), optionally with a topic column."""
+    columns: dict[str, Any] = {"value": [str(i % 10) * n for i, n in enumerate(sizes)]}
+    if topic is not None:
+        columns["topic"] = [topic] * len(sizes)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+@pytest.mark.parametrize("path", ["one-topic", "topic-column"])
+def test_a_record_over_the_producer_s_limit_is_named_by_position_and_size_with_the_fix(
+    kafka_bootstrap: str, path: str
+) -> None:
+    """librdkafka refuses the record when it is produced (``produce_batch`` for one topic,
+    ``produce`` per record otherwise): the row's position, its size and the limit."""
+    topic = createTopic(kafka_bootstrap)
+    w, c = sink(
+        kafka_bootstrap,
+        topic if path == "one-topic" else None,
+        **{"kafka.message.max.bytes": "4000"},
+    )
+    column = topic if path == "topic-column" else None
+    batches = [sized(10, 10, topic=column), sized(10, 5000, 10, topic=column)]
+    with pytest.raises(RecordTooLargeError) as info:
+        runTask(lambda: w, ctx(batch=2, partition=1), iter(batches), alreadyDecided=False)
+    message = str(info.value)
+    assert f"batch 2, partition 1 (attempt 0), topic {topic}" in message
+    assert "row 3 of partition 1 (counting from 0) is 5000 bytes" in message, message
+    assert "over the producer's message.max.bytes of 4000" in message
+    assert "option kafka.message.max.bytes" in message and "topic's max.message.bytes" in message
+    assert "restart the query" in message and "MSG_SIZE_TOO_LARGE" in str(info.value.__cause__)
+    assertNothingOpen(kafka_bootstrap, w, topic)
+    txn = w.beginTransaction(ctx(batch=3, partition=1))
+    w.write(txn, sized(3, 4, topic=column))
+    c.commit(w.preCommit(txn))
+    assert sorted(len(r.value) for r in readTopic(kafka_bootstrap, topic)) == [3, 4]
+
+
+def test_a_record_over_the_topic_s_limit_is_named_by_position_and_size_with_the_fix(
+    kafka_bootstrap: str,
+) -> None:
+    """The broker refuses the whole record batch that holds it; the task names its largest
+    record, which cannot fit in a batch of its own under the topic's max.message.bytes."""
+    topic = createTopic(kafka_bootstrap, config={"max.message.bytes": "2000"})
+    w, c = sink(kafka_bootstrap, topic)
+    batches = [sized(10, 10), sized(10, 5000, 10)]
+    with pytest.raises(RecordTooLargeError) as info:
+        runTask(lambda: w, ctx(batch=2, partition=1), iter(batches), alreadyDecided=False)
+    message = str(info.value)
+    assert f"batch 2, partition 1 (attempt 0), topic {topic}" in message
+    assert "max.message.bytes (2000 bytes)" in message
+    assert "row 3 of partition 1 (counting from 0), 5000 bytes" in message, message
+    assert "cannot fit in a batch of its own (about 1930 bytes can)" in message
+    assert f"--entity-name {topic} --add-config max.message.bytes=" in message
+    assert "MSG_SIZE_TOO_LARGE" in str(info.value.__cause__)
+    assertNothingOpen(kafka_bootstrap, w, topic)
+    c.commit(prepare(w, "later", "good", batch=3, partition=1))
+    assert values(readTopic(kafka_bootstrap, topic)) == ["good", "later"]
+
+
+def test_batches_over_the_topic_s_limit_say_so_and_the_fix_they_name_works(
+    kafka_bootstrap: str,
+) -> None:
+    """No record is too large, the producer's batches are: the message says to bound them by
+    kafka.message.max.bytes, and with it the same records commit."""
+    topic = createTopic(kafka_bootstrap, config={"max.message.bytes": "2000"})
+    w, _ = sink(kafka_bootstrap, topic)
+    records = sized(*[100] * 60)
+    with pytest.raises(RecordTooLargeError) as info:
+        runTask(lambda: w, ctx(batch=2, partition=1), iter([records]), alreadyDecided=False)
+    message = str(info.value)
+    assert "No record is too large alone" in message, message
+    assert "set the option kafka.message.max.bytes=2000" in message
+    assertNothingOpen(kafka_bootstrap, w, topic)
+    fixed, c = sink(kafka_bootstrap, topic, **{"kafka.message.max.bytes": "2000"})
+    txn = fixed.beginTransaction(ctx(batch=3, partition=1))
+    fixed.write(txn, records)
+    c.commit(fixed.preCommit(txn))
+    assert len(readTopic(kafka_bootstrap, topic)) == 60
 
 
 @pytest.mark.parametrize("listing", ["listed", "unlisted"])

@@ -7,6 +7,7 @@ from twophase.clients.kafka.admin import (
     adminClient,
     brokerTransactionMaxTimeoutMs,
     connectionConfig,
+    topicMaxMessageBytes,
 )
 from twophase.clients.kafka.errors import (
     KafkaUnreachableError,
@@ -52,4 +53,5 @@ __all__ = [
     "protectKafkaPythonLogs",
     "shownArguments",
     "shownConfig",
+    "topicMaxMessageBytes",
 ]

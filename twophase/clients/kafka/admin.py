@@ -1,5 +1,5 @@
 """Asking the cluster about itself with librdkafka's admin client: the connection settings of
-any client, and the brokers' ``transaction.max.timeout.ms``.
+any client, the brokers' ``transaction.max.timeout.ms`` and a topic's ``max.message.bytes``.
 """
 
 from __future__ import annotations
@@ -104,3 +104,22 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
     with _TIMEOUT_LOCK:
         _TIMEOUT_CACHE[key] = (value, time.monotonic())
     return value
+
+
+def topicMaxMessageBytes(
+    config: Mapping[str, Any], topic: str, timeoutSeconds: float = 10
+) -> tuple[int | None, str]:
+    """The topic's ``max.message.bytes`` (its own, or the brokers' default), and why not when
+    it cannot be read (DescribeConfigs refused, the cluster away): ``(None, reason)``."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    try:
+        admin = adminClient(config)
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        for future in admin.describe_configs([resource], request_timeout=timeoutSeconds).values():
+            entry = future.result(timeout=timeoutSeconds).get("max.message.bytes")
+            if entry is not None and entry.value is not None:
+                return int(entry.value), ""
+    except Exception as exc:
+        return None, errorText(exc)
+    return None, "the topic's configuration has no max.message.bytes"

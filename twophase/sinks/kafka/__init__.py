@@ -13,7 +13,7 @@ Spark data source ``twophase.kafka`` is ``twophase.spark.kafka.KafkaSink``.
 from twophase.clients.kafka import KafkaUnreachableError, brokerTransactionMaxTimeoutMs
 from twophase.sinks.kafka.columns import ColumnLayout, checkColumns
 from twophase.sinks.kafka.committer import KafkaCommitter
-from twophase.sinks.kafka.errors import KafkaCommitError, KafkaWriteError
+from twophase.sinks.kafka.errors import KafkaCommitError, KafkaWriteError, RecordTooLargeError
 from twophase.sinks.kafka.handles import KIND, checkHandle, describeHandle
 from twophase.sinks.kafka.pool import pooledTransactionalIds
 from twophase.sinks.kafka.probe import ProbeVerdict, probeRecord
@@ -41,6 +41,7 @@ __all__ = [
     "KafkaWriteError",
     "KafkaWriter",
     "ProbeVerdict",
+    "RecordTooLargeError",
     "brokerTransactionMaxTimeoutMs",
     "checkColumns",
     "checkHandle",

@@ -7,5 +7,11 @@ class KafkaWriteError(RuntimeError):
     """A record could not be written into the task's transaction; the task fails."""
 
 
+class RecordTooLargeError(KafkaWriteError):
+    """A record over the producer's ``message.max.bytes`` or the topic's
+    ``max.message.bytes``: names the batch, partition, topic, the record's position and size,
+    the limit and the fix (see ``oversize``); the client's error is chained."""
+
+
 class KafkaCommitError(RuntimeError):
     """A commit that is neither done nor provably lost, and that retrying will not settle."""

@@ -125,6 +125,8 @@ class KafkaTransaction:
     queueLimit: int = DEFAULT_QUEUE_MESSAGES
     layout: ColumnLayout | None = None
     produced: int = 0
+    largest: tuple[int, int] = (-1, -1)
+    """The largest record produced: its key and value bytes, its position in the task."""
     fingerprint: Fingerprint = field(default_factory=Fingerprint)
     state: str = "open"
 

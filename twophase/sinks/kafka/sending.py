@@ -17,8 +17,9 @@ from twophase.clients.kafka import errorText
 from twophase.redaction import redact
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
-from twophase.sinks.kafka.deliveries import QUEUE_FULL
-from twophase.sinks.kafka.errors import KafkaWriteError
+from twophase.sinks.kafka.deliveries import MSG_SIZE_TOO_LARGE, QUEUE_FULL
+from twophase.sinks.kafka.errors import KafkaWriteError, RecordTooLargeError
+from twophase.sinks.kafka.oversize import brokerRefused, producerRefused, recordSizes
 from twophase.sinks.kafka.producer import (
     KafkaTransaction,
     acquire,
@@ -36,6 +37,12 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     if txn.layout is None:
         txn.layout = ColumnLayout.of(batch.schema, txn.defaultTopic)
     layout = txn.layout
+    base = txn.produced  # the task's position of the batch's first row
+    sizes = recordSizes(
+        batch.column(layout.value), batch.column(layout.key) if layout.key is not None else None
+    )
+    if len(sizes) and int(sizes.max()) > txn.largest[0]:
+        txn.largest = (int(sizes.max()), base + int(sizes.argmax()))
     values = _bytesOf(batch.column(layout.value))
     keys = _bytesOf(batch.column(layout.key)) if layout.key is not None else None
     topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
@@ -52,7 +59,7 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         and layout.headers is None
         and hasattr(producer, "produce_batch")  # not in older confluent-kafka
     ):
-        _produceBatch(txn, str(txn.defaultTopic), values, keys)
+        _produceBatch(txn, str(txn.defaultTopic), values, keys, sizes, base)
         txn.fingerprint.add(values, keys, extra=str(txn.defaultTopic).encode())
     else:
         partitions = (
@@ -86,6 +93,11 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
                     producer.poll(0.05)
                     _raiseDeliveryErrors(txn)
                 except KafkaException as exc:
+                    if _errorCode(exc.args[0] if exc.args else None) == MSG_SIZE_TOO_LARGE:
+                        message = producerRefused(
+                            txn.ctx, str(topic), base + i, int(sizes[i]), txn.config
+                        )
+                        raise RecordTooLargeError(redact(message)) from exc
                     raise KafkaWriteError(
                         f"kafka: producing to {topic}: {errorText(exc, named=True)}"
                     ) from exc
@@ -105,9 +117,15 @@ def _bytesOf(column: pa.Array) -> list[Any]:
 
 
 def _produceBatch(
-    txn: KafkaTransaction, topic: str, values: list[Any], keys: list[Any] | None
+    txn: KafkaTransaction,
+    topic: str,
+    values: list[Any],
+    keys: list[Any] | None,
+    sizes: Any,
+    base: int,
 ) -> None:
     """The fast path: one topic, no explicit partitions or headers: ``produce_batch``.
+    ``sizes`` are the rows' key and value bytes, ``base`` the task's position of row 0.
 
     Records of a chunk are handed over only when the local queue has room for the chunk, so a
     full queue is rare; when it happens anyway the refused records must be a suffix of the
@@ -125,6 +143,7 @@ def _produceBatch(
     chunk = max(1, min(BATCH_CHUNK, txn.queueLimit // 2))
     for start in range(0, len(messages), chunk):
         pending = messages[start : start + chunk]
+        first = start  # the position in ``messages`` of pending[0]
         while pending:
             while len(producer) + len(pending) > txn.queueLimit:
                 producer.poll(0.005)
@@ -141,6 +160,20 @@ def _produceBatch(
             if not failed:
                 break
             refused = [m for m in failed if "_error" in m]
+            tooLarge = next(
+                (
+                    i
+                    for i, m in enumerate(failed)
+                    if _errorCode(m.get("_error")) == MSG_SIZE_TOO_LARGE
+                ),
+                None,
+            )
+            if tooLarge is not None:
+                row = first + failedAt + tooLarge
+                message = producerRefused(txn.ctx, topic, base + row, int(sizes[row]), txn.config)
+                raise RecordTooLargeError(redact(message)) from KafkaException(
+                    failed[tooLarge]["_error"]
+                )
             if len(refused) != len(failed) or any(
                 _errorCode(m["_error"]) != QUEUE_FULL for m in refused
             ):
@@ -151,6 +184,7 @@ def _produceBatch(
             for m in failed:
                 del m["_error"]
             pending = failed
+            first += failedAt
             producer.poll(0.05)
 
 
@@ -161,6 +195,18 @@ def _errorCode(error: Any) -> int | None:
 
 def _raiseDeliveryErrors(txn: KafkaTransaction) -> None:
     deliveries = txn.deliveries
+    if deliveries.tooLarge:
+        (topic, partition), records = next(iter(deliveries.tooLarge.items()))
+        message = brokerRefused(
+            txn.ctx,
+            topic,
+            partition,
+            records,
+            txn.largest,
+            txn.config,
+            min(txn.requestTimeoutSeconds, 10.0),
+        )
+        raise RecordTooLargeError(redact(message)) from KafkaException(deliveries.tooLargeError)
     if deliveries.failed:
         raise KafkaWriteError(
             f"kafka: {deliveries.failed} record(s) of transactional id {txn.transactionalId} "
