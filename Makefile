@@ -9,7 +9,8 @@
 #   make services       start PostgreSQL, Kafka, MariaDB and S3, write .services.env
 #   make services-down  stop them and delete their state
 #   make lint           ruff format check, ruff lint, mypy
-#   make chaos KILLS=200  the random chaos soak (starts and stops the servers itself)
+#   make chaos KILLS=200 FAULTS=200  the random chaos soak: kills, and faults beyond kills
+#                         (starts and stops the servers itself)
 
 PYTHON ?= python3
 VENV := .venv
@@ -60,13 +61,16 @@ test: .venv
 test-windows: .venv
 	$(call with_services,$(VENV)/bin/pytest -m windows integration_tests)
 
-# The chaos soak: KILLS kills over every pipeline, seeded (SEED=<n> replays a schedule);
-# prints the table and writes chaos-runs/report.{md,json}. Servers as for `make test`.
+# The chaos soak: KILLS kills and FAULTS faults beyond kills (a frozen server, a partition, a
+# slow link, lost replies, a full disk, the broker gone past the transaction timeout) over every
+# pipeline, seeded (SEED=<n> replays a schedule); prints the tables and writes
+# chaos-runs/report.{md,json}. Servers as for `make test`.
 KILLS ?= 200
+FAULTS ?= 0
 SEED ?=
 .PHONY: chaos
 chaos: .venv
-	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) $(if $(SEED),--seed $(SEED)))
+	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)))
 
 services: .venv
 	PYTHON=$(VENV_PY) services/services.sh up

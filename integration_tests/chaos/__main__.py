@@ -1,10 +1,12 @@
 """``python -m integration_tests.chaos``: the random chaos soak (``make chaos KILLS=200``).
 
 Runs every pipeline of ``pipelines.PIPELINES`` (files, postgres, kafka...) one after another, each
-with its share of ``--kills`` drawn from ``--seed`` (printed: ``--seed N`` replays the same
+with its share of ``--kills`` and of ``--faults`` (faults beyond kills, of every kind that
+reaches it: ``setup.faultTargets``) drawn from ``--seed`` (printed: ``--seed N`` replays the same
 schedules), against the servers of ``make services``; verifies each with ``twophase.verify``;
-prints a Markdown table (kills by kind, batches, records, lost, duplicated, longest recovery)
-and writes it with a JSON twin to ``--out``. Exit 1 when any record is lost or duplicated.
+prints a Markdown table (kills and faults by kind, batches, records, lost, duplicated, longest
+recovery) and the liveness table (per kind, seconds to the next committed batch), and writes
+them with a JSON twin to ``--out``. Exit 1 when any record is lost or duplicated.
 """
 
 from __future__ import annotations
@@ -16,14 +18,28 @@ import sys
 import time
 from pathlib import Path
 
+from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
-from integration_tests.chaos.report import resultJson, summaryTable
-from integration_tests.chaos.setup import drawSchedule, runPipeline, servicesFromEnvironment
+from integration_tests.chaos.report import livenessTable, resultJson, summaryTable
+from integration_tests.chaos.setup import (
+    drawSchedule,
+    faultTargets,
+    runPipeline,
+    servicesFromEnvironment,
+)
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` split over ``parts``, the first ones taking the remainder."""
+    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m integration_tests.chaos", description=__doc__)
     p.add_argument("--kills", type=int, default=200, help="kills in all, split over pipelines")
+    p.add_argument(
+        "--faults", type=int, default=0, help="faults beyond kills in all, split over pipelines"
+    )
     p.add_argument("--seed", type=int, help="default: random (printed)")
     p.add_argument("--pipelines", default=",".join(PIPELINES))
     p.add_argument("--rows-per-batch", type=int, default=500)
@@ -39,20 +55,32 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(pipelines) - set(PIPELINES))
     if unknown:
         p.error(f"unknown pipeline(s) {', '.join(unknown)}; choose from {', '.join(PIPELINES)}")
-    shares = [
-        args.kills // len(pipelines) + (1 if index < args.kills % len(pipelines) else 0)
-        for index in range(len(pipelines))
-    ]
+    kills = shares(args.kills, len(pipelines))
+    faults = shares(args.faults, len(pipelines))
     if args.print_schedules:
-        for pipeline, share in zip(pipelines, shares, strict=True):
-            schedule = drawSchedule(pipeline, seed, share, coverPoints=args.cover_points)
+        for pipeline, k, f in zip(pipelines, kills, faults, strict=True):
+            targets = faultTargets(pipeline, proxies=True, disk=True)
+            schedule = drawSchedule(
+                pipeline, seed, k, coverPoints=args.cover_points, faults=f, targets=targets
+            )
             print(f"{pipeline}: " + "; ".join(e.describe() for e in schedule.events))
         return 0
     services = servicesFromEnvironment()
-    print(f"[chaos] seed {seed}: {args.kills} kills over {', '.join(pipelines)}", flush=True)
+    if args.faults and (services.proxies is None or not Disk.possible()):
+        print(
+            "[chaos] some fault kinds cannot be delivered here: "
+            + ("no proxies (services/toxiproxy.sh); " if services.proxies is None else "")
+            + ("no tmpfs for a full disk (needs root)" if not Disk.possible() else ""),
+            flush=True,
+        )
+    print(
+        f"[chaos] seed {seed}: {args.kills} kills and {args.faults} faults over "
+        f"{', '.join(pipelines)}",
+        flush=True,
+    )
     began = time.monotonic()
     results = []
-    for pipeline, share in zip(pipelines, shares, strict=True):
+    for pipeline, share, faultShare in zip(pipelines, kills, faults, strict=True):
         workdir = Path(args.workdir).resolve() / f"{seed}-{pipeline}"
         result = runPipeline(
             pipeline,
@@ -62,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             kills=share,
             rowsPerBatch=args.rows_per_batch,
             coverPoints=args.cover_points,
+            faults=faultShare,
         )
         results.append(result)
         print(f"[chaos] {pipeline}: {result.report}", flush=True)
-    table = summaryTable(results)
+    table = summaryTable(results) + "\n\n" + livenessTable(results)
     minutes = (time.monotonic() - began) / 60
     print(f"\nseed {seed}, {minutes:.1f} min\n\n{table}", flush=True)
     out = Path(args.out)

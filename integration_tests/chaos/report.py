@@ -1,16 +1,25 @@
-"""What a chaos run delivered and found: one pipeline's result, and the soak's table and JSON."""
+"""What a chaos run delivered and found: one pipeline's result, the soak's tables and JSON.
+
+The main table counts events by kind (kills, protocol points, faults beyond kills) per
+pipeline with what was lost or duplicated; the liveness table says, per kind, how long the
+query took to commit its next batch after the event (after the fault healed, for a fault).
+"""
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from integration_tests.chaos.faultkinds import FAULT_KINDS
 from integration_tests.chaos.schedule import PROCESS_KINDS, Event
 from integration_tests.chaos.servers import SERVERS
 
-KINDS = [*PROCESS_KINDS, *SERVERS, "driver point", "task point"]
+KILL_KINDS = [*PROCESS_KINDS, *SERVERS, "driver point", "task point"]
 """The report's kill columns: timed kills by kind, then the protocol points that fired."""
+KINDS = [*KILL_KINDS, *FAULT_KINDS]
+"""Every column of events: the kills, then the faults beyond kills."""
 
 
 @dataclass
@@ -20,6 +29,15 @@ class Kill:
     event: Event
     at: float  # time.monotonic() when delivered
     recoverySeconds: float | None = None
+    healed: float | None = None
+    """time.monotonic() when a fault ended; recovery counts from there."""
+
+    @property
+    def kind(self) -> str:
+        """Its column: a kill's kind, ``driver point``/``task point``, or the fault's kind."""
+        if self.event.kind == "point":
+            return "task point" if self.event.point.startswith("task.") else "driver point"
+        return self.event.kind
 
 
 @dataclass
@@ -43,26 +61,26 @@ class ChaosResult:
         return self.missing == 0 and self.duplicated == 0 and self.unexpected == 0
 
     def killsByKind(self) -> Counter[str]:
-        return Counter(
-            ("task point" if k.event.point.startswith("task.") else "driver point")
-            if k.event.kind == "point"
-            else k.event.kind
-            for k in self.kills
-        )
+        return Counter(k.kind for k in self.kills)
+
+    def faultCount(self) -> int:
+        return sum(1 for k in self.kills if k.event.isFault)
 
     def longestRecovery(self) -> float:
         return max((k.recoverySeconds or 0.0 for k in self.kills), default=0.0)
 
 
 def summaryTable(results: list[ChaosResult]) -> str:
-    """The soak's Markdown table: kills by kind, batches, records, lost, duplicated, recovery."""
-    head = ["pipeline", "seed", *KINDS, "kills", "starts", "batches", "records"]
+    """The soak's Markdown table: kills and faults by kind, batches, records, lost, duplicated,
+    recovery."""
+    head = ["pipeline", "seed", *KINDS, "kills", "faults", "starts", "batches", "records"]
     head += ["lost", "duplicated", "unexpected", "longest recovery s", "minutes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         byKind = r.killsByKind()
         row = [r.pipeline, str(r.seed), *(str(byKind.get(k, 0)) for k in KINDS)]
-        row += [str(len(r.kills)), str(r.starts), str(r.batches), f"{r.records:,}"]
+        row += [str(len(r.kills) - r.faultCount()), str(r.faultCount())]
+        row += [str(r.starts), str(r.batches), f"{r.records:,}"]
         row += [str(r.missing), str(r.duplicated), str(r.unexpected)]
         row += [f"{r.longestRecovery():.1f}", f"{r.seconds / 60:.1f}"]
         lines.append("| " + " | ".join(row) + " |")
@@ -70,13 +88,44 @@ def summaryTable(results: list[ChaosResult]) -> str:
     for r in results:
         total.update(r.killsByKind())
     row = ["**all**", "", *(str(total.get(k, 0)) for k in KINDS)]
-    row += [str(sum(len(r.kills) for r in results)), str(sum(r.starts for r in results))]
+    faults = sum(r.faultCount() for r in results)
+    row += [str(sum(len(r.kills) for r in results) - faults), str(faults)]
+    row += [str(sum(r.starts for r in results))]
     row += [str(sum(r.batches for r in results)), f"{sum(r.records for r in results):,}"]
     row += [str(sum(r.missing for r in results)), str(sum(r.duplicated for r in results))]
     row += [str(sum(r.unexpected for r in results))]
     row += [f"{max((r.longestRecovery() for r in results), default=0):.1f}"]
     row += [f"{sum(r.seconds for r in results) / 60:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def liveness(results: list[ChaosResult]) -> dict[str, tuple[int, float, float, int]]:
+    """Per kind that happened: (events, p50 and max seconds from the event, or a fault's
+    healing, to the next committed batch, events with no batch after them)."""
+    byKind: dict[str, list[float | None]] = {}
+    for r in results:
+        for k in r.kills:
+            byKind.setdefault(k.kind, []).append(k.recoverySeconds)
+    out = {}
+    for kind in KINDS:
+        times = byKind.get(kind)
+        if not times:
+            continue
+        seen = [t for t in times if t is not None]
+        p50 = statistics.median(seen) if seen else 0.0
+        out[kind] = (len(times), p50, max(seen, default=0.0), len(times) - len(seen))
+    return out
+
+
+def livenessTable(results: list[ChaosResult]) -> str:
+    """Markdown: per kind, seconds from the event (a fault: from its healing) to the next
+    committed batch, p50 and max."""
+    head = ["event", "count", "next batch p50 s", "next batch max s", "no batch after"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, (count, p50, top, none) in liveness(results).items():
+        timed = f"{p50:.1f} | {top:.1f}" if none < count else "- | -"
+        lines.append(f"| {kind} | {count} | {timed} | {none} |")
     return "\n".join(lines)
 
 
@@ -93,6 +142,10 @@ def resultJson(result: ChaosResult) -> dict[str, Any]:
         "duplicated": result.duplicated,
         "unexpected": result.unexpected,
         "longestRecoverySeconds": round(result.longestRecovery(), 2),
+        "liveness": {
+            kind: {"count": c, "p50": round(p50, 2), "max": round(top, 2), "noBatchAfter": n}
+            for kind, (c, p50, top, n) in liveness([result]).items()
+        },
         "seconds": round(result.seconds, 1),
         "events": [k.event.describe() for k in result.kills],
     }

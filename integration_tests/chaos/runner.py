@@ -4,7 +4,9 @@ Events of the :class:`~integration_tests.chaos.schedule.Schedule` run in order. 
 the leading protocol points (every task point up to and including one driver point) through
 ``TWOPHASE_CRASH_AT``; timed kills wait for those to fire, then land once the query has
 committed their ``afterBatches`` more batches: the driver's whole session, one executor JVM,
-or a server (``Services.crash``). A start that ends for any reason but a drained source is
+or a server (``Services.crash``); faults beyond kills land the same way and last their
+``downSeconds`` while the query runs (a server frozen or cut off through its proxy, the
+pipeline's disk full), then heal. A start that ends for any reason but a drained source is
 followed by another, from the same checkpoint, until the source is drained; then the
 pipeline's own check compares the output with the input. Nothing here knows a sink: what a
 pipeline writes, kills and verifies is its module's (``pipelines/``).
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from integration_tests.chaos.faultkinds import NETWORK_KINDS, Disk
 from integration_tests.chaos.report import ChaosResult, Kill
 from integration_tests.chaos.schedule import UNNUMBERED, Event, Schedule
 from integration_tests.chaos.servers import Services
@@ -68,8 +71,10 @@ class ChaosRun:
         services: Services,
         verify: Callable[[PipelineSpec], Any],
         log: Callable[[str], None] = print,
+        disk: Disk | None = None,
     ) -> None:
         self.spec = spec
+        self.disk = disk
         self.schedule = schedule
         self.services = services
         self.verify = verify
@@ -226,8 +231,14 @@ class ChaosRun:
             time.sleep(0.1)
 
     def _deliver(self, event: Event, session: int) -> bool:
-        """Deliver a timed kill; False when there was nothing to kill yet (try again)."""
+        """Deliver a timed kill or a fault (back once it heals); False when there was nothing
+        to kill yet (try again)."""
         now = time.monotonic()
+        if event.isFault:
+            self._fault(event)
+            self.kills.append(Kill(event, now, healed=time.monotonic()))
+            self.log(f"[chaos] {event.describe()}: delivered and healed")
+            return True
         if event.kind == "driver":
             killSession(session)
         elif event.kind == "executor":
@@ -240,6 +251,26 @@ class ChaosRun:
         self.kills.append(Kill(event, now))
         self.log(f"[chaos] {event.describe()}: delivered")
         return True
+
+    def _fault(self, event: Event) -> None:
+        """The fault of ``event`` for its ``downSeconds`` (commits still watched), then healed."""
+        heal: Callable[[], None]
+        if event.kind == "freeze":
+            heal = self.services.freeze(event.target)
+        elif event.kind in NETWORK_KINDS:
+            heal = self.services.disturb(event.kind, event.target)
+        elif event.kind == "disk full" and self.disk is not None:
+            self.disk.fill()
+            heal = self.disk.free
+        else:
+            raise AssertionError(f"no way to deliver {event.describe()}")
+        try:
+            until = time.monotonic() + event.downSeconds
+            while time.monotonic() < until:
+                self._sawCommits()
+                time.sleep(0.1)
+        finally:
+            heal()
 
     # -- the whole schedule ---------------------------------------------------------------------
 
@@ -275,11 +306,13 @@ class ChaosRun:
         )
 
     def _recoveryTimes(self) -> None:
-        """For each kill: seconds until the next batch was committed after it."""
+        """For each kill: seconds until the next batch was committed after it; for a fault,
+        after it healed."""
         for kill in self.kills:
-            before = max((n for t, n in self.commitTimes if t <= kill.at), default=0)
-            after = next((t for t, n in self.commitTimes if t > kill.at and n > before), None)
-            kill.recoverySeconds = None if after is None else after - kill.at
+            since = kill.healed or kill.at
+            before = max((n for t, n in self.commitTimes if t <= since), default=0)
+            after = next((t for t, n in self.commitTimes if t > since and n > before), None)
+            kill.recoverySeconds = None if after is None else after - since
 
 
 def _epoch() -> float:

@@ -14,17 +14,22 @@ the same schedule):
 - a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM or one of
   the pipeline's servers (``servers.SERVERS``: brought back after ``downSeconds``), delivered
   once the running query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so
-  it lands inside a batch rather than between two.
+  it lands inside a batch rather than between two;
+- a *fault* beyond kills (``faultkinds.FAULT_KINDS``: a frozen server, a partition, a slow
+  link, lost replies, a full disk, the broker gone past the transaction timeout), timed like a
+  kill, lasting ``downSeconds`` while the query keeps running, then healed.
 
-Drawing is pure: the same seed, pipeline name, kills, servers and outage give the same events.
+Drawing is pure: the same seed, pipeline name, kills, faults, servers and outage give the same
+events; faults are drawn from a stream of their own, so ``faults=0`` gives the kills alone.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from integration_tests.chaos.faultkinds import FAULT_KINDS
 from twophase import faults
 
 TASK_POINTS = [p for p in faults.POINTS if p.startswith("task.")]
@@ -45,26 +50,42 @@ RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED]
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
 PROCESS_KINDS = ("driver", "executor")
 """Timed kills of the query's own processes; every other kind is a server's."""
+FAULT_SECONDS = {
+    "freeze": (2.0, 8.0),
+    "partition": (2.0, 8.0),
+    "slow": (3.0, 10.0),
+    "reply lost": (2.0, 5.0),
+    "disk full": (2.0, 6.0),
+}
+"""How long a fault of each kind lasts (seconds, drawn between the two); ``past timeout``
+lasts the pipeline's own bound, past its Kafka transaction timeout."""
 
 
 @dataclass(frozen=True)
 class Event:
-    """One fault: a protocol point or a timed kill (see the module docstring)."""
+    """One event: a protocol point, a timed kill or a fault (see the module docstring)."""
 
-    kind: str  # "point", "driver", "executor", or a server's kind ("broker", "postgres", ...)
+    kind: str  # "point", "driver", "executor", a server's kind ("broker", ...) or a fault kind
     point: str = ""
     afterBatches: int = 0
     jitterSeconds: float = 0.0
     downSeconds: float = 0.0
+    target: str = ""
+    """A fault's target: a server's kind, or ``faultkinds.DISK``."""
+
+    @property
+    def isFault(self) -> bool:
+        return self.kind in FAULT_KINDS
 
     def describe(self) -> str:
         if self.kind == "point":
             down = f", down {self.downSeconds:.0f}s" if self.downSeconds else ""
             return f"{self.point} (+{self.afterBatches} batches){down}"
+        when = f"after {self.afterBatches} batches + {self.jitterSeconds:.2f}s"
+        if self.isFault:
+            return f"{self.kind} of {self.target} {when}, for {self.downSeconds:.1f}s"
         extra = f", down {self.downSeconds:.1f}s" if self.downSeconds else ""
-        return (
-            f"kill {self.kind} after {self.afterBatches} batches + {self.jitterSeconds:.2f}s{extra}"
-        )
+        return f"kill {self.kind} {when}{extra}"
 
 
 @dataclass
@@ -83,12 +104,21 @@ class Schedule:
         coverPoints: bool,
         servers: Sequence[str] = (),
         outageSeconds: float = 0.0,
+        faults: int = 0,
+        faultTargets: Mapping[str, Sequence[str]] | None = None,
+        pastTimeoutSeconds: float = 0.0,
+        coverFaults: bool | None = None,
     ) -> Schedule:
         """``kills`` events for ``pipeline``, whose servers are ``servers``: with
         ``coverPoints`` every protocol point first (and an outage, when ``outageSeconds``);
         then one timed kill of each kind the pipeline has (driver, executor, its servers), in
         seeded order, all of them with ``coverPoints`` even past ``kills``; then seeded random
-        events (a random ``driver.afterDecision`` is an outage three times in ten)."""
+        events (a random ``driver.afterDecision`` is an outage three times in ten).
+
+        Then ``faults`` faults of the kinds in ``faultTargets`` (kind -> what it may hit),
+        with ``coverFaults`` (default: ``coverPoints``) one of each kind first, even past
+        ``faults``, each put at a seeded place among the timed events (after the protocol
+        points); a ``past timeout`` lasts ``pastTimeoutSeconds``."""
         rng = random.Random(f"{seed}:{pipeline}")
         timedKinds = [*PROCESS_KINDS, *servers]
         events: list[Event] = []
@@ -116,8 +146,53 @@ class Schedule:
                     downSeconds=down,
                 )
             )
+        if faultTargets:
+            timedFrom = next((i for i, e in enumerate(events) if e.kind != "point"), len(events))
+            drawn = drawFaults(
+                random.Random(f"{seed}:{pipeline}:faults"),
+                faults,
+                faultTargets,
+                cover=coverPoints if coverFaults is None else coverFaults,
+                pastTimeoutSeconds=pastTimeoutSeconds,
+            )
+            frng = random.Random(f"{seed}:{pipeline}:fault-places")
+            for fault in drawn:
+                events.insert(frng.randint(timedFrom, len(events)), fault)
         return cls(seed, pipeline, events)
+
+    def faultsByKind(self) -> dict[str, int]:
+        return {k: sum(1 for e in self.events if e.kind == k) for k in FAULT_KINDS}
 
     def batchesNeeded(self) -> int:
         """Enough batches that the source is not drained before the last event."""
         return 2 * sum(e.afterBatches + 1 for e in self.events) + 6
+
+
+def drawFaults(
+    rng: random.Random,
+    count: int,
+    targets: Mapping[str, Sequence[str]],
+    *,
+    cover: bool,
+    pastTimeoutSeconds: float,
+) -> list[Event]:
+    """``count`` faults of the kinds in ``targets`` (with ``cover``: each kind once first, even
+    past ``count``), each on a seeded target of its kind."""
+    kinds = [k for k in FAULT_KINDS if targets.get(k)]
+    if not kinds:
+        return []
+    order = rng.sample(kinds, len(kinds)) if cover else []
+    drawn: list[Event] = []
+    while len(drawn) < count or order:
+        kind = order.pop(0) if order else rng.choice(kinds)
+        low, high = FAULT_SECONDS.get(kind, (pastTimeoutSeconds, pastTimeoutSeconds))
+        drawn.append(
+            Event(
+                kind,
+                afterBatches=rng.randint(0, 2),
+                jitterSeconds=round(rng.uniform(0.0, 1.2), 2),
+                downSeconds=round(rng.uniform(low, high), 1),
+                target=rng.choice(list(targets[kind])),
+            )
+        )
+    return drawn

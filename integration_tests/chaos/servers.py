@@ -1,17 +1,22 @@
-"""The servers a chaos pipeline may crash: where they are, and how one is killed and restarted.
+"""The servers a chaos pipeline may crash or cut off: where they are, and how each fault is done.
 
 A pipeline names the servers it depends on by kind (``pipelines/``); a timed kill of that kind
 SIGKILLs the server (or shuts PostgreSQL down immediately) through its services/*.sh script,
 keeps it down for the event's ``downSeconds`` and starts it again on the same data and port
-(``conftest.ServiceControl``). A sink that needs a new server adds its kind here.
+(``conftest.ServiceControl``). The faults beyond kills (``faultkinds``) freeze the server
+through the same script, or act on its proxy: when ``make services`` runs the proxies, every
+address here goes through them, so the query's connections can be partitioned, slowed or lose
+their replies. A sink that needs a new server adds its kind here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
+from integration_tests.chaos.faultkinds import SLOW_LATENCY_MS
 from integration_tests.conftest import SERVICES_DIR, S3Service, ServiceControl, service_setting
 
 
@@ -23,13 +28,15 @@ class Server:
     script: str
     noun: str
     fixture: str
+    proxy: str
+    """Its proxy's name in services/toxiproxy.sh."""
 
 
 SERVERS = {
-    "broker": Server("kafka.sh", "broker", "kafka_bootstrap"),
-    "postgres": Server("postgres.sh", "server", "pg_url"),
-    "s3": Server("s3.sh", "server", "s3"),
-    "mariadb": Server("mariadb.sh", "server", "mariadb_url"),
+    "broker": Server("kafka.sh", "broker", "kafka_bootstrap", "kafka"),
+    "postgres": Server("postgres.sh", "server", "pg_url", "postgres"),
+    "s3": Server("s3.sh", "server", "s3", "s3"),
+    "mariadb": Server("mariadb.sh", "server", "mariadb_url", "mariadb"),
 }
 """Every kind of server a schedule may kill, in the order of the report's columns."""
 
@@ -44,23 +51,75 @@ class Services:
     """The S3 server (``conftest.S3Service``) of the ``s3`` pipeline."""
     mariadbUrl: str = ""
     """The SQLAlchemy URL of the MariaDB of the ``mariadb`` pipeline."""
+    proxies: Any = None
+    """The proxies (``integration_tests.toxiproxy.Toxiproxy``) every address above goes
+    through, or None when ``make services`` runs none: no network faults then."""
+
+    def control(self, kind: str) -> ServiceControl:
+        server = SERVERS[kind]
+        return ServiceControl(SERVICES_DIR / server.script, server.noun)
 
     def crash(self, kind: str, downSeconds: float) -> None:
         """Kill the server of ``kind``, keep it down ``downSeconds``, start it again."""
-        server = SERVERS[kind]
-        control = ServiceControl(SERVICES_DIR / server.script, server.noun)
+        control = self.control(kind)
         control.kill()
         time.sleep(downSeconds)
         control.start()
 
+    def freeze(self, kind: str) -> Callable[[], None]:
+        """Stop every process of the server of ``kind``; returns what resumes them."""
+        control = self.control(kind)
+        control.freeze()
+        return control.thaw
+
+    def disturb(self, fault: str, kind: str) -> Callable[[], None]:
+        """Through the proxy of the server of ``kind``: ``partition`` (also ``past timeout``),
+        ``slow`` or ``reply lost``; returns what heals it."""
+        proxy = self.proxies.proxy(SERVERS[kind].proxy)
+        if fault in ("partition", "past timeout"):
+            proxy.partition()
+        elif fault == "slow":
+            proxy.slow(*SLOW_LATENCY_MS)
+        elif fault == "reply lost":
+            proxy.loseReplies()
+        else:
+            raise ValueError(f"no network fault {fault!r}")
+        heal: Callable[[], None] = proxy.heal
+        return heal
+
 
 def servicesFromEnvironment() -> Services:
-    """The servers of ``make services`` (environment first, then .services.env)."""
+    """The servers of ``make services`` (environment first, then .services.env), through
+    their proxies when it runs them."""
     names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
     s3 = [service_setting(f"TWOPHASE_S3_{n}") or "" for n in names]
-    return Services(
+    services = Services(
         pgUrl=service_setting("TWOPHASE_PG_URL") or "",
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
         s3=S3Service(*s3) if all(s3) else None,
         mariadbUrl=service_setting("TWOPHASE_MARIADB_URL") or "",
+    )
+    proxiesUrl = service_setting("TWOPHASE_TOXIPROXY_URL")
+    return throughProxies(services, proxiesUrl) if proxiesUrl else services
+
+
+def throughProxies(services: Services, proxiesUrl: str) -> Services:
+    """``services`` with every address replaced by its server's proxy."""
+    from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
+
+    proxies = Toxiproxy(proxiesUrl)
+    proxies.reset()  # no fault left over from an interrupted run
+
+    def through(url: str, kind: str) -> str:
+        return proxiedUrl(url, proxies.proxy(SERVERS[kind].proxy)) if url else url
+
+    return replace(
+        services,
+        pgUrl=through(services.pgUrl, "postgres"),
+        bootstrap=proxies.proxy("kafka").listen if services.bootstrap else "",
+        s3=replace(services.s3, endpoint=through(services.s3.endpoint, "s3"))
+        if services.s3
+        else None,
+        mariadbUrl=through(services.mariadbUrl, "mariadb"),
+        proxies=proxies,
     )

@@ -1,7 +1,8 @@
 """One chaos pipeline end to end: its schedule drawn, its input and output made, run, verified.
 
 What differs between pipelines (the table or topics, the servers to kill, the check) is asked
-of the pipeline's module (``pipelines/``); this module only puts the steps in order.
+of the pipeline's module (``pipelines/``); this module only puts the steps in order, and says
+which faults beyond kills reach a pipeline (``faultTargets``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from integration_tests.chaos.faultkinds import DISK, Disk
 from integration_tests.chaos.pipelines import PIPELINES, Pipeline
 from integration_tests.chaos.report import ChaosResult
 from integration_tests.chaos.runner import ChaosRun
@@ -17,7 +19,14 @@ from integration_tests.chaos.schedule import Schedule
 from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
 
-__all__ = ["drawSchedule", "prepare", "runPipeline", "servicesFromEnvironment", "verifyOutput"]
+__all__ = [
+    "drawSchedule",
+    "faultTargets",
+    "prepare",
+    "runPipeline",
+    "servicesFromEnvironment",
+    "verifyOutput",
+]
 
 
 def pipelineNamed(name: str) -> Pipeline:
@@ -27,8 +36,34 @@ def pipelineNamed(name: str) -> Pipeline:
     return PIPELINES[name]
 
 
-def drawSchedule(pipeline: str, seed: int, kills: int, *, coverPoints: bool) -> Schedule:
-    """The seeded schedule of ``pipeline``: its servers' kills, its outages if it has any."""
+def faultTargets(pipeline: str, *, proxies: bool, disk: bool) -> dict[str, tuple[str, ...]]:
+    """Which faults beyond kills reach ``pipeline``, and what each may hit: a freeze any of its
+    servers; with ``proxies`` (its clients go through them) a partition, a slow link or lost
+    replies any of them, and ``past timeout`` its broker when it writes Kafka transactions;
+    with ``disk`` (a tmpfs under its checkpoint) a full disk."""
+    p = pipelineNamed(pipeline)
+    targets: dict[str, tuple[str, ...]] = {"freeze": p.servers}
+    if proxies:
+        targets.update({"partition": p.servers, "slow": p.servers, "reply lost": p.servers})
+        if p.kafkaTimeoutSeconds and "broker" in p.servers:
+            targets["past timeout"] = ("broker",)
+    if disk:
+        targets["disk full"] = (DISK,)
+    return {kind: servers for kind, servers in targets.items() if servers}
+
+
+def drawSchedule(
+    pipeline: str,
+    seed: int,
+    kills: int,
+    *,
+    coverPoints: bool,
+    faults: int = 0,
+    targets: dict[str, tuple[str, ...]] | None = None,
+    coverFaults: bool | None = None,
+) -> Schedule:
+    """The seeded schedule of ``pipeline``: its servers' kills, its outages if it has any, and
+    ``faults`` faults of the kinds in ``targets`` (see ``faultTargets``)."""
     p = pipelineNamed(pipeline)
     return Schedule.draw(
         seed,
@@ -37,6 +72,10 @@ def drawSchedule(pipeline: str, seed: int, kills: int, *, coverPoints: bool) -> 
         coverPoints=coverPoints,
         servers=p.servers,
         outageSeconds=p.outageSeconds,
+        faults=faults,
+        faultTargets=targets,
+        pastTimeoutSeconds=2.5 * p.kafkaTimeoutSeconds,
+        coverFaults=coverFaults,
     )
 
 
@@ -64,17 +103,37 @@ def runPipeline(
     kills: int,
     rowsPerBatch: int,
     coverPoints: bool,
+    faults: int = 0,
+    coverFaults: bool | None = None,
     log: Any = print,
 ) -> ChaosResult:
-    """Draw the schedule, size the input to it, run it, verify."""
-    schedule = drawSchedule(pipeline, seed, kills, coverPoints=coverPoints)
+    """Draw the schedule, size the input to it, run it, verify. The checkpoint (and the files
+    sink's output) lives on a tmpfs of its own when one can be mounted, for ``disk full``;
+    what it held is copied back to the same place when it is unmounted."""
     workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
     workdir.mkdir(parents=True, exist_ok=True)
-    rows = schedule.batchesNeeded() * rowsPerBatch
-    spec = prepare(pipeline, workdir, services, rows, rowsPerBatch)
-    log(
-        f"[chaos] {pipeline}: seed {seed}, {rows} rows in batches of {rowsPerBatch}, schedule: "
-        + "; ".join(e.describe() for e in schedule.events)
+    disk = Disk(workdir / "disk") if Disk.possible() else None
+    targets = faultTargets(pipeline, proxies=services.proxies is not None, disk=disk is not None)
+    schedule = drawSchedule(
+        pipeline,
+        seed,
+        kills,
+        coverPoints=coverPoints,
+        faults=faults,
+        targets=targets,
+        coverFaults=coverFaults,
     )
-    os.environ.setdefault("TWOPHASE_LOG_LEVEL", "INFO")
-    return ChaosRun(spec, schedule, services, verifyOutput, log).run()
+    rows = schedule.batchesNeeded() * rowsPerBatch
+    if disk is not None:
+        disk.mount()
+    try:
+        spec = prepare(pipeline, workdir, services, rows, rowsPerBatch)
+        log(
+            f"[chaos] {pipeline}: seed {seed}, {rows} rows in batches of {rowsPerBatch}, "
+            "schedule: " + "; ".join(e.describe() for e in schedule.events)
+        )
+        os.environ.setdefault("TWOPHASE_LOG_LEVEL", "INFO")
+        return ChaosRun(spec, schedule, services, verifyOutput, log, disk=disk).run()
+    finally:
+        if disk is not None:  # what it held stays readable: the decision log, Spark's logs
+            disk.unmount(keepCopyIn=spec.disk)

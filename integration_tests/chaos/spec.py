@@ -36,12 +36,17 @@ class PipelineSpec:
     """Extra options of the sink, beside the ones the pipeline sets."""
 
     @property
+    def disk(self) -> Path:
+        """What a ``disk full`` fills: the checkpoint and the files sink's output."""
+        return Path(self.workdir) / "disk"
+
+    @property
     def checkpoint(self) -> str:
-        return str(Path(self.workdir) / "checkpoint")
+        return str(self.disk / "checkpoint")
 
     @property
     def output(self) -> str:
-        return str(Path(self.workdir) / "output")
+        return str(self.disk / "output")
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from integration_tests.chaos.servers import Services
 
 
+SOCKET_TIMEOUT = "10"
+"""``socketTimeout`` of the PostgreSQL and SQL sinks under chaos: a partition or a lost reply
+fails the call in seconds rather than the default two minutes."""
+
+
 def need(value: Any, what: str) -> Any:
     """``value``, or exit saying that ``what`` (a server of ``make services``) is not configured."""
     if not value:
@@ -37,6 +42,8 @@ class Pipeline:
     """Kinds of ``servers.SERVERS`` the schedule may kill (files: none)."""
     outageSeconds: ClassVar[float] = 0.0
     """How long an outage keeps the query down; 0: the schedule has no outages."""
+    kafkaTimeoutSeconds: ClassVar[float] = 0.0
+    """The transaction timeout of its Kafka writes; 0: none, no ``past timeout`` fault."""
     columns: ClassVar[tuple[str, ...]] = ("id", "payload")
     """The identity of a record, as ``twophase verify`` counts them."""
 

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from integration_tests.chaos.servers import Services
 
 
+S3_TIMEOUTS = '{"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2}}'
+"""botocore's bounds of the ``s3`` pipeline's requests."""
+
+
 class FilesPipeline(Pipeline):
     """sequence -> twophase.files into ``<workdir>/output``."""
 
@@ -48,6 +52,8 @@ class S3Pipeline(FilesPipeline):
         s3 = need(services.s3, "S3")
         spec.s3Path = s3.url(f"chaos/{uuid.uuid4().hex[:10]}/output")
         spec.sinkOptions.update(s3.options())
+        # a partition or a lost reply fails a request in seconds, and s3fs tries it again
+        spec.sinkOptions["fs.config_kwargs"] = S3_TIMEOUTS
 
     def path(self, spec: PipelineSpec) -> str:
         return spec.s3Path

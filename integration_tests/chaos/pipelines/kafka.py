@@ -22,8 +22,24 @@ if TYPE_CHECKING:
     from integration_tests.chaos.servers import Services
 
 KAFKA_TIMEOUT_MS = 15_000
-"""The ``kafka`` pipeline's (and the ``multi`` pipeline's Kafka target's)
+"""The Kafka pipelines' (and the ``multi`` pipeline's Kafka target's)
 ``kafka.transaction.timeout.ms``: short, so an outage outlives it."""
+PAST_TIMEOUT_SECONDS = 2.5 * KAFKA_TIMEOUT_MS / 1000
+"""Past the transaction timeout and the broker's abort sweep."""
+
+
+def boundedKafka(prefix: str = "") -> dict[str, str]:
+    """Sink options of a Kafka target under chaos (``prefix``: its name in ``multi``): the short
+    transaction timeout, and bounds that end a call a partition or a lost reply holds in
+    seconds rather than minutes."""
+    return {
+        f"{prefix}kafka.transaction.timeout.ms": str(KAFKA_TIMEOUT_MS),
+        f"{prefix}kafka.socket.timeout.ms": "10000",
+        f"{prefix}flushTimeoutSeconds": "30",
+        f"{prefix}requestTimeoutSeconds": "10",
+    }
+
+
 INPUT_TRANSACTION_ROWS = 250
 """Records per transaction when the Kafka -> Kafka input topic is filled."""
 
@@ -63,9 +79,10 @@ class KafkaPipeline(Pipeline):
     name = "kafka"
     servers = ("broker",)
     columns = ("key", "value")
+    kafkaTimeoutSeconds = KAFKA_TIMEOUT_MS / 1000
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
-        spec.sinkOptions["kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
+        spec.sinkOptions.update(boundedKafka())
         newOutputTopic(spec, services)
 
     def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
@@ -101,6 +118,7 @@ class KafkaKafkaPipeline(KafkaPipeline):
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         from integration_tests.test_kafka_helpers import createTopic
 
+        spec.sinkOptions.update(boundedKafka())
         newOutputTopic(spec, services)
         spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
         fillInput(spec.bootstrap, spec.inputTopic, spec.rows)

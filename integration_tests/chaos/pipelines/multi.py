@@ -13,8 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from integration_tests.chaos.pipelines.base import Pipeline
-from integration_tests.chaos.pipelines.kafka import KAFKA_TIMEOUT_MS, newOutputTopic
+from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline
+from integration_tests.chaos.pipelines.kafka import (
+    KAFKA_TIMEOUT_MS,
+    PAST_TIMEOUT_SECONDS,
+    boundedKafka,
+    newOutputTopic,
+)
 from integration_tests.chaos.pipelines.postgres import newTable
 from integration_tests.chaos.spec import PipelineSpec
 
@@ -43,12 +48,13 @@ class MultiPipeline(Pipeline):
 
     name = "multi"
     servers = ("postgres", "broker")
-    outageSeconds = 2.5 * KAFKA_TIMEOUT_MS / 1000
-    """Past the Kafka target's transaction timeout and the broker's abort sweep."""
+    outageSeconds = PAST_TIMEOUT_SECONDS
+    kafkaTimeoutSeconds = KAFKA_TIMEOUT_MS / 1000
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         newTable(spec, services)
-        spec.sinkOptions["events.kafka.transaction.timeout.ms"] = str(KAFKA_TIMEOUT_MS)
+        spec.sinkOptions.update(boundedKafka("events."))
+        spec.sinkOptions["orders.socketTimeout"] = SOCKET_TIMEOUT
         newOutputTopic(spec, services)
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from integration_tests.chaos.pipelines.base import Pipeline, need
+from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline, need
 from integration_tests.chaos.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class PostgresPipeline(Pipeline):
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         newTable(spec, services)
+        spec.sinkOptions["socketTimeout"] = SOCKET_TIMEOUT
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         return (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from integration_tests.chaos.pipelines.base import Pipeline, need
+from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline, need
 from integration_tests.chaos.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ class MariadbPipeline(Pipeline):
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         spec.sqlUrl = need(services.mariadbUrl, "MariaDB")
         spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
+        spec.sinkOptions["socketTimeout"] = SOCKET_TIMEOUT
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         return (
