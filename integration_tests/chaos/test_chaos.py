@@ -10,6 +10,12 @@ they write to; the multi pipeline also goes down after a decision for longer tha
 target's transaction timeout (the broker aborts the decided transactions; the restart writes
 them again, PostgreSQL's prepared half waits). Kafka -> Kafka gets random kills only.
 
+Every pipeline also gets one fault beyond kills of each kind that reaches it
+(``setup.faultTargets``), at seeded places among the timed kills: a frozen server, a partition,
+a slow link and lost replies of one of its servers through the proxies of
+``services/toxiproxy.sh``, a full disk under its checkpoint (a tmpfs), and for the Kafka
+pipelines the broker cut off for longer than the transaction timeout while the query runs.
+
 The ``files`` (local rename), ``postgres`` and ``kafka`` pipelines stay in ``make chaos``'s
 soak: ``s3`` runs the files sink under kills; the rename path's windows are tested at the
 committer in ``tests/test_files_sink.py`` and under Spark in ``test_spark_crash_windows.py``.
@@ -24,11 +30,12 @@ from pathlib import Path
 
 import pytest
 
+from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
-from integration_tests.chaos.report import summaryTable
+from integration_tests.chaos.report import livenessTable, summaryTable
 from integration_tests.chaos.schedule import DRIVER_POINTS, TASK_POINTS
 from integration_tests.chaos.servers import SERVERS
-from integration_tests.chaos.setup import runPipeline, servicesFromEnvironment
+from integration_tests.chaos.setup import faultTargets, runPipeline, servicesFromEnvironment
 
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
@@ -45,21 +52,30 @@ def test_bounded_chaos_is_exactly_once(
 ) -> None:
     for kind in PIPELINES[pipeline].servers:
         request.getfixturevalue(SERVERS[kind].fixture)  # fails clearly when it is not running
+    services = servicesFromEnvironment()
+    assert services.proxies is not None, (
+        "no proxies between the query and its servers: `make services` starts them "
+        "(services/toxiproxy.sh) and writes TWOPHASE_TOXIPROXY_URL to .services.env"
+    )
     cover = pipeline != "kafka-kafka"
     kills = len(TASK_POINTS) + len(DRIVER_POINTS) + RANDOM_KILLS if cover else 10
+    kinds = faultTargets(pipeline, proxies=True, disk=Disk.possible())
     result = runPipeline(
         pipeline,
         tmp_path / pipeline,
-        servicesFromEnvironment(),
+        services,
         seed=SEED,
         kills=kills,
         rowsPerBatch=100,
         coverPoints=cover,
+        coverFaults=True,
     )
-    print(summaryTable([result]))
+    print(summaryTable([result]) + "\n\n" + livenessTable([result]))
     where = f"(seed {SEED}, logs in {tmp_path / pipeline})"
     assert result.ok, f"{pipeline} is not exactly-once {where}: {result.report}"
-    assert len(result.kills) >= 10, f"only {len(result.kills)} kills delivered {where}"
+    assert len(result.kills) - result.faultCount() >= 10, f"too few kills delivered {where}"
+    delivered = {k.event.kind for k in result.kills if k.event.isFault}
+    assert delivered >= set(kinds), f"faults not delivered {where}: {set(kinds) - delivered}"
     if cover:
         fired = {k.event.point for k in result.kills if k.event.kind == "point"}
         assert fired >= set(TASK_POINTS + DRIVER_POINTS), f"not fired: {where}" + str(
