@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from integration_tests.spark_processes import (
     killExecutorJvmOnce,
     killSession,
     makeSparkHome,
+    sharedSession,
 )
 from integration_tests.test_kafka_helpers import (
     Record,
@@ -501,6 +503,60 @@ def test_kafka_to_spark_to_kafka_is_exactly_once_across_a_crash(
     assert "the input needs a 'value' column" in failures["noValue"]
     assert "kafka.ssl.truststore.location" in failures["javaOption"]
     assert "kafka.ssl.ca.location" in failures["javaOption"]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from sharedSession("twophase-kafka-bad-records")
+
+
+@pytest.mark.timeout(600)
+def test_a_record_over_the_topic_s_limit_fails_the_query_naming_it_and_nothing_is_visible(
+    spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Through ``twophase.foreachBatch``: the broker refuses the batch holding the record; the
+    query stops naming the record's position and size, the topic's limit and the fix, and a
+    read_committed reader sees batch 0 only."""
+    import twophase
+
+    topic = createTopic(kafka_bootstrap, config={"max.message.bytes": "20000"})
+    checkpoint = str(tmp_path / "ckpt")
+    stream = (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 100)
+        .option("totalRows", 300)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(
+            "CAST(id AS STRING) AS key",
+            "CASE WHEN id = 163 THEN repeat('x', 50000) ELSE payload END AS value",
+        )
+    )
+    write = twophase.foreachBatch(
+        "twophase.kafka",
+        {
+            "kafka.bootstrap.servers": kafka_bootstrap,
+            "topic": topic,
+            "checkpointLocation": checkpoint,
+        },
+    )
+    query = (
+        stream.writeStream.foreachBatch(write)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception) as info:  # noqa: B017 - Spark's StreamingQueryException
+        query.awaitTermination(240)
+    message = str(info.value)
+    assert "batch 1, partition" in message and f"topic {topic}" in message, message
+    assert "the topic's max.message.bytes (20000 bytes)" in message
+    # key "163" and the 50000-byte value; its position in the task that wrote it
+    assert re.search(r"row \d+ of partition \d+ \(counting from 0\), 50003 bytes", message)
+    assert "cannot fit in a batch of its own" in message and "--add-config" in message
+    assert "x" * 100 not in message
+    keys = sorted(int(r.key) for r in readTopic(kafka_bootstrap, topic))
+    assert keys == list(range(100))  # batch 0, nothing of batch 1
 
 
 def _main() -> int:

@@ -312,7 +312,8 @@ def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_t
 ) -> None:
     sinkId = f"tp-{table[-10:]}"
     options = {"url": pg_url, "table": table, "sinkId": sinkId}
-    columns = ["id", "CASE WHEN id = 150 THEN NULL ELSE payload END AS payload"]
+    # Batch 1 is ids 100-199, partition 1 ids 150-199: id 163 is that partition's row 13.
+    columns = ["id", "CASE WHEN id = 163 THEN NULL ELSE payload END AS payload"]
 
     message = failureOf(startQuery(spark, options, tmp_path / "c1", columns))
     assert f"table public.{table} does not exist" in message and "createTable=true" in message
@@ -325,8 +326,10 @@ def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_t
     query(pg_url, f"ALTER TABLE {table} ALTER COLUMN id TYPE bigint")
     checkpoint = tmp_path / "c3"
     message = failureOf(startQuery(spark, options, checkpoint, columns))
-    assert "PostgreSQL rejected a row" in message and "batch 1" in message
-    assert "column payload" in message and "not-null" in message
+    assert "PostgreSQL rejected row 13 of partition 1 (counting from 0)" in message, message
+    assert "batch 1, partition 1" in message and "column payload" in message
+    assert "not-null" in message and "df.na.drop(subset=['payload'])" in message
+    assert "Failing row" not in message and "row-164" not in message  # no row's values
     assert counts(pg_url, table) == (100, 100)  # batch 0 only: nothing of batch 1
     assert preparedOf(pg_url, sinkId) == []
     assert pg_url not in message
@@ -334,7 +337,7 @@ def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_t
     query(pg_url, f"ALTER TABLE {table} ALTER COLUMN payload DROP NOT NULL")
     startQuery(spark, options, checkpoint, columns).awaitTermination(240)
     assertExactlyOnce(pg_url, table, sinkId, 300)
-    assert query(pg_url, f"SELECT id FROM {table} WHERE payload IS NULL") == [(150,)]
+    assert query(pg_url, f"SELECT id FROM {table} WHERE payload IS NULL") == [(163,)]
 
 
 # -- more partitions than the server's max_prepared_transactions --------------------------------

@@ -64,14 +64,16 @@ def spark() -> Iterator[Any]:
     yield from sharedSession("twophase-sql", **{"spark.sql.session.timeZone": "UTC"})
 
 
-def startQuery(spark: Any, options: dict[str, str], checkpoint: Path) -> Any:
+def startQuery(
+    spark: Any, options: dict[str, str], checkpoint: Path, columns: list[str] = COLUMNS
+) -> Any:
     stream = (
         spark.readStream.format("twophase.sequence")
         .option("rowsPerBatch", 100)
         .option("totalRows", ROWS)
         .option("numPartitions", 2)
         .load()
-        .selectExpr(*COLUMNS)
+        .selectExpr(*columns)
     )
     writer = stream.writeStream.format("twophase.sql").options(**options)
     return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
@@ -141,6 +143,51 @@ def test_a_missing_table_fails_the_query_clearly_before_any_task(
         query.awaitTermination(240)
     assert f"table {table} does not exist" in str(info.value)
     assert "createTable=true" in str(info.value)
+
+
+@pytest.mark.timeout(600)
+def test_a_value_too_long_fails_the_query_naming_its_row_and_nothing_of_the_batch_is_visible(
+    spark: Any, mariadb_url: str, tmp_path: Path
+) -> None:
+    """MariaDB (strict mode) refuses the value; the query stops with the row's position, the
+    column, its type and the fix, holds batch 0 only, and writes the rest after the fix."""
+    table = f"it_sqlspark_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
+    # Batch 1 is ids 100-199, partition 1 ids 150-199: id 163 is that partition's row 13.
+    columns = ["id", "CASE WHEN id = 163 THEN repeat('x', 25) ELSE payload END AS payload"]
+    options = {"url": mariadb_url, "dbtable": table}
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, payload VARCHAR(10)) ENGINE=InnoDB"
+            )
+        query = startQuery(spark, options, tmp_path / "ckpt", columns)
+        with pytest.raises(Exception) as info:  # noqa: B017 - Spark's StreamingQueryException
+            query.awaitTermination(240)
+        message = str(info.value)
+        assert (
+            "batch 1, partition 1 (attempt 0), table " + table in message
+            and "the database rejected row 13 of partition 1 (counting from 0), column payload: "
+            "Data too long for column 'payload' (error 1406; the value has 25 characters; the "
+            "column is varchar(10))"
+            in message
+        ), message
+        assert "widen payload" in message and "truncate the value upstream" in message
+        assert "x" * 25 not in message and f":{sa.make_url(mariadb_url).password}@" not in message
+        with engine.connect() as conn:
+            ids = conn.exec_driver_sql(f"SELECT id FROM {table} ORDER BY id").scalars().all()
+        assert ids == list(range(100))  # batch 0, nothing of batch 1
+
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {table} MODIFY payload VARCHAR(50)")
+        startQuery(spark, options, tmp_path / "ckpt", columns).awaitTermination(240)
+        with engine.connect() as conn:
+            ids = conn.exec_driver_sql(f"SELECT id FROM {table} ORDER BY id").scalars().all()
+        assert ids == list(range(ROWS))
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+        engine.dispose()
 
 
 @pytest.mark.timeout(300)
