@@ -14,6 +14,7 @@ import decimal
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from integration_tests.conftest import (
     callsDuringAFreeze,
     failedWithin,
 )
+from integration_tests.docs_blocks import oneLine, sectionBlocks
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
     RecoveryScope,
@@ -517,6 +519,35 @@ def test_an_upsert_names_the_row_the_server_did_not_place(
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
     c.commit(writeAndPrepare(w, context(table, batch=3), idsBatch([1], "r")))
     assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(1,)]
+
+
+def documentedForm(text: str, table: str) -> str:
+    """A message as docs/postgres.md shows it: the table ``orders``, sink ``orders``; the
+    server's address and a staged token's attempt and run are the document's own."""
+    text = oneLine(text).replace(sinkIdOf(table), "orders").replace(table, "orders")
+    text = re.sub(r"at \S+@[\w.]+:\d+/\w+:", "at <server>:", text)
+    return re.sub(r"staged as tp1:\S+ ", "staged as <token> ", text)
+
+
+def test_the_documented_rejections_are_what_the_sink_says(pg_url: str, table: str) -> None:
+    """docs/postgres.md, "A record the target rejects": both examples are real output."""
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, note varchar(10))")
+    w, _ = sink(pg_url, table)
+    notes = pa.record_batch(
+        {"id": pa.array([1, 2, 3, 4], pa.int64()), "note": ["ok", "ok", "ok", "a note too long"]}
+    )
+    with pytest.raises(RowRejectedError) as tooLong:
+        writeAndPrepare(w, context(table, batch=7, part=2), notes)
+    execute(pg_url, f"INSERT INTO {table} VALUES (2, 'there')")
+    staged, c = sink(pg_url, table, commitMode="staged")
+    validateTarget(staged.settings, notes.schema)
+    handle = writeAndPrepare(staged, context(table, batch=7, part=3), notes.slice(0, 3))
+    with pytest.raises(RowRejectedError) as atTheMove:
+        c.commit(handle)
+    documented = sectionBlocks("postgres.md", "A record the target rejects")
+    assert [documentedForm(str(e.value), table) for e in (tooLong, atTheMove)] == [
+        documentedForm(block, "orders") for block in documented
+    ]
 
 
 def test_an_upsert_refuses_a_value_too_long_for_its_column_as_copy_does(
