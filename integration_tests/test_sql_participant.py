@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from integration_tests.conftest import (
     callsDuringAFreeze,
     failedWithin,
 )
+from integration_tests.docs_blocks import oneLine, sectionBlocks
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
     RecoveryScope,
@@ -587,6 +589,29 @@ def test_a_row_mariadb_rejects_is_named_by_position_column_and_fix_and_nothing_i
     committer = SqlCommitter(t.settings())
     committer.commit(prepare(t, 6, rows([20, 21], ["f", "g"]), partition=2, **options))
     assert len(t.rows()) == len(existing) + 2
+
+
+def test_the_documented_rejection_is_what_the_sink_says(mtarget: Target) -> None:
+    """docs/sql.md, "A record the target rejects": the example is real output (the document's
+    table ``events`` and sink ``events``, its server's address)."""
+    t = mtarget
+    t.execute(f"CREATE TABLE {t.table} (id BIGINT PRIMARY KEY, note VARCHAR(10)) ENGINE=InnoDB")
+    writer = SqlWriter(t.settings())
+    txn = writer.beginTransaction(t.ctx(7, 2))
+    notes = pa.record_batch(
+        {"id": pa.array([1, 2, 3, 4], pa.int64()), "note": ["ok", "ok", "ok", "a note too long"]}
+    )
+    with pytest.raises(RowRejectedError) as info:
+        writer.write(txn, notes)
+    writer.abortTransaction(txn)
+
+    def documented(text: str) -> str:
+        return re.sub(r" at mysql [\w.-]+:\d+/\w+:", " at mysql <server>:", oneLine(text))
+
+    actual = str(info.value).replace(t.sinkId, "events").replace(t.table, "events")
+    assert [documented(actual)] == [
+        documented(b) for b in sectionBlocks("sql.md", "A record the target rejects")
+    ]
 
 
 def test_missing_table_without_create_table_says_how_to_fix(target: Target) -> None:
