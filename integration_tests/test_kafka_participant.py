@@ -8,6 +8,7 @@ coordinator do, and reads the topic the way users do: with a ``read_committed`` 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ from integration_tests.conftest import (
     callsDuringAFreeze,
     failedWithin,
 )
+from integration_tests.docs_blocks import oneLine, sectionBlocks
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
 from integration_tests.toxiproxy import Toxiproxy
 from twophase.protocol import (
@@ -401,6 +403,24 @@ def test_batches_over_the_topic_s_limit_say_so_and_the_fix_they_name_works(
     fixed.write(txn, records)
     c.commit(fixed.preCommit(txn))
     assert len(readTopic(kafka_bootstrap, topic)) == 60
+
+
+def test_the_documented_rejection_is_what_the_sink_says(kafka_bootstrap: str) -> None:
+    """docs/kafka.md, "A record the target rejects": the example is real output (the
+    document's topic ``events`` and sink ``events``)."""
+    topic = createTopic(kafka_bootstrap, config={"max.message.bytes": "2000"})
+    w, _ = sink(kafka_bootstrap, topic)
+    documentedCtx = TransactionContext("events", "q", 7, 2, 0)
+    with pytest.raises(RecordTooLargeError) as info:
+        runTask(lambda: w, documentedCtx, iter([sized(10, 10, 10, 5000)]), alreadyDecided=False)
+
+    def documented(text: str) -> str:  # how librdkafka groups the records may vary
+        return re.sub(r"a batch of \d+ record", "a batch of <n> record", oneLine(text))
+
+    actual = documented(str(info.value).replace(topic, "events"))
+    assert [actual] == [
+        documented(b) for b in sectionBlocks("kafka.md", "A record the target rejects")
+    ]
 
 
 @pytest.mark.parametrize("listing", ["listed", "unlisted"])
