@@ -55,9 +55,15 @@ class ChaosResult:
     seconds: float
     report: str
     skipped: list[Event] = field(default_factory=list)
+    liveReader: Any = None
+    """For a pipeline writing Kafka: ``twophase verify``'s report of what a ``read_committed``
+    reader that followed the run saw (``reader.LiveReader``)."""
 
     @property
     def ok(self) -> bool:
+        live = self.liveReader
+        if live is not None and (live.missing or live.duplicated or live.unexpected):
+            return False
         return self.missing == 0 and self.duplicated == 0 and self.unexpected == 0
 
     def killsByKind(self) -> Counter[str]:
@@ -65,6 +71,15 @@ class ChaosResult:
 
     def faultCount(self) -> int:
         return sum(1 for k in self.kills if k.event.isFault)
+
+    def liveSummary(self) -> str:
+        """The live reader's column: records seen once each, or what went wrong."""
+        live = self.liveReader
+        if live is None:
+            return "-"
+        if not (live.missing or live.duplicated or live.unexpected):
+            return f"{int(live.actualRows):,} once"
+        return f"{live.missing} lost, {live.duplicated} twice, {live.unexpected} unexpected"
 
     def longestRecovery(self) -> float:
         return max((k.recoverySeconds or 0.0 for k in self.kills), default=0.0)
@@ -74,14 +89,14 @@ def summaryTable(results: list[ChaosResult]) -> str:
     """The soak's Markdown table: kills and faults by kind, batches, records, lost, duplicated,
     recovery."""
     head = ["pipeline", "seed", *KINDS, "kills", "faults", "starts", "batches", "records"]
-    head += ["lost", "duplicated", "unexpected", "longest recovery s", "minutes"]
+    head += ["lost", "duplicated", "unexpected", "live reader", "longest recovery s", "minutes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         byKind = r.killsByKind()
         row = [r.pipeline, str(r.seed), *(str(byKind.get(k, 0)) for k in KINDS)]
         row += [str(len(r.kills) - r.faultCount()), str(r.faultCount())]
         row += [str(r.starts), str(r.batches), f"{r.records:,}"]
-        row += [str(r.missing), str(r.duplicated), str(r.unexpected)]
+        row += [str(r.missing), str(r.duplicated), str(r.unexpected), r.liveSummary()]
         row += [f"{r.longestRecovery():.1f}", f"{r.seconds / 60:.1f}"]
         lines.append("| " + " | ".join(row) + " |")
     total = Counter[str]()
@@ -93,7 +108,7 @@ def summaryTable(results: list[ChaosResult]) -> str:
     row += [str(sum(r.starts for r in results))]
     row += [str(sum(r.batches for r in results)), f"{sum(r.records for r in results):,}"]
     row += [str(sum(r.missing for r in results)), str(sum(r.duplicated for r in results))]
-    row += [str(sum(r.unexpected for r in results))]
+    row += [str(sum(r.unexpected for r in results)), ""]
     row += [f"{max((r.longestRecovery() for r in results), default=0):.1f}"]
     row += [f"{sum(r.seconds for r in results) / 60:.1f}"]
     lines.append("| " + " | ".join(row) + " |")
@@ -147,5 +162,13 @@ def resultJson(result: ChaosResult) -> dict[str, Any]:
             for kind, (c, p50, top, n) in liveness([result]).items()
         },
         "seconds": round(result.seconds, 1),
+        "liveReader": None
+        if result.liveReader is None
+        else {
+            "records": int(result.liveReader.actualRows),
+            "missing": int(result.liveReader.missing),
+            "duplicated": int(result.liveReader.duplicated),
+            "unexpected": int(result.liveReader.unexpected),
+        },
         "events": [k.event.describe() for k in result.kills],
     }

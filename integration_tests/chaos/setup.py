@@ -13,6 +13,7 @@ from typing import Any
 
 from integration_tests.chaos.faultkinds import DISK, Disk
 from integration_tests.chaos.pipelines import PIPELINES, Pipeline
+from integration_tests.chaos.reader import LiveReader
 from integration_tests.chaos.report import ChaosResult
 from integration_tests.chaos.runner import ChaosRun
 from integration_tests.chaos.schedule import Schedule
@@ -88,6 +89,14 @@ def prepare(
     return spec
 
 
+def liveReport(spec: PipelineSpec, reader: LiveReader) -> Any:
+    """What the ``read_committed`` reader that followed the run saw, against the source."""
+    from twophase import verify
+
+    seen = reader.finish()
+    return verify.compare(pipelineNamed(spec.pipeline).liveExpected(spec), seen, ("key", "value"))
+
+
 def verifyOutput(spec: PipelineSpec) -> Any:
     """Compare what the pipeline's sink holds with what its source offered (``twophase
     verify``'s report; for ``multi``: each target, and the two joined on the id)."""
@@ -133,7 +142,20 @@ def runPipeline(
             "schedule: " + "; ".join(e.describe() for e in schedule.events)
         )
         os.environ.setdefault("TWOPHASE_LOG_LEVEL", "INFO")
-        return ChaosRun(spec, schedule, services, verifyOutput, log, disk=disk).run()
+        topic = pipelineNamed(pipeline).liveTopic(spec)
+        reader = LiveReader(spec.bootstrap, topic).start() if topic else None
+        live: list[Any] = []
+
+        def verifyAll(spec: PipelineSpec) -> Any:
+            if reader is not None:  # the live reader first: the source is drained
+                live.append(liveReport(spec, reader))
+            return verifyOutput(spec)
+
+        result = ChaosRun(spec, schedule, services, verifyAll, log, disk=disk).run()
+        if live:
+            result.liveReader = live[0]
+            result.report += f"\nread_committed reader during the run: {live[0]}"
+        return result
     finally:
         if disk is not None:  # what it held stays readable: the decision log, Spark's logs
             disk.unmount(keepCopyIn=spec.disk)

@@ -75,6 +75,15 @@ class Pipeline:
         """Parent: what the sink holds, as committed-data readers see it."""
         raise NotImplementedError
 
+    def liveTopic(self, spec: PipelineSpec) -> str | None:
+        """Parent: the Kafka topic a ``read_committed`` reader follows while the chaos runs
+        (``reader.LiveReader``), or None when the pipeline writes no Kafka topic."""
+        return None
+
+    def liveExpected(self, spec: PipelineSpec) -> Any:
+        """Parent: what that reader must see, once each (key and value columns)."""
+        return self.expected(spec)
+
     def verify(self, spec: PipelineSpec) -> Any:
         """Parent, once drained: ``twophase verify``'s report of the sink against the source."""
         from twophase import verify

@@ -102,6 +102,9 @@ class KafkaPipeline(Pipeline):
 
         return verify.asKafkaRecords(super().expected(spec))
 
+    def liveTopic(self, spec: PipelineSpec) -> str | None:
+        return spec.outputTopic
+
     def actual(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 

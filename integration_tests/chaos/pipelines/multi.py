@@ -78,6 +78,14 @@ class MultiPipeline(Pipeline):
             .option("events.topic", spec.outputTopic)
         )
 
+    def liveTopic(self, spec: PipelineSpec) -> str | None:
+        return spec.outputTopic
+
+    def liveExpected(self, spec: PipelineSpec) -> Any:
+        from twophase import verify
+
+        return verify.asKafkaRecords(self.expected(spec))
+
     def verify(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 

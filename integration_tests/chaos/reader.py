@@ -1,0 +1,97 @@
+"""A ``read_committed`` consumer reading a Kafka pipeline's output while its chaos runs.
+
+Kafka's own transaction tests run such a reader beside the writers: whatever the faults do to
+the writers, a ``read_committed`` reader must never see a record of an aborted transaction,
+nor a record twice. This one follows the output topic from the first start until the source
+is drained and it has caught up, and its records are compared with what the source offered,
+as ``twophase verify`` compares the topic afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+POLL_SECONDS = 0.5
+
+
+class LiveReader:
+    """Consumes ``topic`` at ``bootstrap`` in a thread from :meth:`start` to :meth:`finish`.
+
+    Every call on the consumer is made by that thread: a consumer is not shared across threads.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.errors: list[str] = []
+        self._finishBy: float | None = None
+        self._finishing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"live-reader-{topic}", daemon=True)
+
+    def start(self) -> LiveReader:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"chaos-live-reader-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.subscribe([self.topic])
+            while True:
+                for message in consumer.consume(num_messages=500, timeout=POLL_SECONDS):
+                    if message.error():
+                        self.errors.append(str(message.error()))
+                        continue
+                    self.keys.append(message.key())
+                    self.values.append(message.value())
+                if self._finishing.is_set() and (
+                    time.monotonic() > (self._finishBy or 0) or self._caughtUp(consumer)
+                ):
+                    return
+        finally:
+            consumer.close()
+
+    def _caughtUp(self, consumer: Any) -> bool:
+        """Whether the reader's positions are the partitions' ends (a transaction still open
+        holds a read_committed reader back until it ends)."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            assigned = consumer.assignment()
+            if not assigned:
+                return False
+            for tp in consumer.position(assigned):
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=10
+                )
+                if tp.offset < high:
+                    return False
+            return True
+        except Exception as e:  # a broker that does not answer yet: try again
+            self.errors.append(f"positions: {e}")
+            return False
+
+    def finish(self, limit: float = 90.0) -> pa.Table:
+        """Once the topic's ends are read, or ``limit`` seconds passed, stop; the records."""
+        self._finishBy = time.monotonic() + limit
+        self._finishing.set()
+        self._thread.join(timeout=limit + 60)
+        return pa.table(
+            {"key": pa.array(self.keys, pa.binary()), "value": pa.array(self.values, pa.binary())}
+        )
