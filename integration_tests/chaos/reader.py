@@ -40,19 +40,23 @@ class LiveReader:
         return self
 
     def _run(self) -> None:
-        from confluent_kafka import Consumer
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
                 "group.id": f"chaos-live-reader-{uuid.uuid4().hex[:8]}",
                 "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
             }
         )
         try:
-            consumer.subscribe([self.topic])
+            # Assigned, not subscribed: a group rebalance (a broker cut off for longer than the
+            # session timeout) would start the reader again from the beginning.
+            topic = consumer.list_topics(self.topic, timeout=30).topics[self.topic]
+            consumer.assign(
+                [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(topic.partitions)]
+            )
             while True:
                 for message in consumer.consume(num_messages=500, timeout=POLL_SECONDS):
                     if message.error():

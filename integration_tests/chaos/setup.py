@@ -20,6 +20,11 @@ from integration_tests.chaos.schedule import Schedule
 from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
 
+BROKER_ABORT_SWEEP_SECONDS = 10
+"""How often the broker aborts the transactions past their timeout (its
+``transaction.abort.timed.out.transaction.cleanup.interval.ms``, default): a ``past timeout``
+lasts the pipeline's transaction timeout, one sweep and a margin."""
+
 __all__ = [
     "drawSchedule",
     "faultTargets",
@@ -75,7 +80,7 @@ def drawSchedule(
         outageSeconds=p.outageSeconds,
         faults=faults,
         faultTargets=targets,
-        pastTimeoutSeconds=2.5 * p.kafkaTimeoutSeconds,
+        pastTimeoutSeconds=p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + 3,
         coverFaults=coverFaults,
     )
 
