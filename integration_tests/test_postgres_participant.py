@@ -525,7 +525,7 @@ def documentedForm(text: str, table: str) -> str:
     """A message as docs/postgres.md shows it: the table ``orders``, sink ``orders``; the
     server's address and a staged token's attempt and run are the document's own."""
     text = oneLine(text).replace(sinkIdOf(table), "orders").replace(table, "orders")
-    text = re.sub(r"at \S+@[\w.]+:\d+/\w+:", "at <server>:", text)
+    text = re.sub(r"at \S+@[\w.]+:\d+/[^:\s]+:", "at <server>:", text)
     return re.sub(r"staged as tp1:\S+ ", "staged as <token> ", text)
 
 
