@@ -48,6 +48,7 @@ class LiveReader:
                 "group.id": f"chaos-live-reader-{uuid.uuid4().hex[:8]}",
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
+                "log.connection.close": False,  # faults close connections: that is the point
             }
         )
         try:
