@@ -183,6 +183,27 @@ install_or_die() {
     apt_install "$@"
 }
 
+# go_install_once TITLE VERSION MODULE OVERRIDE: set BIN to the binary of the Go module
+# MODULE (path@v$VERSION) built once with `go install` into $CACHE/<name>-VERSION, or to the
+# executable named by the variable OVERRIDE when it is set.
+go_install_once() {
+    local title=$1 version=$2 module=$3 override=$4
+    if [[ -n ${!override:-} ]]; then
+        [[ -x ${!override} ]] || die "$override=${!override} is not executable"
+        BIN=${!override}
+        return 0
+    fi
+    local dir=$CACHE/$title-$version binary=${module##*/}
+    if [[ ! -x $dir/$binary ]]; then
+        command -v go >/dev/null || die "$title $version is not built and there is no Go
+    toolchain to build it: install Go (https://go.dev/dl/) or set $override"
+        log "building $title $version with go install (once; cached in $dir)"
+        mkdir -p "$dir"
+        GOBIN=$dir go install "$module@v$version" >&2 || die "go install of $title $version failed"
+    fi
+    BIN=$dir/$binary
+}
+
 # ---------------------------------------------------------------------------------------------
 # The life of the server, through the hooks of the script that sourced this file.
 

@@ -43,21 +43,7 @@ BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
 
 # svc_install: the gateway binary in BIN: TWOPHASE_VERSITYGW, or built once with `go install`.
 svc_install() {
-    if [[ -n ${TWOPHASE_VERSITYGW:-} ]]; then
-        [[ -x $TWOPHASE_VERSITYGW ]] || die "TWOPHASE_VERSITYGW=$TWOPHASE_VERSITYGW is not executable"
-        BIN=$TWOPHASE_VERSITYGW
-        return 0
-    fi
-    local dir=$CACHE/versitygw-$VERSION
-    if [[ ! -x $dir/versitygw ]]; then
-        command -v go >/dev/null || die "versitygw $VERSION is not built and there is no Go
-    toolchain to build it: install Go (https://go.dev/dl/) or set TWOPHASE_VERSITYGW"
-        log "building versitygw $VERSION with go install (once; cached in $dir)"
-        mkdir -p "$dir"
-        GOBIN=$dir go install "github.com/versity/versitygw/cmd/versitygw@v$VERSION" >&2 ||
-            die "go install of versitygw $VERSION failed"
-    fi
-    BIN=$dir/versitygw
+    go_install_once versitygw "$VERSION" github.com/versity/versitygw/cmd/versitygw TWOPHASE_VERSITYGW
 }
 
 # svc_create: a data directory with user extended attributes, and a free port.

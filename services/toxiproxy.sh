@@ -48,21 +48,7 @@ CONFIG=$STATE/proxies.json # the same as toxiproxy's -config file, written from 
 
 # svc_install: the server binary in BIN: TWOPHASE_TOXIPROXY, or built once with `go install`.
 svc_install() {
-    if [[ -n ${TWOPHASE_TOXIPROXY:-} ]]; then
-        [[ -x $TWOPHASE_TOXIPROXY ]] || die "TWOPHASE_TOXIPROXY=$TWOPHASE_TOXIPROXY is not executable"
-        BIN=$TWOPHASE_TOXIPROXY
-        return 0
-    fi
-    local dir=$CACHE/toxiproxy-$VERSION
-    if [[ ! -x $dir/server ]]; then
-        command -v go >/dev/null || die "toxiproxy $VERSION is not built and there is no Go
-    toolchain to build it: install Go (https://go.dev/dl/) or set TWOPHASE_TOXIPROXY"
-        log "building toxiproxy $VERSION with go install (once; cached in $dir)"
-        mkdir -p "$dir"
-        GOBIN=$dir go install "github.com/Shopify/toxiproxy/v2/cmd/server@v$VERSION" >&2 ||
-            die "go install of toxiproxy $VERSION failed"
-    fi
-    BIN=$dir/server
+    go_install_once toxiproxy "$VERSION" github.com/Shopify/toxiproxy/v2/cmd/server TWOPHASE_TOXIPROXY
 }
 
 # svc_create: a free port for the API, and no proxies yet.
