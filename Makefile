@@ -64,13 +64,15 @@ test-windows: .venv
 # The chaos soak: KILLS kills and FAULTS faults beyond kills (a frozen server, a partition, a
 # slow link, lost replies, a full disk, the broker gone past the transaction timeout) over every
 # pipeline, seeded (SEED=<n> replays a schedule); prints the tables and writes
-# chaos-runs/report.{md,json}. Servers as for `make test`.
+# chaos-runs/report.{md,json}. Servers as for `make test`. PARALLEL=<n> runs n pipelines side by
+# side on the same servers (a long soak in less time; each also meets its neighbours' faults).
 KILLS ?= 200
 FAULTS ?= 0
 SEED ?=
+PARALLEL ?= 1
 .PHONY: chaos
 chaos: .venv
-	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)))
+	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)) --parallel $(PARALLEL))
 
 services: .venv
 	PYTHON=$(VENV_PY) services/services.sh up

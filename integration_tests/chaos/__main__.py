@@ -1,12 +1,17 @@
 """``python -m integration_tests.chaos``: the random chaos soak (``make chaos KILLS=200``).
 
-Runs every pipeline of ``pipelines.PIPELINES`` (files, postgres, kafka...) one after another, each
-with its share of ``--kills`` and of ``--faults`` (faults beyond kills, of every kind that
-reaches it: ``setup.faultTargets``) drawn from ``--seed`` (printed: ``--seed N`` replays the same
-schedules), against the servers of ``make services``; verifies each with ``twophase.verify``;
-prints a Markdown table (kills and faults by kind, batches, records, lost, duplicated, longest
-recovery) and the liveness table (per kind, seconds to the next committed batch), and writes
-them with a JSON twin to ``--out``. Exit 1 when any record is lost or duplicated.
+Runs every pipeline of ``pipelines.PIPELINES`` (files, postgres, kafka...), one after another or
+``--parallel`` at a time, each with its share of ``--kills`` and of ``--faults`` (faults beyond
+kills, of every kind that reaches it: ``setup.faultTargets``) drawn from ``--seed`` (printed:
+``--seed N`` replays the same schedules), against the servers of ``make services``; verifies
+each with ``twophase.verify``; prints a Markdown table (kills and faults by kind, batches,
+records, lost, duplicated, longest recovery) and the liveness table (per kind, seconds to the
+next committed batch), and writes them with a JSON twin to ``--out``. Exit 1 when any record is
+lost or duplicated.
+
+Side by side, pipelines share the servers: a fault one schedule puts on a server reaches every
+pipeline using it (the table counts it once, for the schedule that drew it), and the faults and
+kills of a server take turns (``Services.exclusive``).
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import json
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
-from integration_tests.chaos.report import livenessTable, resultJson, summaryTable
+from integration_tests.chaos.report import ChaosResult, livenessTable, resultJson, summaryTable
 from integration_tests.chaos.setup import (
     drawSchedule,
     faultTargets,
@@ -44,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipelines", default=",".join(PIPELINES))
     p.add_argument("--rows-per-batch", type=int, default=500)
     p.add_argument("--cover-points", action="store_true", help="every protocol point first")
+    p.add_argument("--parallel", type=int, default=1, help="pipelines run side by side (default 1)")
     p.add_argument("--workdir", default="chaos-runs")
     p.add_argument("--out", default="chaos-runs/report")
     p.add_argument(
@@ -79,29 +86,43 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     began = time.monotonic()
-    results = []
-    for pipeline, share, faultShare in zip(pipelines, kills, faults, strict=True):
-        workdir = Path(args.workdir).resolve() / f"{seed}-{pipeline}"
+
+    def runOne(pipeline: str, share: int, faultShare: int) -> ChaosResult:
+        def log(line: str) -> None:
+            print(line.replace("[chaos]", f"[chaos {pipeline}]", 1), flush=True)
+
         result = runPipeline(
             pipeline,
-            workdir,
+            Path(args.workdir).resolve() / f"{seed}-{pipeline}",
             services,
             seed=seed,
             kills=share,
             rowsPerBatch=args.rows_per_batch,
             coverPoints=args.cover_points,
             faults=faultShare,
+            log=log if args.parallel > 1 else print,
         )
-        results.append(result)
         print(f"[chaos] {pipeline}: {result.report}", flush=True)
+        return result
+
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        results = list(pool.map(runOne, pipelines, kills, faults))
     table = summaryTable(results) + "\n\n" + livenessTable(results)
     minutes = (time.monotonic() - began) / 60
-    print(f"\nseed {seed}, {minutes:.1f} min\n\n{table}", flush=True)
+    side = f", {args.parallel} pipelines side by side" if args.parallel > 1 else ""
+    print(f"\nseed {seed}, {minutes:.1f} min{side}\n\n{table}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(f"seed {seed}, {minutes:.1f} min\n\n{table}\n")
+    out.with_suffix(".md").write_text(f"seed {seed}, {minutes:.1f} min{side}\n\n{table}\n")
     out.with_suffix(".json").write_text(
-        json.dumps({"seed": seed, "results": [resultJson(r) for r in results]}, indent=1)
+        json.dumps(
+            {
+                "seed": seed,
+                "parallel": args.parallel,
+                "results": [resultJson(r) for r in results],
+            },
+            indent=1,
+        )
     )
     if not all(r.ok for r in results):
         print(f"[chaos] EXACTLY-ONCE VIOLATED; replay with --seed {seed}", file=sys.stderr)

@@ -21,10 +21,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from integration_tests.chaos.faultkinds import NETWORK_KINDS, Disk
+from integration_tests.chaos.faultkinds import DISK, NETWORK_KINDS, Disk
 from integration_tests.chaos.report import ChaosResult, Kill
 from integration_tests.chaos.schedule import UNNUMBERED, Event, Schedule
 from integration_tests.chaos.servers import Services
@@ -235,8 +236,8 @@ class ChaosRun:
         to kill yet (try again)."""
         now = time.monotonic()
         if event.isFault:
-            self._fault(event)
-            self.kills.append(Kill(event, now, healed=time.monotonic()))
+            began = self._fault(event)
+            self.kills.append(Kill(event, began, healed=time.monotonic()))
             self.log(f"[chaos] {event.describe()}: delivered and healed")
             return True
         if event.kind == "driver":
@@ -247,13 +248,24 @@ class ChaosRun:
                 return False
             os.kill(self.rng.choice(pids), signal.SIGKILL)
         else:
-            self.services.crash(event.kind, event.downSeconds)
+            with self.services.exclusive(event.kind):
+                now = time.monotonic()
+                self.services.crash(event.kind, event.downSeconds)
         self.kills.append(Kill(event, now))
         self.log(f"[chaos] {event.describe()}: delivered")
         return True
 
-    def _fault(self, event: Event) -> None:
-        """The fault of ``event`` for its ``downSeconds`` (commits still watched), then healed."""
+    def _fault(self, event: Event) -> float:
+        """The fault of ``event`` for its ``downSeconds`` (commits still watched), then healed;
+        a server's fault waits for any other on the same server to heal first. Returns when it
+        began."""
+        own = event.target == DISK  # the pipeline's own disk: nobody else's fault reaches it
+        with nullcontext() if own else self.services.exclusive(event.target):
+            began = time.monotonic()
+            self._faultFor(event)
+            return began
+
+    def _faultFor(self, event: Event) -> None:
         heal: Callable[[], None]
         if event.kind == "freeze":
             heal = self.services.freeze(event.target)

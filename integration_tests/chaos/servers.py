@@ -6,14 +6,17 @@ keeps it down for the event's ``downSeconds`` and starts it again on the same da
 (``conftest.ServiceControl``). The faults beyond kills (``faultkinds``) freeze the server
 through the same script, or act on its proxy: when ``make services`` runs the proxies, every
 address here goes through them, so the query's connections can be partitioned, slowed or lose
-their replies. A sink that needs a new server adds its kind here.
+their replies. Pipelines run side by side share these servers: ``exclusive`` lets one fault or
+kill at a time act on a server, so that one pipeline's heal never ends another's fault early.
+A sink that needs a new server adds its kind here.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from integration_tests.chaos.faultkinds import SLOW_LATENCY_MS
@@ -54,6 +57,12 @@ class Services:
     proxies: Any = None
     """The proxies (``integration_tests.toxiproxy.Toxiproxy``) every address above goes
     through, or None when ``make services`` runs none: no network faults then."""
+    locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
+
+    def exclusive(self, kind: str) -> threading.Lock:
+        """The lock a fault or kill of the server of ``kind`` holds from its start to its
+        healing, when pipelines run side by side."""
+        return self.locks.setdefault(kind, threading.Lock())
 
     def control(self, kind: str) -> ServiceControl:
         server = SERVERS[kind]
