@@ -205,7 +205,8 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             f"files sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
             f"(attempt {ctx.attemptNumber}): the storage at {redact(txn.path)} did not "
             f"answer: {type(exc).__name__}: {redact(str(exc))}. Nothing of this task is "
-            "visible; Spark retries the task. Each request waits at most botocore's "
+            "visible; Spark retries the task, and a failed batch is written again when the "
+            "query restarts. Each request waits at most botocore's "
             "connect_timeout and read_timeout (60 s each unless fs.config_kwargs sets "
             'them, e.g. {"read_timeout": 20}), retried by s3fs a few times.'
         )

@@ -270,8 +270,9 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         if isTimeout(exc):
             return SqlUnavailableError, (
                 f"{where}: {noAnswer(s.socketTimeout)}: {text}. Nothing of this task is visible; "
-                "Spark retries the task. If statements take that long on a healthy server, "
-                "raise the option socketTimeout."
+                "Spark retries the task, and a failed batch is written again when the query "
+                "restarts. If statements take that long on a healthy server, raise the option "
+                "socketTimeout."
             )
         if isUnavailable(exc):
             return SqlUnavailableError, (
