@@ -28,6 +28,7 @@ from integration_tests.spark_processes import killExecutorJvmOnce
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 from integration_tests.test_kafka_participant import state
 from integration_tests.test_kafka_spark import openTransactions
+from twophase.clients.postgres import PostgresUnavailableError
 from twophase.coordinator import Coordinator, CoordinatorSettings, DecisionLog
 from twophase.coordinator.errors import RewritePendingError
 from twophase.protocol import RecoveryScope, TaskResult, TransactionContext
@@ -111,11 +112,19 @@ def test_bad_targets_and_columns_are_refused_before_anything_is_written(
     noValue = StructType([StructField("key", StringType())])
     with pytest.raises(TwoPhaseConfigError, match=r"target 'events' \(kafka\).*value"):
         sink.validate(StructType([StructField("orders", ORDERS), StructField("events", noValue)]))
-    unreachable = MultiSink({**good, "orders.url": "postgresql://nobody@127.0.0.1:1/none"})
-    with pytest.raises(TwoPhaseConfigError, match=r"target 'orders' \(postgres\)"):
+    # A server down is no configuration error: its own (retryable) error, naming the target.
+    unreachable = MultiSink(
+        {
+            **good,
+            "orders.url": "postgresql://nobody@127.0.0.1:1/none",
+            "orders.connectRetrySeconds": "1",
+        }
+    )
+    with pytest.raises(PostgresUnavailableError, match="is unreachable") as info:
         unreachable.validate(
             StructType([StructField("orders", ORDERS), StructField("events", EVENTS)])
         )
+    assert "target 'orders' (postgres)" in " ".join(getattr(info.value, "__notes__", []))
     assert pgIds(pg_url, table) == [] and readTopic(kafka_bootstrap, topic) == []
     sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
 

@@ -109,13 +109,14 @@ class MultiSink(TwoPhaseDataSource):
                     f"F.struct(<the {target.kind} sink's columns>).alias({target.name!r})"
                 )
             before = dict(sink.options)
+            where = f"twophase.multi: target {target.name!r} ({target.kind}), struct column "
             try:
                 sink.validate(column.dataType)
-            except Exception as exc:
-                raise TwoPhaseConfigError(
-                    f"twophase.multi: target {target.name!r} ({target.kind}), struct column "
-                    f"{column.name!r}: {exc}"
-                ) from exc
+            except TwoPhaseConfigError as exc:
+                raise TwoPhaseConfigError(f"{where}{column.name!r}: {exc}") from exc
+            except Exception as exc:  # a server down stays what it is (retryable), named here
+                exc.add_note(f"{where}{column.name!r}")
+                raise
             for key, value in sink.options.items():  # what validate resolved (Kafka's timeout)
                 if before.get(key) != value:
                     self.options[f"{target.name.lower()}.{key}"] = value
