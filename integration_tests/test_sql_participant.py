@@ -497,6 +497,70 @@ def test_a_rejected_row_names_the_batch_and_nothing_is_prepared_or_visible(
     assert t.prepared() == [] and t.rows() == []
 
 
+@pytest.mark.parametrize("path", ["text", "executemany"])
+def test_bad_records_go_to_the_dead_letter_table_in_the_task_s_transaction(
+    target: Target, path: str, request: pytest.FixtureRequest
+) -> None:
+    """With badRecords=<table>, the rows the database refuses (a value too long, a duplicate
+    key: one in each of two statements of batchsize 4) go to the dead-letter table with their
+    position, column, reason and JSON, in the task's own transaction: invisible while it is
+    prepared, committed once with it, never when it is aborted. ``executemany`` (a binary
+    column) goes through the driver instead of MariaDB's SQL text."""
+    t = target
+    binary = ", b VARBINARY(8)" if t.family == "mysql" else ", b BYTEA"
+    t.execute(f"CREATE TABLE {t.table} (id BIGINT PRIMARY KEY, v VARCHAR(5){binary})")
+    dead = unique("rejected")
+    request.addfinalizer(lambda: t.execute(f"DROP TABLE IF EXISTS {dead}"))
+    opts = {"badRecords": dead, "batchsize": "4"}
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("b", pa.binary())])
+    validateTarget(t.settings(**opts), schema if path == "executemany" else SIMPLE, t.sinkId)
+
+    def batch(ids: list[int], values: list[str]) -> pa.RecordBatch:
+        columns = [pa.array(ids, pa.int64()), pa.array(values)]
+        if path == "executemany":
+            return pa.record_batch([*columns, pa.array([b"\x01"] * len(ids))], schema=schema)
+        return pa.record_batch(columns, schema=SIMPLE)
+
+    writer = SqlWriter(t.settings(**opts))
+    txn = writer.beginTransaction(t.ctx(5, 2))
+    writer.write(txn, batch([0, 1, 2, 3, 4], ["a", "b", "c", "much too long", "e"]))
+    writer.write(txn, batch([5, 6, 1, 7], ["f", "g", "h", "i"]))  # id 1 again: row 7
+    handle = writer.preCommit(txn)
+
+    def deadRows() -> list[tuple[object, ...]]:
+        with t.engine.connect() as conn:
+            return [
+                tuple(r)
+                for r in conn.exec_driver_sql(
+                    f"SELECT row_position, sink_id, batch_id, partition_id, error_column, error, "
+                    f"record FROM {dead} ORDER BY row_position"
+                )
+            ]
+
+    assert t.rows() == [] and deadRows() == []  # prepared: nothing visible yet
+    committer = SqlCommitter(t.settings(**opts))
+    committer.commit(handle)
+    committer.commit(handle)  # a retry: a no-op
+    assert [r[0] for r in t.rows()] == [0, 1, 2, 4, 5, 6, 7]
+    rows = deadRows()
+    assert [r[:4] for r in rows] == [(3, t.sinkId, 5, 2), (7, t.sinkId, 5, 2)]
+    # MariaDB names the column of a value too long; PostgreSQL's error does not.
+    assert rows[0][4] == ("v" if t.family == "mysql" else None)
+    assert "row 3 of partition 2" in str(rows[0][5]) and "too long" in str(rows[0][5])
+    assert "row 7 of partition 2" in str(rows[1][5])
+    assert json.loads(str(rows[0][6]))["v"] == "much too long"
+    assert json.loads(str(rows[1][6]))["id"] == 1
+    if path == "executemany":
+        assert json.loads(str(rows[1][6]))["b"] == "01"
+    # An aborted task's rejected rows are never seen either.
+    writer2 = SqlWriter(t.settings(**opts))
+    txn2 = writer2.beginTransaction(t.ctx(6, 0))
+    writer2.write(txn2, batch([8, 9], ["j", "far too long"]))
+    writer2.preCommit(txn2)
+    writer2.abortTransaction(txn2)
+    assert len(deadRows()) == 2 and t.prepared() == []
+
+
 SECRET = "private-value-do-not-show"
 
 # What each kind of bad row meets on MariaDB (strict mode): column v's definition, the bad

@@ -190,6 +190,54 @@ def test_a_value_too_long_fails_the_query_naming_its_row_and_nothing_of_the_batc
         engine.dispose()
 
 
+@pytest.mark.timeout(600)
+def test_bad_records_set_aside_in_a_dead_letter_table_let_the_query_go_on_exactly_once(
+    spark: Any, mariadb_url: str, pg_url: str, tmp_path: Path
+) -> None:
+    """With badRecords=<table> the rows each database refuses (values too long, in three
+    batches and both partitions) land in the dead-letter table with their batch and
+    position, every other row in the target, each once; a second start adds nothing, and
+    ``twophase verify`` with the option finds every source row once."""
+    bad = {37, 163, 250}
+    columns = [
+        "id",
+        f"CASE WHEN id IN {tuple(sorted(bad))} THEN repeat('x', 25) ELSE payload END AS payload",
+    ]
+    for name, url in urls(mariadb_url, pg_url).items():
+        table, dead = (f"it_sql{kind}_{uuid.uuid4().hex[:8]}" for kind in ("spark", "dead"))
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        options = {"url": url, "dbtable": table, "badRecords": dead}
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, payload VARCHAR(10))"
+                )
+            for _ in range(2):
+                startQuery(spark, options, tmp_path / name, columns).awaitTermination(240)
+                with engine.connect() as conn:
+                    ids = conn.exec_driver_sql(f"SELECT id FROM {table} ORDER BY id")
+                    aside = conn.exec_driver_sql(
+                        f"SELECT batch_id, error, record FROM {dead} ORDER BY batch_id, "
+                        "partition_id, row_position"
+                    ).all()
+                assert ids.scalars().all() == [i for i in range(ROWS) if i not in bad], name
+                assert [json.loads(r[2])["id"] for r in aside] == sorted(bad), name
+                assert [r[0] for r in aside] == [0, 1, 2], name
+                assert all("too long" in r[1] for r in aside), (name, aside)
+            # verify counts the rows set aside as held; without the option, as missing.
+            source = {"start": "0", "end": str(ROWS)}
+            report = verify.verify("sequence", source, "sql", options, columns=["id"])
+            assert report.ok and report.actualRows == ROWS, (name, str(report))
+            plain = {"url": url, "dbtable": table}
+            report = verify.verify("sequence", source, "sql", plain, columns=["id"])
+            assert not report.ok and report.missing == len(bad), (name, str(report))
+        finally:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {dead}")
+            engine.dispose()
+
+
 @pytest.mark.timeout(300)
 def test_the_example_of_docs_sql_md_runs(
     spark: Any, mariadb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -31,6 +31,14 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
     )
     pg = SqlSettings.fromOptions({"url": "postgresql+psycopg://u@h/db", "table": "t"})
     assert (pg.family, pg.schema, pg.table) == ("postgresql", None, "t")
+    assert s.badRecords is None and pg.badRecords is None  # a rejected row fails the batch
+    for fail in ("fail", "FAIL", " fail "):
+        assert (
+            SqlSettings.fromOptions({"url": URL, "table": "t", "badRecords": fail}).badRecords
+            is None
+        )
+    dead = SqlSettings.fromOptions({"url": URL, "table": "s.t", "badRecords": "t_rejected"})
+    assert (dead.badRecords, dead.schema) == ("t_rejected", "s")
 
 
 @pytest.mark.parametrize(
@@ -46,6 +54,10 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
         ({"url": URL, "dbtable": "t", "batchsize": "0"}, "batchsize"),
         ({"url": URL, "dbtable": "t", "socketTimeout": "-1"}, "socketTimeout"),
         ({"url": URL, "dbtable": "t", "socketTimeout": "soon"}, "socketTimeout"),
+        ({"url": URL, "dbtable": "t", "badRecords": "t"}, "badRecords='t' must be fail"),
+        ({"url": URL, "dbtable": "t", "badRecords": "twophase_sql_commits"}, "badRecords"),
+        ({"url": URL, "dbtable": "t", "badRecords": "s.bad"}, "plain name"),
+        ({"url": URL, "dbtable": "t", "badRecords": "/tmp/bad"}, "dead-letter table"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:

@@ -2,13 +2,17 @@
 
 ``twophase verify --sink sql --sink-option url=... --sink-option dbtable=...`` reads here; the
 options are the sink's own (``url`` an SQLAlchemy URL, ``user``/``password`` overriding it).
-A plain connection only sees committed rows, so prepared transactions are not counted.
+A plain connection only sees committed rows, so prepared transactions are not counted. With
+the sink's ``badRecords`` option, the rows it set aside in that table count as held too (their
+JSON read back into the columns).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -60,7 +64,11 @@ def readSql(
             result = conn.exec_driver_sql(
                 f"SELECT {quoted} FROM {tableText(engine.dialect, s.schema, s.table)}"
             )
-            rows = result.fetchall()
+            rows: list[Any] = list(result.fetchall())
+            if s.badRecords is not None:
+                aside = _setAside(conn, engine.dialect, s.schema, s.badRecords, wanted)
+                where += f" and {len(aside)} row(s) set aside in {s.badRecords}"
+                rows = [*rows, *aside]
     except sa.exc.NoSuchTableError:
         raise VerifyInputError(f"{where}: no such table; check dbtable and the url") from None
     except sa.exc.SQLAlchemyError as exc:
@@ -81,6 +89,25 @@ def readSql(
     table = pa.table(arrays, names=wanted)
     log.info("%d rows of %s in %.2f s", table.num_rows, where, time.monotonic() - started)
     return table, where
+
+
+def _setAside(
+    conn: sa.Connection, dialect: sa.Dialect, schema: str | None, table: str, wanted: list[str]
+) -> list[tuple[object, ...]]:
+    """The rows the sink set aside in its ``badRecords`` table (committed ones only), as
+    ``wanted``'s values read from their JSON: they count as held, once each."""
+    from twophase.sinks.sql.dialect import tableText
+
+    records = conn.exec_driver_sql(
+        f"SELECT record FROM {tableText(dialect, schema, table)}"
+    ).scalars()
+    rows = []
+    for text in records:
+        record = json.loads(text) if text else None
+        if not isinstance(record, dict):
+            continue
+        rows.append(tuple(record.get(c) for c in wanted))
+    return rows
 
 
 __all__ = ["actualFromSql", "readSql"]

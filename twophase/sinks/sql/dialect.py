@@ -17,6 +17,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
+from sqlalchemy.dialects.mysql import LONGTEXT
 from sqlalchemy.engine import Connection, Dialect
 
 MAX_XID_BYTES = {"mysql": 64, "postgresql": 199}
@@ -140,6 +141,27 @@ def markerTable(name: str, schema: str | None = None) -> sa.Table:
         sa.Column("batch_id", sa.BigInteger, nullable=False),
         sa.Column("partition_id", sa.Integer, nullable=False),
         sa.Column("row_count", sa.BigInteger, nullable=False),
+        mysql_engine="InnoDB",
+    )
+
+
+@functools.cache
+def badRecordsTable(name: str, schema: str | None = None) -> sa.Table:
+    """The dead-letter table of option ``badRecords``: one row per rejected row, written in
+    the transaction of the task that met it (so committed with its batch, or never): the
+    task's xid, the row's position in its task (counting from 0), the column the database
+    named, why it refused the row, and the row as JSON."""
+    return sa.Table(
+        name,
+        sa.MetaData(schema=schema),
+        sa.Column("xid", sa.String(200), primary_key=True),
+        sa.Column("row_position", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("sink_id", sa.String(64), nullable=False, index=True),
+        sa.Column("batch_id", sa.BigInteger, nullable=False),
+        sa.Column("partition_id", sa.Integer, nullable=False),
+        sa.Column("error_column", sa.String(200), nullable=True),
+        sa.Column("error", sa.Text, nullable=False),
+        sa.Column("record", sa.Text().with_variant(LONGTEXT(), "mysql"), nullable=False),
         mysql_engine="InnoDB",
     )
 

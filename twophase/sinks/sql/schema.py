@@ -5,7 +5,7 @@ written: a server without two-phase commit (PostgreSQL's ``max_prepared_transact
 MariaDB older than 10.5), a user who may not list prepared XA transactions, a table on an
 engine without transactions (MyISAM, Aria), a missing table without ``createTable``, missing
 columns, an xid that would not fit. ``createTable`` creates the table from the stream's schema,
-and the marker table is created when missing.
+and the marker table (and the dead-letter table of ``badRecords``) is created when missing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from twophase.sinks.sql.connections import connection, engineFor, isAccessDenied
-from twophase.sinks.sql.dialect import MAX_XID_BYTES, columnType, errorMessage, markerTable
+from twophase.sinks.sql.dialect import (
+    MAX_XID_BYTES,
+    badRecordsTable,
+    columnType,
+    errorMessage,
+    markerTable,
+)
 from twophase.sinks.sql.errors import SqlSinkError
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.xid import checkXidRoom
@@ -55,6 +61,25 @@ def validateTarget(s: SqlSettings, schema: pa.Schema, sinkId: str) -> None:
             )
         markerTable(s.markerTable, s.schema).create(conn, checkfirst=True)
         _checkEngine(s, conn, s.markerTable)
+        if s.badRecords is not None:
+            _checkBadRecordsTable(s, conn, s.badRecords)
+
+
+def _checkBadRecordsTable(s: SqlSettings, conn: Connection, name: str) -> None:
+    """The dead-letter table of ``badRecords``: created when missing, else it must have the
+    columns the sink writes."""
+    table = badRecordsTable(name, s.schema)
+    table.create(conn, checkfirst=True)
+    _checkEngine(s, conn, name)
+    columns = {c["name"] for c in sa.inspect(conn).get_columns(name, schema=s.schema)}
+    missing = [c.name for c in table.columns if c.name not in columns]
+    if missing:
+        qualified = f"{s.schema}.{name}" if s.schema else name
+        raise SqlSinkError(
+            f"sql sink: the badRecords table {qualified} has no column(s) {missing}; it holds "
+            f"rows the database rejected ({', '.join(c.name for c in table.columns)}): name "
+            "another table in option badRecords and the sink creates it, or drop this one"
+        )
 
 
 def _checkColumnsOfOptions(s: SqlSettings, schema: pa.Schema) -> None:

@@ -112,6 +112,11 @@ class SqlSettings:
       above InnoDB's 50 s lock wait; 0: no limit). A frozen or unreachable server then fails
       the task or the commit instead of holding it forever. ``read_timeout``/``write_timeout``
       in the URL win.
+    - ``badRecords``: ``fail`` (default: a row the database rejects fails the batch, naming
+      the row, the column and the fix) or the name of a dead-letter table beside the target
+      (created when missing): each rejected row goes there instead, as JSON with its position
+      and the reason, in the task's own transaction, so it is committed with the batch and
+      exactly once.
     """
 
     url: URL = field(repr=False)
@@ -125,6 +130,8 @@ class SqlSettings:
     connectTimeout: int = 10
     connectRetrySeconds: float = 30.0
     socketTimeout: int = 120
+    badRecords: str | None = None
+    """The dead-letter table of rows the database rejects; ``None``: fail the batch."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> SqlSettings:
@@ -163,6 +170,17 @@ class SqlSettings:
         marker = optionOf(options, "markerTable") or "twophase_sql_commits"
         if not _NAME.match(marker):
             raise TwoPhaseConfigError(f"option markerTable={marker!r} is not a plain table name")
+        bad = (optionOf(options, "badRecords") or "fail").strip()
+        if bad.lower() == "fail":
+            badRecords = None
+        elif not _NAME.match(bad) or bad in (parts[-1], marker):
+            raise TwoPhaseConfigError(
+                f"option badRecords={bad!r} must be fail (the default: a rejected row fails "
+                "the batch) or the plain name of a dead-letter table beside the target, other "
+                "than the target and the marker table, e.g. badRecords=orders_rejected"
+            )
+        else:
+            badRecords = bad
         return cls(
             url=url,
             schema=parts[0] if len(parts) == 2 else None,
@@ -175,6 +193,7 @@ class SqlSettings:
             connectTimeout=intOption(options, "connectTimeout", 10, minimum=1),
             connectRetrySeconds=float(intOption(options, "connectRetrySeconds", 30, minimum=0)),
             socketTimeout=intOption(options, "socketTimeout", 120, minimum=0),
+            badRecords=badRecords,
         )
 
     @property

@@ -7,11 +7,13 @@ its commit marker and prepares (``XA END`` + ``XA PREPARE``, ``PREPARE TRANSACTI
 prepared transaction stays on the server for the driver to commit from another connection: a
 MySQL/MariaDB session is then ended without a rollback (that detaches the xid), a PostgreSQL
 session is kept for the next task. A failed attempt rolls back; a killed one leaves at most a
-prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps it.
+prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps it. With
+``badRecords``, rows the database refuses go to a dead-letter table in the same transaction.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -28,6 +30,7 @@ from twophase.sinks.sql.committer import SqlCommitter
 from twophase.sinks.sql.connections import engineFor, isTimeout, isUnavailable, noAnswer
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
+    badRecordsTable,
     beginTwoPhase,
     errorMessage,
     insertParts,
@@ -97,6 +100,8 @@ class SqlTransaction:
     batch: pa.RecordBatch | None = None
     """The record batch being written (its first row is the task's row ``rows``)."""
     sent: SentRows | None = None
+    setAside: int = 0
+    """Rows the database refused, written to the ``badRecords`` table instead."""
 
 
 class SqlWriter(TransactionWriter[SqlTransaction]):
@@ -148,8 +153,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 rows = rowsOf(batch, s.family)
                 for start in range(0, len(rows), s.batchsize):
                     chunk = rows[start : start + s.batchsize]
-                    txn.sent = SentRows(txn.rows + start, len(chunk), _resend(txn, chunk))
-                    txn.conn.exec_driver_sql(txn.statement, chunk)
+                    self._send(txn, SentRows(txn.rows + start, len(chunk), _resend(txn, chunk)))
             txn.rows += batch.num_rows
             txn.batch = txn.sent = None
 
@@ -168,8 +172,79 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 half = len(chunk) // 2
                 pending[:0] = [(start, chunk.slice(0, half)), (start + half, chunk.slice(half))]
                 continue
-            txn.sent = SentRows(txn.rows + start, len(chunk), _resendText(txn, chunk))
-            _sendText(txn, chunk)
+            self._send(txn, SentRows(txn.rows + start, len(chunk), _resendText(txn, chunk)))
+
+    def _send(self, txn: SqlTransaction, sent: SentRows) -> None:
+        """Send ``sent``'s rows in one statement. With ``badRecords``, a statement the
+        database rejects is sent again row by row, and each row it refuses goes to the
+        dead-letter table instead, in the same transaction."""
+        txn.sent = sent
+        if self.settings.badRecords is None:
+            sent.send(0, sent.count)
+            return
+        try:
+            with self._savepoint(txn):
+                sent.send(0, sent.count)
+        except Exception as exc:
+            if not _rejected(exc):
+                raise
+            self._setAside(txn, sent)
+
+    @contextmanager
+    def _savepoint(self, txn: SqlTransaction) -> Iterator[None]:
+        """PostgreSQL: a rejected statement undone alone (it would abort the transaction);
+        MySQL/MariaDB undo a failed statement alone anyway."""
+        if self.settings.family != "postgresql":
+            yield
+            return
+        assert txn.conn is not None
+        txn.conn.exec_driver_sql("SAVEPOINT twophase_rows")
+        try:
+            yield
+        except Exception as exc:
+            if _rejected(exc):
+                txn.conn.exec_driver_sql("ROLLBACK TO SAVEPOINT twophase_rows")
+            raise
+        txn.conn.exec_driver_sql("RELEASE SAVEPOINT twophase_rows")
+
+    def _setAside(self, txn: SqlTransaction, sent: SentRows) -> None:
+        """Send ``sent``'s rows one by one; write those refused to the dead-letter table."""
+        assert txn.conn is not None and self.settings.badRecords is not None
+        ctx, s = txn.ctx, self.settings
+        refused: list[dict[str, Any]] = []
+        for index in range(sent.count):
+            position = sent.first + index
+            try:
+                with self._savepoint(txn):
+                    sent.send(index, index + 1)
+            except Exception as exc:
+                if not _rejected(exc):
+                    raise
+                rejection = replace(rejectionOf(exc, position), row=position)
+                refused.append(
+                    {
+                        "xid": txn.xid,
+                        "row_position": position,
+                        "sink_id": ctx.sinkId,
+                        "batch_id": ctx.batchId,
+                        "partition_id": ctx.partitionId,
+                        "error_column": rejection.column,
+                        "error": describe(rejection, ctx.partitionId),
+                        "record": _recordJson(txn, position),
+                    }
+                )
+        if refused:
+            txn.conn.execute(badRecordsTable(s.badRecords, s.schema).insert(), refused)
+            txn.setAside += len(refused)
+            log.warning(
+                "sql: batch %d partition %d: %d row(s) rejected by the database, set aside in "
+                "%s (the first: %s)",
+                ctx.batchId,
+                ctx.partitionId,
+                len(refused),
+                s.badRecords,
+                refused[0]["error"],
+            )
 
     def _open(self, txn: SqlTransaction, schema: pa.Schema) -> None:
         s = self.settings
@@ -337,10 +412,24 @@ def _resendText(txn: SqlTransaction, rows: pa.Array) -> Callable[[int, int], Non
 def _resend(txn: SqlTransaction, rows: list[tuple[Any, ...]]) -> Callable[[int, int], None]:
     def send(start: int, stop: int) -> None:
         assert txn.conn is not None
-        with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.executemany(txn.statement, rows[start:stop])
+        txn.conn.exec_driver_sql(txn.statement, rows[start:stop])
 
     return send
+
+
+def _rejected(exc: BaseException) -> bool:
+    """A database error that refuses a row (not the connection, not the transaction)."""
+    return isDriverError(exc) and isRejection(exc)
+
+
+def _recordJson(txn: SqlTransaction, position: int) -> str:
+    """The task's row ``position`` as JSON (bytes as hex, other values as text)."""
+    batch = txn.batch
+    index = position - txn.rows
+    if batch is None or not 0 <= index < batch.num_rows:
+        return "null"
+    row = batch.slice(index, 1).to_pylist()[0]
+    return json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
 
 
 def _tooLong(txn: SqlTransaction, row: int, column: str, schema: str | None, table: str) -> str:
