@@ -163,4 +163,4 @@ def runPipeline(
         return result
     finally:
         if disk is not None:  # what it held stays readable: the decision log, Spark's logs
-            disk.unmount(keepCopyIn=spec.disk)
+            disk.unmount(keepCopyIn=disk.path)

@@ -2,7 +2,9 @@
 
 Every task prepares an XA transaction that the driver commits after the decision; a prepared
 XA transaction outlives its client and a kill of the server, which the schedule delivers
-besides the driver and executor kills.
+besides the driver and executor kills. The table refuses one row in 97 (a CHECK constraint),
+which the sink sets aside in its ``badRecords`` table inside the same transactions: the check
+counts the rows of both tables, each source row once.
 """
 
 from __future__ import annotations
@@ -27,22 +29,34 @@ class MariadbPipeline(Pipeline):
     servers = ("mariadb",)
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
+        import sqlalchemy as sa
+
         spec.sqlUrl = need(services.mariadbUrl, "MariaDB")
         spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
         spec.sinkOptions["socketTimeout"] = SOCKET_TIMEOUT
+        spec.sinkOptions["badRecords"] = f"{spec.table}_aside"
+        engine = sa.create_engine(spec.sqlUrl, poolclass=sa.pool.NullPool)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"CREATE TABLE {spec.table} (id BIGINT NOT NULL, payload TEXT, "
+                    "CONSTRAINT one_in_97 CHECK (MOD(id, 97) <> 13)) ENGINE=InnoDB"
+                )
+        finally:
+            engine.dispose()
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         return (
             stream.writeStream.format("twophase.sql")
             .option("url", spec.sqlUrl)
             .option("dbtable", spec.table)
-            .option("createTable", "true")
         )
 
     def actual(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 
-        return verify.actualFromSql(spec.sqlUrl, spec.table)
+        aside = {"badRecords": spec.sinkOptions["badRecords"]}
+        return verify.actualFromSql(spec.sqlUrl, spec.table, options=aside)
 
 
 MARIADB = MariadbPipeline()

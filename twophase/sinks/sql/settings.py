@@ -23,7 +23,7 @@ FAMILIES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql"}
 
 SAFE_OPTIONS = frozenset(
     {"url", "dbtable", "table", "user", "mode", "keycolumns", "batchsize", "createtable"}
-    | {"markertable", "connecttimeout", "connectretryseconds", "sockettimeout"}
+    | {"markertable", "connecttimeout", "connectretryseconds", "sockettimeout", "badrecords"}
 )
 """Options (lower-cased) that may be persisted: never ``password``; ``url`` without it."""
 
