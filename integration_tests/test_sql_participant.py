@@ -773,14 +773,19 @@ def test_prepared_xa_survives_a_server_kill_and_commits_after_restart(
 
 
 def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_commits_once(
-    mtarget: Target, mariadb_server: ServiceControl
+    target: Target, request: pytest.FixtureRequest
 ) -> None:
-    """A frozen MariaDB (every process stopped: connections open, nothing answered, as a paused
-    VM leaves them) must not hold a task's INSERT or the driver's XA COMMIT forever: each fails
+    """A frozen server (every process stopped: connections open, nothing answered, as a paused
+    VM leaves them) must not hold a task's INSERT or the driver's commit forever: each fails
     within socketTimeout (the commit within socketTimeout + connectTimeout: its pooled session
-    is pinged, then a new one tried), retryably, naming the option. The INSERT the server
-    received before it froze is rolled back when it resumes; the decided batch then commits."""
-    t = mtarget
+    is pinged, then a new one tried), retryably, naming the option. MariaDB through PyMySQL's
+    read timeout; PostgreSQL, whose libpq has none and whose kernel keeps acknowledging TCP,
+    through the sink's own bound. The INSERT the server received before it froze is rolled
+    back when it resumes; the decided batch then commits."""
+    t = target
+    server: ServiceControl = request.getfixturevalue(
+        "mariadb_server" if t.family == "mysql" else "postgres_server"
+    )
     createSimple(t)
     opts = {"socketTimeout": "2", "connectTimeout": "2", "connectRetrySeconds": "0"}
     h0 = prepare(t, 0, simple(range(0, 2)), 0, **opts)
@@ -791,7 +796,7 @@ def test_a_frozen_server_fails_the_task_and_the_commit_in_bounded_time_then_comm
     txn = writer.beginTransaction(t.ctx(2))
     writer.write(txn, simple(range(4, 6)))  # the task's session is open, its XA active
     outcomes = callsDuringAFreeze(
-        mariadb_server,
+        server,
         {
             "write": lambda: writer.write(txn, simple(range(6, 8))),
             "commit": lambda: committer.commit(h1),

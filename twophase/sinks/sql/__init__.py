@@ -10,7 +10,8 @@ checks the server and the table before a batch. Spark-free: the data source ``tw
 is ``twophase.spark.sql.SqlSink``.
 
 Modules by role: ``settings`` (options), ``xid``, ``dialect`` (what differs between MySQL and
-PostgreSQL), ``connections``, ``sessions`` (task connections a worker keeps), ``schema``
+PostgreSQL), ``connections``, ``answers`` (PostgreSQL's answers bounded), ``sessions`` (task
+connections a worker keeps), ``schema``
 (checks, ``createTable``), ``handles``, ``writer``, ``committer``, ``inspect`` (``twophase
 doctor``), ``errors``, ``rejections`` (a refused row's position, column and fix).
 """

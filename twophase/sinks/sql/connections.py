@@ -21,6 +21,7 @@ import tenacity
 from sqlalchemy.engine import URL, Connection, Engine
 
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.sql.answers import boundAnswers, timedOut
 from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlCode, pgState
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
@@ -110,8 +111,9 @@ def engineFor(
 ) -> Engine:
     """The process's engine for ``url`` (created once); ``pooled`` for the committer.
 
-    ``socketTimeout`` (MySQL/MariaDB; 0: none) bounds the wait for one statement's answer or
-    send, unless the URL sets PyMySQL's ``read_timeout``/``write_timeout`` itself.
+    ``socketTimeout`` (0: none) bounds the wait for one statement's answer: MySQL/MariaDB
+    through PyMySQL's ``read_timeout``/``write_timeout`` (unless the URL sets them),
+    PostgreSQL through ``answers``.
     """
     key = (url.render_as_string(hide_password=False), pooled, connectTimeout, socketTimeout)
     with _lock:
@@ -125,12 +127,14 @@ def engineFor(
                     if socketTimeout and name not in url.query:
                         args[name] = socketTimeout
             else:
-                # A kept task session is pinged before a task writes on it: a server that
-                # stopped answering fails the ping within the connect timeout, not later.
+                # A partition ends the wait through TCP; a frozen server only through
+                # ``answers`` (its kernel still acknowledges every packet).
                 args["tcp_user_timeout"] = connectTimeout * 1000
                 args["keepalives"] = 1
+            # PostgreSQL pools ping on checkout through ``answers`` (bounded) instead.
+            prePing = family == "mysql" or not socketTimeout
             extra: dict[str, object] = (
-                {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": True}
+                {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": prePing}
                 if pooled
                 else {"poolclass": sa.pool.NullPool}
             )
@@ -143,6 +147,8 @@ def engineFor(
                 ) from None
             if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
                 _reuseTlsChoice(engine)
+            if family == "postgresql":
+                boundAnswers(engine, socketTimeout, pingOnCheckout=pooled)
             _engines[key] = engine
         return engine
 
@@ -163,8 +169,9 @@ def isUnavailable(exc: BaseException) -> bool:
 
 
 def isTimeout(exc: BaseException) -> bool:
-    """PyMySQL gave up waiting for the server (``read_timeout``/``write_timeout``)."""
-    return mysqlCode(exc) == 2013 and "timed out" in str(exc)
+    """The server's answer did not come within ``socketTimeout``: PyMySQL gave up
+    (``read_timeout``/``write_timeout``), or ``answers`` cut a PostgreSQL connection."""
+    return (mysqlCode(exc) == 2013 and "timed out" in str(exc)) or timedOut(exc)
 
 
 def noAnswer(socketTimeout: int) -> str:

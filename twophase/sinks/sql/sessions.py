@@ -28,6 +28,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import Connection, Engine
 
 from twophase.redaction import getLogger
+from twophase.sinks.sql.answers import pingAnswers
 from twophase.sinks.sql.connections import connect
 from twophase.sinks.sql.dialect import DRIVER_ERRORS
 from twophase.sinks.sql.settings import FAMILIES
@@ -130,10 +131,11 @@ def _idle(conn: Connection) -> bool:
 
 
 def _alive(conn: Connection) -> bool:
-    """A kept session answers the dialect's ping; ``False`` when it turns out broken."""
+    """A kept session answers the dialect's ping within the engine's ``socketTimeout``;
+    ``False`` when it turns out broken or silent."""
     try:
         raw = conn.connection.dbapi_connection
-        return raw is not None and bool(conn.dialect.do_ping(raw))
+        return raw is not None and pingAnswers(conn.engine, raw)
     except DRIVER_ERRORS:
         log.debug("sql: a kept task session is broken; connecting again")
         return False

@@ -107,11 +107,11 @@ class SqlSettings:
     - ``connectTimeout``: seconds to wait for a connection (default 10).
     - ``connectRetrySeconds``: how long tasks and the driver's checks keep retrying to
       connect to a server that is down or restarting (default 30; 0: no retry).
-    - ``socketTimeout``: MySQL/MariaDB: seconds to wait for the server's answer to one
-      statement, or to send one (PyMySQL's ``read_timeout``/``write_timeout``; default 120,
-      above InnoDB's 50 s lock wait; 0: no limit). A frozen or unreachable server then fails
-      the task or the commit instead of holding it forever. ``read_timeout``/``write_timeout``
-      in the URL win.
+    - ``socketTimeout``: seconds to wait for the server's answer to one statement, or to
+      send one (default 120, above InnoDB's 50 s lock wait; 0: no limit): PyMySQL's
+      ``read_timeout``/``write_timeout`` (those in the URL win), PostgreSQL's connection cut
+      (``answers``). A frozen or unreachable server then fails the task or the commit instead
+      of holding it forever.
     - ``badRecords``: ``fail`` (default: a row the database rejects fails the batch, naming
       the row, the column and the fix) or the name of a dead-letter table beside the target
       (created when missing): each rejected row goes there instead, as JSON with its position
