@@ -31,6 +31,10 @@ class LiveReader:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.errors: list[str] = []
+        self.lastRecordAt: float | None = None
+        """When the last record arrived (``time.monotonic``)."""
+        self.positions: list[tuple[int, int, int]] = []
+        """At the end: each partition's position and high watermark, when they could be read."""
         self._finishBy: float | None = None
         self._finishing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"live-reader-{topic}", daemon=True)
@@ -65,12 +69,47 @@ class LiveReader:
                         continue
                     self.keys.append(message.key())
                     self.values.append(message.value())
+                    self.lastRecordAt = time.monotonic()
                 if self._finishing.is_set() and (
                     time.monotonic() > (self._finishBy or 0) or self._caughtUp(consumer)
                 ):
+                    self.positions = self._ends(consumer)
                     return
         finally:
             consumer.close()
+
+    def _ends(self, consumer: Any) -> list[tuple[int, int, int]]:
+        """Each assigned partition's position and high watermark (empty when unreadable)."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            return [
+                (
+                    tp.partition,
+                    tp.offset,
+                    consumer.get_watermark_offsets(
+                        TopicPartition(tp.topic, tp.partition), timeout=10
+                    )[1],
+                )
+                for tp in consumer.position(consumer.assignment())
+            ]
+        except Exception as e:
+            self.errors.append(f"positions: {e}")
+            return []
+
+    def diagnosis(self) -> str:
+        """For a reader that missed records: when it last got one, where it stood, its errors."""
+        since = (
+            f"{time.monotonic() - self.lastRecordAt:.0f} s before the end"
+            if self.lastRecordAt is not None
+            else "never"
+        )
+        ends = ", ".join(f"p{p} at {pos} of {high}" for p, pos, high in self.positions)
+        errors = "; ".join(self.errors[-5:]) or "none"
+        return (
+            f"last record {since}; positions {ends or 'unknown'}; "
+            f"{len(self.errors)} error(s), the last: {errors}"
+        )
 
     def _caughtUp(self, consumer: Any) -> bool:
         """Whether the reader's positions are the partitions' ends (a transaction still open

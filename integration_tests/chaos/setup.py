@@ -160,6 +160,8 @@ def runPipeline(
         if live:
             result.liveReader = live[0]
             result.report += f"\nread_committed reader during the run: {live[0]}"
+            if reader is not None and not live[0].ok:
+                result.report += f"\nthe reader: {reader.diagnosis()}"
         return result
     finally:
         if disk is not None:  # what it held stays readable: the decision log, Spark's logs
