@@ -100,8 +100,6 @@ class SqlTransaction:
     batch: pa.RecordBatch | None = None
     """The record batch being written (its first row is the task's row ``rows``)."""
     sent: SentRows | None = None
-    setAside: int = 0
-    """Rows the database refused, written to the ``badRecords`` table instead."""
 
 
 class SqlWriter(TransactionWriter[SqlTransaction]):
@@ -181,14 +179,22 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         txn.sent = sent
         if self.settings.badRecords is None:
             sent.send(0, sent.count)
-            return
+        elif self._refusal(txn, sent, 0, sent.count) is not None:
+            self._setAside(txn, sent)
+
+    def _refusal(
+        self, txn: SqlTransaction, sent: SentRows, start: int, stop: int
+    ) -> Exception | None:
+        """Send ``sent``'s rows ``start:stop``; the database's refusal of them, if it refused
+        (the statement is then undone alone), else ``None``. Other errors are raised."""
         try:
             with self._savepoint(txn):
-                sent.send(0, sent.count)
+                sent.send(start, stop)
         except Exception as exc:
             if not _rejected(exc):
                 raise
-            self._setAside(txn, sent)
+            return exc
+        return None
 
     @contextmanager
     def _savepoint(self, txn: SqlTransaction) -> Iterator[None]:
@@ -213,29 +219,25 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         ctx, s = txn.ctx, self.settings
         refused: list[dict[str, Any]] = []
         for index in range(sent.count):
+            exc = self._refusal(txn, sent, index, index + 1)
+            if exc is None:
+                continue
             position = sent.first + index
-            try:
-                with self._savepoint(txn):
-                    sent.send(index, index + 1)
-            except Exception as exc:
-                if not _rejected(exc):
-                    raise
-                rejection = replace(rejectionOf(exc, position), row=position)
-                refused.append(
-                    {
-                        "xid": txn.xid,
-                        "row_position": position,
-                        "sink_id": ctx.sinkId,
-                        "batch_id": ctx.batchId,
-                        "partition_id": ctx.partitionId,
-                        "error_column": rejection.column,
-                        "error": describe(rejection, ctx.partitionId),
-                        "record": _recordJson(txn, position),
-                    }
-                )
+            rejection = replace(rejectionOf(exc, position), row=position)
+            refused.append(
+                {
+                    "xid": txn.xid,
+                    "row_position": position,
+                    "sink_id": ctx.sinkId,
+                    "batch_id": ctx.batchId,
+                    "partition_id": ctx.partitionId,
+                    "error_column": rejection.column,
+                    "error": describe(rejection, ctx.partitionId),
+                    "record": _recordJson(txn, position),
+                }
+            )
         if refused:
             txn.conn.execute(badRecordsTable(s.badRecords, s.schema).insert(), refused)
-            txn.setAside += len(refused)
             log.warning(
                 "sql: batch %d partition %d: %d row(s) rejected by the database, set aside in "
                 "%s (the first: %s)",
