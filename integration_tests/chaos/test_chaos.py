@@ -10,6 +10,9 @@ they write to; the multi pipeline also goes down after a decision for longer tha
 target's transaction timeout (the broker aborts the decided transactions; the restart writes
 them again, PostgreSQL's prepared half waits). Kafka -> Kafka gets random kills only.
 
+They run two at a time (``PAIRS``), each pair side by side on servers of its own, as
+``make chaos PARALLEL=2`` would.
+
 Every pipeline also gets one fault beyond kills of each kind that reaches it
 (``setup.faultTargets``), at seeded places among the timed kills: a frozen server, a partition,
 a slow link and lost replies of one of its servers through the proxies of
@@ -26,13 +29,14 @@ seed is printed on failure).
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
-from integration_tests.chaos.report import livenessTable, summaryTable
+from integration_tests.chaos.report import ChaosResult, livenessTable, summaryTable
 from integration_tests.chaos.schedule import DRIVER_POINTS, TASK_POINTS
 from integration_tests.chaos.servers import SERVERS
 from integration_tests.chaos.setup import faultTargets, runPipeline, servicesFromEnvironment
@@ -40,43 +44,69 @@ from integration_tests.chaos.setup import faultTargets, runPipeline, servicesFro
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
 """Random kills after the nine protocol points (sinks); Kafka -> Kafka gets ten."""
-BOUNDED = ("multi", "kafka-kafka", "s3", "mariadb")
-"""The pipelines of the bounded profile; ``multi`` covers the postgres and kafka sinks,
-``mariadb`` the sql sink's XA transactions (with kills of the MariaDB server)."""
+PAIRS = (("multi", "mariadb"), ("kafka-kafka", "s3"))
+"""The pipelines of the bounded profile, two side by side: ``multi`` covers the postgres and
+kafka sinks, ``mariadb`` the sql sink's XA transactions (with kills of the MariaDB server).
+The two of a pair share no server, so neither's kills and faults reach the other; side by side
+they take about two thirds of the time one after the other on two cores."""
 
 
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize("pipeline", BOUNDED)
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("pair", PAIRS, ids="+".join)
 def test_bounded_chaos_is_exactly_once(
-    pipeline: str, pg_url: str, kafka_bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
+    pair: tuple[str, str],
+    pg_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    for kind in PIPELINES[pipeline].servers:
-        request.getfixturevalue(SERVERS[kind].fixture)  # fails clearly when it is not running
+    first, second = (set(PIPELINES[name].servers) for name in pair)
+    assert not first & second, f"{pair} share {first & second}: their kills would meet"
+    for name in pair:
+        for kind in PIPELINES[name].servers:
+            request.getfixturevalue(SERVERS[kind].fixture)  # fails clearly when not running
     services = servicesFromEnvironment()
     assert services.proxies is not None, (
         "no proxies between the query and its servers: `make services` starts them "
         "(services/toxiproxy.sh) and writes TWOPHASE_TOXIPROXY_URL to .services.env"
     )
-    cover = pipeline != "kafka-kafka"
-    kills = len(TASK_POINTS) + len(DRIVER_POINTS) + RANDOM_KILLS if cover else 10
-    kinds = faultTargets(pipeline, proxies=True, disk=Disk.possible())
-    result = runPipeline(
-        pipeline,
-        tmp_path / pipeline,
-        services,
-        seed=SEED,
-        kills=kills,
-        rowsPerBatch=100,
-        coverPoints=cover,
-        coverFaults=True,
-    )
-    print(summaryTable([result]) + "\n\n" + livenessTable([result]))
-    where = f"(seed {SEED}, logs in {tmp_path / pipeline})"
+
+    def run(pipeline: str) -> ChaosResult:
+        cover = pipeline != "kafka-kafka"
+
+        def log(line: str) -> None:
+            print(line.replace("[chaos]", f"[chaos {pipeline}]", 1), flush=True)
+
+        return runPipeline(
+            pipeline,
+            tmp_path / pipeline,
+            services,
+            seed=SEED,
+            kills=len(TASK_POINTS) + len(DRIVER_POINTS) + RANDOM_KILLS if cover else 10,
+            rowsPerBatch=100,
+            coverPoints=cover,
+            coverFaults=True,
+            log=log,
+        )
+
+    with ThreadPoolExecutor(len(pair)) as pool:
+        results = list(pool.map(run, pair))
+    print(summaryTable(results) + "\n\n" + livenessTable(results))
+    for result in results:
+        assertBounded(result, tmp_path / result.pipeline)
+
+
+def assertBounded(result: ChaosResult, workdir: Path) -> None:
+    """Exactly once, every protocol point fired (sinks), at least ten kills, and every fault
+    kind that reaches the pipeline delivered."""
+    pipeline = result.pipeline
+    where = f"(seed {SEED}, logs in {workdir})"
     assert result.ok, f"{pipeline} is not exactly-once {where}: {result.report}"
     assert len(result.kills) - result.faultCount() >= 10, f"too few kills delivered {where}"
+    kinds = faultTargets(pipeline, proxies=True, disk=Disk.possible())
     delivered = {k.event.kind for k in result.kills if k.event.isFault}
     assert delivered >= set(kinds), f"faults not delivered {where}: {set(kinds) - delivered}"
-    if cover:
+    if pipeline != "kafka-kafka":
         fired = {k.event.point for k in result.kills if k.event.kind == "point"}
         assert fired >= set(TASK_POINTS + DRIVER_POINTS), f"not fired: {where}" + str(
             sorted(set(TASK_POINTS + DRIVER_POINTS) - fired)
@@ -84,6 +114,6 @@ def test_bounded_chaos_is_exactly_once(
     if PIPELINES[pipeline].outageSeconds:
         outages = [k for k in result.kills if k.event.downSeconds and k.event.kind == "point"]
         assert outages, f"no outage longer than the transaction timeout {where}"
-        rewrites = list((tmp_path / pipeline).rglob("batch-*.rewrite.json"))
+        rewrites = list(workdir.rglob("batch-*.rewrite.json"))
         assert rewrites, f"the outage left no partition to write again {where}"
     assert result.records > 0
