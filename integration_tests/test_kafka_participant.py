@@ -7,6 +7,7 @@ coordinator do, and reads the topic the way users do: with a ``read_committed`` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -27,7 +28,7 @@ from integration_tests.conftest import (
     failedWithin,
 )
 from integration_tests.docs_blocks import oneLine, sectionBlocks
-from integration_tests.test_kafka_helpers import createTopic, readTopic, unique, values
+from integration_tests.test_kafka_helpers import Record, createTopic, readTopic, unique, values
 from integration_tests.toxiproxy import Toxiproxy
 from twophase.protocol import (
     RecoveryScope,
@@ -39,6 +40,7 @@ from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.kafka import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     KafkaCommitter,
+    KafkaSettings,
     KafkaUnreachableError,
     KafkaWriteError,
     KafkaWriter,
@@ -404,6 +406,111 @@ def test_batches_over_the_topic_s_limit_say_so_and_the_fix_they_name_works(
     fixed.write(txn, records)
     c.commit(fixed.preCommit(txn))
     assert len(readTopic(kafka_bootstrap, topic)) == 60
+
+
+def keyed(sizes: list[int], topics: list[str | None] | None = None) -> pa.RecordBatch:
+    """Records keyed ``k<position>`` whose values have these sizes, optionally with a topic
+    column (``None``: a null topic)."""
+    columns: dict[str, Any] = {
+        "key": [f"k{i}" for i in range(len(sizes))],
+        "value": [str(i % 10) * n for i, n in enumerate(sizes)],
+    }
+    if topics is not None:
+        columns["topic"] = topics
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def headersOf(record: Record) -> dict[str, str]:
+    return {k: (v or b"").decode() for k, v in record.headers}
+
+
+@pytest.mark.parametrize("path", ["one-topic", "topic-column"])
+def test_bad_records_go_to_the_dead_letter_topic_in_the_task_s_own_transaction(
+    kafka_bootstrap: str, path: str
+) -> None:
+    """``badRecords=<topic>``: a record over the producer's limit becomes a dead-letter record
+    in the same transaction, invisible while prepared, committed with the batch exactly once;
+    an aborted batch leaves none. It keeps the head of the value, its size and its hash."""
+    topic, dead = createTopic(kafka_bootstrap), createTopic(kafka_bootstrap, prefix="it-dlq")
+    options = {"kafka.message.max.bytes": "20000", "badRecords": dead}
+    w, c = sink(kafka_bootstrap, topic if path == "one-topic" else None, **options)
+    column = [topic] * 5 if path == "topic-column" else None
+    txn = w.beginTransaction(ctx(batch=2, partition=1))
+    w.write(txn, keyed([10, 10], column and column[:2]))
+    w.write(txn, keyed([10, 30000, 10], column and column[:3]))
+    handle = w.preCommit(txn)
+    assert handle["setAside"] == 1 and handle["records"] == 5
+    assert readTopic(kafka_bootstrap, dead) == [] and readTopic(kafka_bootstrap, topic) == []
+    c.commit(handle)
+    assert sorted(r.key for r in readTopic(kafka_bootstrap, topic)) == [b"k0", b"k0", b"k1", b"k2"]
+    [letter] = readTopic(kafka_bootstrap, dead)
+    whole = b"1" * 30000
+    assert letter.key == b"k1" and letter.value == whole[:4096]
+    h = headersOf(letter)
+    assert h["twophase.error.reason"] == "too large" and h["twophase.error.topic"] == topic
+    assert (
+        "30002 bytes (key and value) over the producer's message.max.bytes of 20000"
+        in (h["twophase.error.message"])
+    )
+    assert (h["twophase.error.sink"], h["twophase.error.batch"]) == ("it-sink", "2")
+    assert (h["twophase.error.partition"], h["twophase.error.row"]) == ("1", "3")
+    assert h["twophase.error.bytes"] == "30002" and h["twophase.error.truncated"] == "value"
+    assert h["twophase.error.value.sha256"] == hashlib.sha256(whole).hexdigest()
+
+    aborted = w.beginTransaction(ctx(batch=3, partition=1))
+    w.write(aborted, keyed([30000, 10], column and column[:2]))
+    w.abortTransaction(aborted)
+    assertNothingOpenAfter(kafka_bootstrap, w)
+    assert len(readTopic(kafka_bootstrap, dead)) == 1
+
+
+def assertNothingOpenAfter(bootstrap: str, w: KafkaWriter) -> None:
+    _, c = sink(bootstrap, None)
+    prefix = w.settings.prefixFor("it-sink") + "-"
+    deadline = time.monotonic() + 30
+    while left := c.client().listOngoing(prefix):
+        assert time.monotonic() < deadline, [(t.transactionalId, t.state) for t in left]
+        time.sleep(0.5)
+
+
+def test_a_replay_in_another_order_sets_the_same_rows_aside_with_the_same_fingerprint(
+    kafka_bootstrap: str,
+) -> None:
+    """What a replay of a lost transaction is checked against covers the dead-letter records
+    but not their positions: Spark may replay a shuffled partition in another order. A row
+    with a null topic (no default topic) is set aside whole."""
+    topic, dead = createTopic(kafka_bootstrap), createTopic(kafka_bootstrap, prefix="it-dlq")
+    options = {"kafka.message.max.bytes": "20000", "badRecords": dead}
+    w, c = sink(kafka_bootstrap, None, **options)
+    sizes, topics = [10, 30000, 20, 40], [topic, topic, None, topic]
+    first = w.beginTransaction(ctx(batch=4, partition=0))
+    w.write(first, keyed(sizes, topics))
+    handle = w.preCommit(first)
+    forward = keyed(sizes, topics)
+    backward = forward.take(pa.array([3, 2, 1, 0]))
+    replay = w.beginTransaction(ctx(batch=4, partition=0, attempt=1))
+    w.write(replay, backward)
+    again = w.preCommit(replay)
+    assert handle["fingerprint"] == again["fingerprint"] and again["setAside"] == 2
+    c.abort(again)
+    c.commit(handle)
+    letters = {r.key: headersOf(r) for r in readTopic(kafka_bootstrap, dead)}
+    assert letters[b"k2"]["twophase.error.reason"] == "null topic"
+    assert letters[b"k1"]["twophase.error.reason"] == "too large"
+    assert sorted(r.key for r in readTopic(kafka_bootstrap, topic)) == [b"k0", b"k3"]
+    [nullTopic] = [r for r in readTopic(kafka_bootstrap, dead) if r.key == b"k2"]
+    assert nullTopic.value == b"2" * 20 and "twophase.error.truncated" not in letters[b"k2"]
+
+
+def test_bad_records_must_name_another_topic(kafka_bootstrap: str) -> None:
+    with pytest.raises(TwoPhaseConfigError, match="names the sink's own topic"):
+        KafkaSettings.fromOptions(sinkOptions(kafka_bootstrap, "events", badRecords="events"))
+    with pytest.raises(TwoPhaseConfigError, match="must be 'fail' or a topic name"):
+        KafkaSettings.fromOptions(sinkOptions(kafka_bootstrap, "events", badRecords="a b"))
+    assert (
+        KafkaSettings.fromOptions(sinkOptions(kafka_bootstrap, "e", badRecords="FAIL")).badRecords
+        is None
+    )
 
 
 def test_the_documented_rejection_is_what_the_sink_says(kafka_bootstrap: str) -> None:

@@ -510,6 +510,22 @@ def spark() -> Iterator[Any]:
     yield from sharedSession("twophase-kafka-bad-records")
 
 
+def oversized(spark: Any, where: str) -> Any:
+    """Three batches of 100 sequence rows as ``key``/``value``; rows ``where`` holds get a
+    50,000-byte value."""
+    return (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 100)
+        .option("totalRows", 300)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(
+            "CAST(id AS STRING) AS key",
+            f"CASE WHEN {where} THEN repeat('x', 50000) ELSE payload END AS value",
+        )
+    )
+
+
 @pytest.mark.timeout(600)
 def test_a_record_over_the_topic_s_limit_fails_the_query_naming_it_and_nothing_is_visible(
     spark: Any, kafka_bootstrap: str, tmp_path: Path
@@ -521,17 +537,7 @@ def test_a_record_over_the_topic_s_limit_fails_the_query_naming_it_and_nothing_i
 
     topic = createTopic(kafka_bootstrap, config={"max.message.bytes": "20000"})
     checkpoint = str(tmp_path / "ckpt")
-    stream = (
-        spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", 100)
-        .option("totalRows", 300)
-        .option("numPartitions", 2)
-        .load()
-        .selectExpr(
-            "CAST(id AS STRING) AS key",
-            "CASE WHEN id = 163 THEN repeat('x', 50000) ELSE payload END AS value",
-        )
-    )
+    stream = oversized(spark, "id = 163")
     write = twophase.foreachBatch(
         "twophase.kafka",
         {
@@ -557,6 +563,47 @@ def test_a_record_over_the_topic_s_limit_fails_the_query_naming_it_and_nothing_i
     assert "x" * 100 not in message
     keys = sorted(int(r.key) for r in readTopic(kafka_bootstrap, topic))
     assert keys == list(range(100))  # batch 0, nothing of batch 1
+
+
+@pytest.mark.timeout(600)
+def test_bad_records_are_set_aside_in_a_dead_letter_topic_and_the_rest_written_once(
+    spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """``writeStream.format("twophase.kafka")`` with ``badRecords``: the dead-letter topic is
+    created at start, the two records over the producer's limit land there once each, every
+    other record in the topic once, and a second start from the checkpoint adds nothing."""
+    import twophase
+
+    twophase.register(spark)
+    topic, dead = createTopic(kafka_bootstrap), unique("it-dead")
+    checkpoint = str(tmp_path / "ckpt")
+
+    def run() -> None:
+        stream = oversized(spark, "id IN (42, 250)")
+        query = (
+            stream.writeStream.format("twophase.kafka")
+            .option("kafka.bootstrap.servers", kafka_bootstrap)
+            .option("topic", topic)
+            .option("kafka.message.max.bytes", "20000")
+            .option("badRecords", dead)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        assert query.exception() is None, query.exception()
+
+    run()
+    run()
+    keys = sorted(int(r.key) for r in readTopic(kafka_bootstrap, topic))
+    assert keys == [i for i in range(300) if i not in (42, 250)]
+    letters = readTopic(kafka_bootstrap, dead)
+    assert sorted(int(r.key) for r in letters) == [42, 250]
+    for letter in letters:
+        headers = {k: (v or b"").decode() for k, v in letter.headers}
+        assert headers["twophase.error.reason"] == "too large"
+        assert headers["twophase.error.batch"] == str(int(letter.key) // 100)
+        assert letter.value == b"x" * 4096
 
 
 def _main() -> int:

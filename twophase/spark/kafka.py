@@ -22,6 +22,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import NullType, StructField, StructType
 
+from twophase.clients.kafka import ensureTopic
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.kafka import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
@@ -82,7 +83,8 @@ class KafkaSink(TwoPhaseDataSource):
         return KafkaCommitter(self.settings())
 
     def validate(self, schema: StructType) -> None:
-        """Driver: check options and columns, reach the cluster, fix the transaction timeout.
+        """Driver: check options and columns, reach the cluster, fix the transaction timeout,
+        create the dead-letter topic of ``badRecords`` when it is missing.
 
         The timeout read from the brokers is left in the options, so executors use the same
         value without asking the brokers again.
@@ -97,6 +99,13 @@ class KafkaSink(TwoPhaseDataSource):
             ]
         )
         checkColumns(arrowSchemaOf(columns, self.name()), settings.topic)
+        if settings.badRecords is not None:
+            ensureTopic(
+                settings.producerConfig,
+                settings.badRecords,
+                "badRecords",
+                settings.requestTimeoutSeconds,
+            )
         brokerMax = brokerTransactionMaxTimeoutMs(
             settings.producerConfig, settings.requestTimeoutSeconds
         )

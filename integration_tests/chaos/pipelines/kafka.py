@@ -3,8 +3,10 @@
 Tasks prepare Kafka transactions that the driver ends after the decision. ``kafka`` writes the
 sequence (key = id, value = payload) with a short transaction timeout; ``kafka-kafka`` reads a
 topic ``read_committed`` whose input holds aborted transactions between the committed ones,
-and writes its key and value to another topic. Both schedules kill the broker besides the
-driver and the executors; records are counted by key and value.
+and writes its key and value to another topic; one record in 97 is too large for the producer
+(``TOO_LARGE_EVERY``) and goes to a dead-letter topic (option ``badRecords``) in the same
+transactions. Both schedules kill the broker besides the driver and the executors; records
+are counted by key and value, the dead letters by key.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def boundedKafka(prefix: str = "") -> dict[str, str]:
         f"{prefix}requestTimeoutSeconds": "10",
     }
 
+
+TOO_LARGE_EVERY, TOO_LARGE_AT = 97, 13
+"""``kafka-kafka``: records whose id is 13 modulo 97 are made too large for the producer."""
+PRODUCER_MAX_BYTES = "4000"
+"""``kafka-kafka``'s ``kafka.message.max.bytes``: a value repeated 800 times is over it."""
 
 INPUT_TRANSACTION_ROWS = 250
 """Records per transaction when the Kafka -> Kafka input topic is filled."""
@@ -125,6 +132,8 @@ class KafkaKafkaPipeline(KafkaPipeline):
         newOutputTopic(spec, services)
         spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
         fillInput(spec.bootstrap, spec.inputTopic, spec.rows)
+        spec.sinkOptions["kafka.message.max.bytes"] = PRODUCER_MAX_BYTES
+        spec.sinkOptions["badRecords"] = f"{spec.outputTopic}-dead"  # created by the sink
 
     def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
         return (
@@ -134,15 +143,65 @@ class KafkaKafkaPipeline(KafkaPipeline):
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
             .load()
-            .selectExpr("key", "value")
+            .selectExpr(
+                "key",
+                f"CASE WHEN pmod(CAST(CAST(key AS STRING) AS BIGINT), {TOO_LARGE_EVERY}) = "
+                f"{TOO_LARGE_AT} THEN CAST(repeat(CAST(value AS STRING), 800) AS BINARY) "
+                "ELSE value END AS value",
+            )
         )
 
-    def expected(self, spec: PipelineSpec) -> Any:
+    def offered(self, spec: PipelineSpec) -> Any:
         """The input topic's committed records (its aborted transactions are not offered)."""
         from twophase import verify
 
         return verify.expectedFromKafka(
             {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.inputTopic}
+        )
+
+    def tooLarge(self, table: Any) -> Any:
+        """Which records of ``table`` (key, value) the query makes too large."""
+        import pyarrow.compute as pc
+
+        ids = pc.cast(pc.cast(table.column("key"), "string"), "int64")
+        return pc.equal(pc.call_function("remainder", [ids, TOO_LARGE_EVERY]), TOO_LARGE_AT)
+
+    def expected(self, spec: PipelineSpec) -> Any:
+        """What the output topic must hold: every offered record but the ones set aside."""
+        import pyarrow.compute as pc
+
+        offered = self.offered(spec)
+        return offered.filter(pc.invert(self.tooLarge(offered)))
+
+    def verify(self, spec: PipelineSpec) -> Any:
+        """The output topic against the offered records that fit, and the dead-letter topic
+        against the ones that did not (by key: their values are cut), in one report."""
+        from dataclasses import replace
+
+        from twophase import verify
+
+        main = super().verify(spec)
+        offered = self.offered(spec)
+        dead = verify.actualFromKafka(
+            {
+                "kafka.bootstrap.servers": spec.bootstrap,
+                "subscribe": spec.sinkOptions["badRecords"],
+            }
+        )
+        aside = verify.compare(offered.filter(self.tooLarge(offered)), dead, ("key",))
+        assert aside.expectedRows > 0, "no record was made too large: nothing was set aside"
+        return replace(
+            main,
+            sink=(f"{main.sink}; " if main.sink else "")
+            + f"dead-letter topic: {aside.expectedRows} set aside, {aside.actualRows} found",
+            expectedRows=main.expectedRows + aside.expectedRows,
+            actualRows=main.actualRows + aside.actualRows,
+            missing=main.missing + aside.missing,
+            duplicated=main.duplicated + aside.duplicated,
+            unexpected=main.unexpected + aside.unexpected,
+            missingExamples=main.missingExamples + aside.missingExamples,
+            duplicatedExamples=main.duplicatedExamples + aside.duplicatedExamples,
+            unexpectedExamples=main.unexpectedExamples + aside.unexpectedExamples,
         )
 
 

@@ -7,6 +7,7 @@ from twophase.clients.kafka.admin import (
     adminClient,
     brokerTransactionMaxTimeoutMs,
     connectionConfig,
+    ensureTopic,
     topicMaxMessageBytes,
 )
 from twophase.clients.kafka.errors import (
@@ -53,5 +54,6 @@ __all__ = [
     "protectKafkaPythonLogs",
     "shownArguments",
     "shownConfig",
+    "ensureTopic",
     "topicMaxMessageBytes",
 ]

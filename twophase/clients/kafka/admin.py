@@ -1,5 +1,6 @@
 """Asking the cluster about itself with librdkafka's admin client: the connection settings of
-any client, the brokers' ``transaction.max.timeout.ms`` and a topic's ``max.message.bytes``.
+any client, the brokers' ``transaction.max.timeout.ms``, a topic's ``max.message.bytes``, and
+creating a topic a sink needs (a dead-letter topic) when it is missing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
 from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import getLogger, redact
+from twophase.settings import TwoPhaseConfigError
 
 log = getLogger(__name__)
 
@@ -123,3 +125,43 @@ def topicMaxMessageBytes(
     except Exception as exc:
         return None, errorText(exc)
     return None, "the topic's configuration has no max.message.bytes"
+
+
+_TOPICS_SEEN: set[tuple[str, str]] = set()
+
+
+def ensureTopic(config: Mapping[str, Any], topic: str, option: str, timeoutSeconds: float) -> None:
+    """Create ``topic`` with the brokers' defaults (partitions, replication) when it is missing,
+    once per process; ``option`` names the option that asked for it in an error."""
+    key = (str(config.get("bootstrap.servers")), topic)
+    if key in _TOPICS_SEEN:
+        return
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    admin = adminClient(config)
+    try:
+        metadata = admin.list_topics(topic=topic, timeout=timeoutSeconds)
+    except KafkaException as exc:
+        raise KafkaUnreachableError(
+            f"kafka: cannot reach the cluster at {redact(key[0])} within {timeoutSeconds:.0f} s "
+            f"to look up topic {topic} (option {option}): {errorText(exc)}"
+        ) from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        future = admin.create_topics(
+            [NewTopic(topic, num_partitions=-1, replication_factor=-1)],
+            request_timeout=timeoutSeconds,
+        )[topic]
+        try:
+            future.result(timeout=timeoutSeconds)
+            log.info("kafka: created topic %s (option %s)", topic, option)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if getattr(error, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise TwoPhaseConfigError(
+                    f"kafka: topic {topic} (option {option}) does not exist and could not be "
+                    f"created: {errorText(exc)}; create it, or grant the sink's principal "
+                    "CREATE on it"
+                ) from None
+    _TOPICS_SEEN.add(key)

@@ -129,6 +129,9 @@ class KafkaTransaction:
     """The largest record produced: its key and value bytes, its position in the task."""
     fingerprint: Fingerprint = field(default_factory=Fingerprint)
     state: str = "open"
+    deadLetterTopic: str | None = None
+    """Option ``badRecords``: where refused rows go (``deadletter``); ``None``: they fail."""
+    setAside: int = 0
 
     @property
     def poolKey(self) -> Hashable:
@@ -146,6 +149,7 @@ def beginTransaction(
     flushTimeoutSeconds: float,
     initTimeoutSeconds: float,
     requestTimeoutSeconds: float = 30.0,
+    deadLetterTopic: str | None = None,
 ) -> KafkaTransaction:
     """A transaction of sink ``prefix``; its producer is taken now (in the background) when the
     topic is known, else at the first record."""
@@ -159,6 +163,7 @@ def beginTransaction(
         initTimeoutSeconds=initTimeoutSeconds,
         requestTimeoutSeconds=requestTimeoutSeconds,
         queueLimit=int(config.get("queue.buffering.max.messages", DEFAULT_QUEUE_MESSAGES)),
+        deadLetterTopic=deadLetterTopic,
     )
     if defaultTopic:
 

@@ -17,9 +17,15 @@ from twophase.clients.kafka import errorText
 from twophase.redaction import redact
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
+from twophase.sinks.kafka.deadletter import NULL_TOPIC, TOO_LARGE, deadLetter, describeRefusal
 from twophase.sinks.kafka.deliveries import MSG_SIZE_TOO_LARGE, QUEUE_FULL
 from twophase.sinks.kafka.errors import KafkaWriteError, RecordTooLargeError
-from twophase.sinks.kafka.oversize import brokerRefused, producerRefused, recordSizes
+from twophase.sinks.kafka.oversize import (
+    brokerRefused,
+    producerLimit,
+    producerRefused,
+    recordSizes,
+)
 from twophase.sinks.kafka.producer import (
     KafkaTransaction,
     acquire,
@@ -59,7 +65,11 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         and layout.headers is None
         and hasattr(producer, "produce_batch")  # not in older confluent-kafka
     ):
-        _produceBatch(txn, str(txn.defaultTopic), values, keys, sizes, base)
+        aside = _produceBatch(txn, str(txn.defaultTopic), values, keys, sizes, base)
+        if aside:  # the fingerprint covers what reached the topic: the rows not set aside
+            skip = set(aside)
+            values = [v for i, v in enumerate(values) if i not in skip]
+            keys = None if keys is None else [k for i, k in enumerate(keys) if i not in skip]
         txn.fingerprint.add(values, keys, extra=str(txn.defaultTopic).encode())
     else:
         partitions = (
@@ -70,9 +80,14 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         for i, value in enumerate(values):
             topic = topics[i] if topics is not None else txn.defaultTopic
             if topic is None:
+                if txn.deadLetterTopic is not None:
+                    key = keys[i] if keys is not None else None
+                    _setAside(txn, NULL_TOPIC, None, base + i, value, key, sizes[i])
+                    continue
                 raise KafkaWriteError(
-                    "kafka sink: a row has a null topic; set .option('topic', <name>) for a "
-                    "default topic"
+                    f"kafka sink: row {base + i} of partition {txn.ctx.partitionId} (counting "
+                    "from 0) has a null topic; set .option('topic', <name>) for a default "
+                    "topic, or the option badRecords=<topic> to set such rows aside"
                 )
             kwargs: dict[str, Any] = {}
             extra = str(topic).encode()
@@ -88,12 +103,19 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
                 try:
                     produce(topic, value, **kwargs)
                     txn.fingerprint.addRecord(value, kwargs.get("key"), extra=extra)
+                    txn.produced += 1
                     break
                 except BufferError:
                     producer.poll(0.05)
                     _raiseDeliveryErrors(txn)
                 except KafkaException as exc:
-                    if _errorCode(exc.args[0] if exc.args else None) == MSG_SIZE_TOO_LARGE:
+                    code = _errorCode(exc.args[0] if exc.args else None)
+                    if code == MSG_SIZE_TOO_LARGE and txn.deadLetterTopic is not None:
+                        own = kwargs.get("headers")
+                        key = kwargs.get("key")
+                        _setAside(txn, TOO_LARGE, str(topic), base + i, value, key, sizes[i], own)
+                        break
+                    if code == MSG_SIZE_TOO_LARGE:
                         message = producerRefused(
                             txn.ctx, str(topic), base + i, int(sizes[i]), txn.config
                         )
@@ -101,7 +123,6 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
                     raise KafkaWriteError(
                         f"kafka: producing to {topic}: {errorText(exc, named=True)}"
                     ) from exc
-        txn.produced += len(values)
     producer.poll(0)
     _raiseDeliveryErrors(txn)
 
@@ -123,9 +144,10 @@ def _produceBatch(
     keys: list[Any] | None,
     sizes: Any,
     base: int,
-) -> None:
+) -> list[int]:
     """The fast path: one topic, no explicit partitions or headers: ``produce_batch``.
     ``sizes`` are the rows' key and value bytes, ``base`` the task's position of row 0.
+    Returns the rows set aside (``badRecords``), as positions in ``values``.
 
     Records of a chunk are handed over only when the local queue has room for the chunk, so a
     full queue is rare; when it happens anyway the refused records must be a suffix of the
@@ -140,6 +162,7 @@ def _produceBatch(
         ]
     producer = txn.producer
     assert producer is not None
+    aside: list[int] = []
     chunk = max(1, min(BATCH_CHUNK, txn.queueLimit // 2))
     for start in range(0, len(messages), chunk):
         pending = messages[start : start + chunk]
@@ -154,38 +177,81 @@ def _produceBatch(
                 raise KafkaWriteError(
                     f"kafka: producing to {topic}: {errorText(exc, named=True)}"
                 ) from exc
-            failedAt = next((i for i, m in enumerate(pending) if "_error" in m), len(pending))
-            txn.produced += failedAt
-            failed = pending[failedAt:]
-            if not failed:
-                break
-            refused = [m for m in failed if "_error" in m]
-            tooLarge = next(
-                (
-                    i
-                    for i, m in enumerate(failed)
-                    if _errorCode(m.get("_error")) == MSG_SIZE_TOO_LARGE
-                ),
-                None,
-            )
-            if tooLarge is not None:
-                row = first + failedAt + tooLarge
+            refused = [i for i, m in enumerate(pending) if "_error" in m]
+            codes = {i: _errorCode(pending[i]["_error"]) for i in refused}
+            tooLarge = [i for i in refused if codes[i] == MSG_SIZE_TOO_LARGE]
+            if tooLarge and txn.deadLetterTopic is None:
+                row = first + tooLarge[0]
                 message = producerRefused(txn.ctx, topic, base + row, int(sizes[row]), txn.config)
                 raise RecordTooLargeError(redact(message)) from KafkaException(
-                    failed[tooLarge]["_error"]
+                    pending[tooLarge[0]]["_error"]
                 )
-            if len(refused) != len(failed) or any(
-                _errorCode(m["_error"]) != QUEUE_FULL for m in refused
-            ):
+            again = [i for i in refused if codes[i] == QUEUE_FULL]
+            other = [i for i in refused if codes[i] not in (QUEUE_FULL, MSG_SIZE_TOO_LARGE)]
+            resent = len(pending) - len(again)  # the queue-full ones must be the chunk's tail
+            if other or again != list(range(resent, len(pending))):
+                shown = pending[(other or again)[0]]["_error"]
                 raise KafkaWriteError(
-                    f"kafka: producing to {topic} failed: {redact(str(refused[0]['_error']))} "
+                    f"kafka: producing to {topic} failed: {redact(str(shown))} "
                     f"({len(refused)} of {len(pending)} records refused)"
                 )
-            for m in failed:
+            txn.produced += resent - len(tooLarge)
+            for i in tooLarge:
+                row = first + i
+                m = pending[i]
+                _setAside(txn, TOO_LARGE, topic, base + row, m["value"], m.get("key"), sizes[row])
+                aside.append(row)
+            pending = pending[resent:]
+            for m in pending:
                 del m["_error"]
-            pending = failed
-            first += failedAt
+            first += resent
+            if pending:
+                producer.poll(0.05)
+    return aside
+
+
+def _setAside(
+    txn: KafkaTransaction,
+    reason: str,
+    topic: str | None,
+    row: int,
+    value: Any,
+    key: Any,
+    size: Any,
+    headers: list[tuple[str, Any]] | None = None,
+) -> None:
+    """Produce the dead-letter record of a refused row into the task's transaction."""
+    dead = txn.deadLetterTopic
+    producer = txn.producer
+    assert dead is not None and producer is not None
+    bytes_, limit = int(size), producerLimit(txn.config)
+    letter = deadLetter(
+        txn.ctx,
+        reason=reason,
+        error=describeRefusal(reason, bytes_, limit),
+        topic=topic,
+        row=row,
+        value=value,
+        key=key,
+        size=bytes_,
+        limit=limit,
+        headers=headers,
+    )
+    while True:
+        try:
+            producer.produce(dead, letter.value, key=letter.key, headers=letter.headers)
+            break
+        except BufferError:
             producer.poll(0.05)
+            _raiseDeliveryErrors(txn)
+        except KafkaException as exc:
+            raise KafkaWriteError(
+                f"kafka: setting row {row} of partition {txn.ctx.partitionId} aside in the "
+                f"dead-letter topic {dead} (option badRecords): {errorText(exc, named=True)}"
+            ) from exc
+    txn.fingerprint.addRecord(letter.value, letter.key, extra=letter.fingerprintExtra)
+    txn.produced += 1
+    txn.setAside += 1
 
 
 def _errorCode(error: Any) -> int | None:

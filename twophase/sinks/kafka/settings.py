@@ -35,11 +35,13 @@ SAFE_OPTIONS = SAFE_CLIENT_OPTIONS | {
     "flushtimeoutseconds",
     "inittimeoutseconds",
     "requesttimeoutseconds",
+    "badrecords",
     RESOLVED_TIMEOUT_OPTION.lower(),
 }
 """Options (lower-case) that never hold a secret and that the committer may need."""
 
 _PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+_TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 _FORBIDDEN_PRODUCER_OPTIONS = {
     "transactional.id": "the sink sets it per task; choose its prefix with option "
@@ -75,6 +77,8 @@ class KafkaSettings:
     - ``initTimeoutSeconds``: bound of ``init_transactions`` (default 120 s).
     - ``requestTimeoutSeconds``: bound of each request to the cluster outside tasks: reaching
       it, reading its settings, ending and listing transactions (default 30 s).
+    - ``badRecords``: ``fail`` (default: a row Kafka refuses fails its batch) or a dead-letter
+      topic, where such rows go in the task's own transaction (``deadletter``).
     """
 
     producerConfig: dict[str, str] = field(hash=False, repr=False)  # may hold secrets
@@ -84,6 +88,8 @@ class KafkaSettings:
     flushTimeoutSeconds: float
     initTimeoutSeconds: float
     requestTimeoutSeconds: float
+    badRecords: str | None = None
+    """The dead-letter topic; ``None``: ``fail``."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> KafkaSettings:
@@ -107,6 +113,7 @@ class KafkaSettings:
             )
         topic = (optionOf(options, "topic") or "").strip() or None
         return cls(
+            badRecords=_deadLetterTopic(options, topic),
             producerConfig=config,
             topic=topic,
             transactionalIdPrefix=prefix,
@@ -132,6 +139,24 @@ class KafkaSettings:
             return self.transactionTimeoutMs
         brokerMax = brokerTransactionMaxTimeoutMs(self.producerConfig, self.requestTimeoutSeconds)
         return min(DEFAULT_TRANSACTION_TIMEOUT_MS, brokerMax)
+
+
+def _deadLetterTopic(options: Mapping[str, str], topic: str | None) -> str | None:
+    """Option ``badRecords``: ``fail`` (``None``) or a topic other than the sink's own."""
+    raw = (optionOf(options, "badRecords") or "fail").strip()
+    if raw.lower() == "fail":
+        return None
+    if not _TOPIC_PATTERN.match(raw) or raw in (".", ".."):
+        raise TwoPhaseConfigError(
+            f"option badRecords={raw!r} must be 'fail' or a topic name (1-249 letters, digits, "
+            "'.', '_', '-') where refused rows are set aside"
+        )
+    if raw == topic:
+        raise TwoPhaseConfigError(
+            f"option badRecords={raw!r} names the sink's own topic: choose another topic for "
+            "the rows Kafka refuses"
+        )
+    return raw
 
 
 def _intConfig(config: Mapping[str, str], name: str) -> int | None:

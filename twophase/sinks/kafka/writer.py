@@ -52,6 +52,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
             flushTimeoutSeconds=self.settings.flushTimeoutSeconds,
             initTimeoutSeconds=self.settings.initTimeoutSeconds,
             requestTimeoutSeconds=self.settings.requestTimeoutSeconds,
+            deadLetterTopic=self.settings.badRecords,
         )
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
@@ -68,6 +69,15 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
             "attempt": ctx.attemptNumber,
         }
         handle.update(sending.preCommit(txn))
+        if txn.setAside:
+            handle["setAside"] = txn.setAside
+            log.info(
+                "kafka: batch %s partition %s set %d row(s) aside in %s (option badRecords)",
+                ctx.batchId,
+                ctx.partitionId,
+                txn.setAside,
+                txn.deadLetterTopic,
+            )
         log.debug("kafka: prepared %s", describeHandle(handle))
         return handle
 
