@@ -496,6 +496,82 @@ def test_a_rejected_row_names_its_position_column_and_fix_and_nothing_is_visible
     assert execute(pg_url, f"SELECT count(*) FROM {table} WHERE id IN (20, 21)") == [(2,)]
 
 
+SET_ASIDE = [
+    (case, mode)
+    for case in REJECTIONS
+    for mode in ("append", "upsert")
+    if mode == "append" or not case.startswith("duplicate")  # an upsert updates those
+]
+
+
+@pytest.mark.parametrize(("case", "mode"), SET_ASIDE)
+def test_with_bad_records_a_rejected_row_is_set_aside_in_the_task_s_own_transaction(
+    pg_url: str, table: str, case: str, mode: str
+) -> None:
+    """``badRecords``: the rows around the rejected one reach the target, the rejected one the
+    dead-letter table (created by the driver), both inside the task's prepared transaction:
+    invisible until the commit, committed once, never when the batch is aborted."""
+    column, payload, badId, before, expected = REJECTIONS[case]
+    execute(pg_url, f"CREATE TABLE {table} (id bigint PRIMARY KEY, {column})")
+    if before:
+        execute(pg_url, before.format(table=table))
+    existing = {r[0] for r in execute(pg_url, f"SELECT id FROM {table}")}
+    aside = f"{table}_rejected"
+    upsert = {"mode": "upsert", "keyColumns": "id"} if mode == "upsert" else {}
+    w, c = sink(pg_url, table, badRecords=aside, **upsert)
+    try:
+        validateTarget(w.settings, idsBatch([1]).schema)
+        bad = pa.record_batch(
+            {"id": pa.array([12, badId, 14], pa.int64()), "payload": pa.array(["a", payload, "c"])}
+        )
+        ctx = context(table, batch=5, part=2)
+        handle = writeAndPrepare(w, ctx, idsBatch([10, 11]), bad)
+        assert handle["setAside"] == 1 and handle["rows"] == 5
+        assert execute(pg_url, f"SELECT count(*) FROM {aside}") == [(0,)]
+        assert {r[0] for r in execute(pg_url, f"SELECT id FROM {table}")} == existing
+        c.commit(handle)
+        ids = {r[0] for r in execute(pg_url, f"SELECT id FROM {table}")}
+        assert ids == existing | {10, 11, 12, 14}
+        [row] = execute(
+            pg_url,
+            f"SELECT gid, row_position, sink_id, batch_id, partition_id, error, record "
+            f"FROM {aside}",
+        )
+        assert row[0] == handle["gid"] and row[1:5] == (3, sinkIdOf(table), 5, 2)
+        assert "row 3 of partition 2 (counting from 0)" in row[5]
+        assert any(fragment in row[5] for fragment in expected[:1]), row[5]
+        assert SECRET not in row[5] and "424242" not in row[5]
+        assert row[6] == {"id": badId, "payload": payload}  # the record holds the row
+
+        aborted = writeAndPrepare(w, context(table, batch=6, part=2), bad)
+        c.abort(aborted)
+        assert execute(pg_url, f"SELECT count(*) FROM {aside}") == [(1,)]
+        assert prepared(pg_url, table) == []
+    finally:
+        execute(pg_url, f"DROP TABLE IF EXISTS {aside}")
+
+
+def test_bad_records_needs_a_prepared_transaction_per_partition_and_says_so(
+    pg_url: str, table: str
+) -> None:
+    """Every partition is prepared with ``badRecords``; one past the server's limit fails
+    before writing, naming the fixes that apply."""
+    createIdTable(pg_url, table)
+    w, _ = sink(pg_url, table, badRecords=f"{table}_rejected")
+    limit = int(execute(pg_url, "SHOW max_prepared_transactions")[0][0])
+    try:
+        validateTarget(w.settings, idsBatch([1]).schema)
+        with pytest.raises(PreparedLimitError) as info:
+            writeAndPrepare(w, context(table, part=limit), idsBatch([1]))
+        message = str(info.value)
+        assert "with option badRecords every partition holds a prepared transaction" in message
+        assert "write fewer partitions" in message and "badRecords=fail" in message
+        assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
+        assert execute(pg_url, "SELECT to_regclass(%s)", f"{table}_twophase_staging") == [(None,)]
+    finally:
+        execute(pg_url, f"DROP TABLE IF EXISTS {table}_rejected")
+
+
 @pytest.mark.parametrize("constraint", ["payload text NOT NULL", "payload varchar(3)"])
 def test_an_upsert_names_the_row_the_server_did_not_place(
     pg_url: str, table: str, constraint: str

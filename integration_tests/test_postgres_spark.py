@@ -340,6 +340,50 @@ def test_bad_input_fails_clearly_with_nothing_partly_visible_and_replays_after_t
     assert query(pg_url, f"SELECT id FROM {table} WHERE payload IS NULL") == [(163,)]
 
 
+@pytest.mark.timeout(600)
+def test_bad_records_set_aside_let_the_query_go_on_exactly_once_and_verify_counts_them(
+    spark: Any, pg_url: str, table: str, tmp_path: Path
+) -> None:
+    """``badRecords``: the rows PostgreSQL rejects (a NULL, a CHECK) in three batches land in
+    the dead-letter table the driver created, every other row in the target, each once over
+    two starts; ``twophase verify`` with the option counts every source row once."""
+    from twophase import verify
+
+    dead = f"{table}_rejected"
+    options = {"url": pg_url, "table": table, "badRecords": dead}
+    columns = [
+        "id",
+        "CASE WHEN id IN (37, 250) THEN NULL WHEN id = 163 THEN 'no' ELSE payload END AS payload",
+    ]
+    query(
+        pg_url,
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL "
+        "CHECK (payload <> 'no'))",
+    )
+    try:
+        for _ in range(2):
+            startQuery(spark, options, tmp_path / "ckpt", columns).awaitTermination(240)
+            ids = [r[0] for r in query(pg_url, f"SELECT id FROM {table} ORDER BY id")]
+            assert ids == [i for i in range(300) if i not in (37, 163, 250)]
+            aside = query(
+                pg_url,
+                f"SELECT (record ->> 'id')::bigint, batch_id, error_column, error FROM {dead} "
+                "ORDER BY 1",
+            )
+            assert [r[:2] for r in aside] == [(37, 0), (163, 1), (250, 2)]
+            assert aside[0][2] == "payload" and "not-null" in aside[0][3]
+            assert f"{table}_payload_check" in aside[1][3]
+        assert query(pg_url, "SELECT to_regclass(%s)", f"{table}_twophase_staging") == [(None,)]
+        source = {"start": "0", "end": "300"}
+        report = verify.verify("sequence", source, "postgres", options, columns=["id"])
+        assert report.ok and report.actualRows == 300, str(report)
+        plain = {"url": pg_url, "table": table}
+        report = verify.verify("sequence", source, "postgres", plain, columns=["id"])
+        assert not report.ok and report.missing == 3, str(report)
+    finally:
+        query(pg_url, f"DROP TABLE IF EXISTS {dead}")
+
+
 # -- more partitions than the server's max_prepared_transactions --------------------------------
 
 

@@ -514,3 +514,23 @@ def test_the_move_deletes_one_token_and_keeps_the_last_row_per_key_in_upsert() -
     upsert = moveStatement(names, sql.Identifier("public", "t"), ["id", "v"], ["id"]).as_string()
     assert "DISTINCT ON" in upsert and '"__tp_seq" DESC' in upsert
     assert 'ON CONFLICT ("id") DO UPDATE SET "v" = EXCLUDED."v"' in upsert
+
+
+def test_bad_records_names_a_table_beside_the_target_and_needs_prepared_transactions() -> None:
+    def settings(**options: str) -> PostgresSettings:
+        return PostgresSettings.fromOptions(
+            {"url": "postgresql://u@h/db", "table": "orders", **options}
+        )
+
+    assert settings().badRecords is None and settings(badRecords="FAIL").badRecords is None
+    chosen = settings(badRecords="Orders_Rejected")
+    assert chosen.badRecords == "orders_rejected" and chosen.preparedBudget(100) == 100
+    with pytest.raises(TwoPhaseConfigError, match="names the target table"):
+        settings(badRecords="orders")
+    with pytest.raises(TwoPhaseConfigError, match="no schema: it lives in the target's"):
+        settings(badRecords="audit.rejected")
+    with pytest.raises(TwoPhaseConfigError, match="commitMode=staged has none"):
+        settings(badRecords="rejected", commitMode="staged")
+    with pytest.raises(TwoPhaseConfigError, match="maxPreparedPartitions does not apply"):
+        settings(badRecords="rejected", maxPreparedPartitions="4")
+    assert "badrecords" in SAFE_OPTIONS

@@ -33,6 +33,8 @@ from twophase.verify.errors import VerifyInputError, inputErrors
 if TYPE_CHECKING:
     from psycopg import sql
 
+    from twophase.sinks.postgres import PostgresSettings
+
 log = getLogger(__name__)
 
 
@@ -252,9 +254,12 @@ def readPostgres(
                     f"{where}: no column {', '.join(absent)} (it has {', '.join(types)}); name "
                     "the sink's columns with --sink-columns"
                 )
-            query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT csv)").format(
-                sql.SQL(", ").join(_pgSelect(c, types[c]) for c in wanted),
-                settings.tableIdentifier,
+            source: sql.Composable = settings.tableIdentifier
+            if settings.badRecords is not None:  # rows the sink set aside count as held
+                source = _withSetAside(settings, wanted, types)
+                where += f" and the rows set aside in {settings.badRecords}"
+            query = sql.SQL("COPY (SELECT {} FROM {} AS held) TO STDOUT (FORMAT csv)").format(
+                sql.SQL(", ").join(_pgSelect(c, types[c]) for c in wanted), source
             )
             started = time.monotonic()
             data = bytearray()
@@ -268,6 +273,31 @@ def readPostgres(
     result = _parsePostgresCsv(data, wanted, [types[c] for c in wanted], where)
     log.info("%d rows of %s in %.2f s", result.num_rows, where, time.monotonic() - started)
     return result, where
+
+
+def _withSetAside(
+    settings: PostgresSettings, wanted: Sequence[str], types: Mapping[str, str]
+) -> sql.Composable:
+    """The target's rows and those its sink set aside in the ``badRecords`` table (read
+    back from their JSON, bytes from hex), as one derived table."""
+    from psycopg import sql
+
+    assert settings.badRecords is not None
+
+    def fromJson(column: str) -> sql.Composable:
+        value = sql.SQL("(record ->> {})").format(sql.Literal(column))
+        if types[column] == "bytea":
+            return sql.SQL("decode({}, 'hex') AS {}").format(value, sql.Identifier(column))
+        return sql.SQL("{}::{} AS {}").format(
+            value, sql.Identifier(types[column]), sql.Identifier(column)
+        )
+
+    return sql.SQL("(SELECT {} FROM {} UNION ALL SELECT {} FROM {})").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in wanted),
+        settings.tableIdentifier,
+        sql.SQL(", ").join(fromJson(c) for c in wanted),
+        sql.Identifier(settings.schema, settings.badRecords),
+    )
 
 
 def _pgSelect(column: str, typname: str) -> sql.Composable:

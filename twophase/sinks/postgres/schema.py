@@ -17,6 +17,7 @@ import pyarrow as pa
 from twophase.clients.postgres import DRIVER_CONNECTIONS, PostgresUnavailableError, errorText
 from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.errors import PostgresSinkError
 from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
 from twophase.sinks.postgres.staging import ensureStagingTables
@@ -38,8 +39,9 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema) -> None:
     ``max_prepared_transactions`` is 0 under ``commitMode=prepared``, the table is missing (and
     ``createTable`` is off), a stream column is missing from the table or of a type it cannot
     hold exactly, a NOT NULL column without default is not in the stream, or (upsert) no unique
-    index matches ``keyColumns``. Creates the table when ``createTable`` is on, and the staging
-    and marker tables (``staging``) unless ``commitMode=prepared``.
+    index matches ``keyColumns``. Creates the table when ``createTable`` is on, the dead-letter
+    table of ``badRecords`` (``deadletter``), and the staging and marker tables (``staging``)
+    unless every partition is prepared (``commitMode=prepared``, or ``badRecords``).
     """
     s = settings
     for f in schema:
@@ -93,7 +95,9 @@ def _checkTarget(conn: psycopg.Connection[Any], s: PostgresSettings, schema: pa.
     _checkColumns(s, schema, columns)
     if s.mode == "upsert":
         _checkConflictIndex(conn, s)
-    if s.commitMode != "prepared":
+    if s.badRecords is not None:
+        deadletter.ensureTable(conn, s)
+    elif s.commitMode != "prepared":
         ensureStagingTables(conn, s, schema.names)
 
 
@@ -102,8 +106,16 @@ def checkPreparedTransactions(conn: psycopg.Connection[Any], s: PostgresSettings
     saying how to change it (``auto`` and ``staged`` then stage every partition)."""
     row = conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()
     limit = int(row[0]) if row else 0
-    if limit > 0 or s.commitMode != "prepared":
+    if limit > 0 or (s.commitMode != "prepared" and s.badRecords is None):
         return
+    if s.badRecords is not None:
+        raise TwoPhaseConfigError(
+            f"PostgreSQL at {s.target.describe()} has max_prepared_transactions = 0, so it "
+            "cannot PREPARE TRANSACTION, which option badRecords needs: rejected rows are set "
+            "aside in each task's prepared transaction. Set badRecords=fail (the default), or "
+            "set max_prepared_transactions in postgresql.conf to at least the number of "
+            "partitions of a batch and restart the server."
+        )
     raise TwoPhaseConfigError(
         f"PostgreSQL at {s.target.describe()} has max_prepared_transactions = 0, "
         "so it cannot PREPARE TRANSACTION, which commitMode=prepared needs: every "

@@ -49,6 +49,7 @@ SAFE_OPTIONS = frozenset(
         "upsertbatchrows",
         "commitmode",
         "maxpreparedpartitions",
+        "badrecords",
     }
     | {f"pg.{keyword}" for keyword in PUBLIC_LIBPQ_KEYWORDS}
 )
@@ -120,6 +121,24 @@ def _nonNegative(options: Mapping[str, str], name: str, default: float) -> float
     return floatOption(options, name, default)
 
 
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+
+def _badRecordsTable(options: Mapping[str, str]) -> str | None:
+    """Option ``badRecords``: ``fail`` (``None``) or a plain table name, folded to lower case
+    as PostgreSQL folds an unquoted name."""
+    raw = (optionOf(options, "badRecords") or "fail").strip()
+    if raw.lower() == "fail":
+        return None
+    if not _TABLE_NAME.fullmatch(raw):
+        raise TwoPhaseConfigError(
+            f"option badRecords={raw!r} must be fail (the default: a rejected row fails the "
+            "batch) or the name of a table beside the target (letters, digits, '_', at most 63, "
+            "no schema: it lives in the target's), e.g. badRecords=orders_rejected"
+        )
+    return raw.lower()
+
+
 @dataclass(frozen=True)
 class PostgresSettings:
     """The postgres sink's options, parsed and checked once (``PostgresSettings.fromOptions``).
@@ -158,6 +177,10 @@ class PostgresSettings:
     - ``maxPreparedPartitions``: in ``auto``, how many partitions (ids ``0..n-1``) use a
       prepared transaction; default half the server's ``max_prepared_transactions`` (0 on a
       server without prepared transactions: everything staged), never more than it.
+    - ``badRecords``: ``fail`` (default: a row PostgreSQL rejects fails the batch, naming it)
+      or the name of a dead-letter table in the target's schema, created when missing: rows
+      PostgreSQL rejects go there in the task's own prepared transaction (``deadletter``).
+      Every partition then holds a prepared transaction: ``commitMode=staged`` is refused.
     """
 
     target: ConnectionTarget
@@ -172,6 +195,8 @@ class PostgresSettings:
     upsertBatchRows: int = 20000
     commitMode: str = "auto"
     maxPreparedPartitions: int | None = None
+    badRecords: str | None = None
+    """The dead-letter table (in ``schema``); ``None``: ``fail``."""
     secrets: Secrets = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -194,6 +219,23 @@ class PostgresSettings:
                 "option maxPreparedPartitions only applies to commitMode=auto; remove it, or "
                 "set commitMode=auto"
             )
+        if self.badRecords is not None and self.commitMode == "staged":
+            raise TwoPhaseConfigError(
+                f"option badRecords={self.badRecords} sets rejected rows aside in the task's "
+                "prepared transaction, and commitMode=staged has none (staged rows are "
+                "committed before the batch is decided); use commitMode=auto or prepared, or "
+                "badRecords=fail"
+            )
+        if self.badRecords is not None and self.maxPreparedPartitions is not None:
+            raise TwoPhaseConfigError(
+                "option maxPreparedPartitions does not apply with badRecords: every partition "
+                "holds a prepared transaction; remove one of the two"
+            )
+        if self.badRecords is not None and self.badRecords == self.table:
+            raise TwoPhaseConfigError(
+                f"option badRecords={self.badRecords} names the target table: choose another "
+                f"table for the rows PostgreSQL rejects, e.g. badRecords={self.table}_rejected"
+            )
         if self.mode == "append" and self.keyColumns:
             raise TwoPhaseConfigError(
                 "option keyColumns is only used with mode=upsert; remove it, or set "
@@ -214,7 +256,7 @@ class PostgresSettings:
         ``max_prepared_transactions`` is ``serverLimit``."""
         if self.commitMode == "staged":
             return 0
-        if self.commitMode == "prepared":
+        if self.commitMode == "prepared" or self.badRecords is not None:
             return serverLimit
         wanted = (
             serverLimit // 2 if self.maxPreparedPartitions is None else self.maxPreparedPartitions
@@ -250,5 +292,6 @@ class PostgresSettings:
                 if optionOf(options, "maxPreparedPartitions") is not None
                 else None
             ),
+            badRecords=_badRecordsTable(options),
             secrets=secrets,
         )

@@ -16,9 +16,9 @@ keeps them. psycopg errors become errors that name the batch, the table and the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,8 +30,9 @@ from psycopg import sql
 from twophase.clients.postgres import AnswerWatch, connect, errorText
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
+from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.committer import PostgresCommitter
-from twophase.sinks.postgres.encoding import csvChunk
+from twophase.sinks.postgres.encoding import arrayLiteral, csvChunk
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
     PostgresUnavailableError,
@@ -40,6 +41,7 @@ from twophase.sinks.postgres.errors import (
 )
 from twophase.sinks.postgres.handles import KIND, currentXid, preparedHandle, stagedHandle
 from twophase.sinks.postgres.rejections import (
+    Rejection,
     describe,
     fixFor,
     locateInChunk,
@@ -86,6 +88,8 @@ class PostgresTransaction:
     chunk: tuple[pa.RecordBatch, np.ndarray] | None = None
     """The upsert statement running: its rows, and their positions in the task."""
     rows: int = 0
+    setAside: int = 0
+    """Rows PostgreSQL rejected and the task wrote to the ``badRecords`` table."""
     state: str = "open"
     handle: Handle | None = None
 
@@ -139,6 +143,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 )
             if txn.path == "staged":
                 txn.copy.write(memoryview(csvChunk(self._tagged(txn, batch))))
+            elif self.settings.badRecords is not None:
+                self._writeSettingAside(txn, batch)
             elif self.settings.mode == "append":
                 txn.copy.write(memoryview(csvChunk(batch)))
             else:
@@ -158,7 +164,7 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
         txn.session = session
         txn.schema = schema
         limit = session.maxPreparedTransactions
-        if s.commitMode == "prepared" and ctx.partitionId >= limit:
+        if (s.commitMode == "prepared" or s.badRecords is not None) and ctx.partitionId >= limit:
             raise PreparedLimitError(self._limitMessage(ctx, limit))
         txn.path = "prepared" if ctx.partitionId < s.preparedBudget(limit) else "staged"
         conn = session.conn
@@ -166,13 +172,28 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
             statement = stagingCopyStatement(StagingNames.of(s), schema.names)
             txn.copy = txn.stack.enter_context(conn.cursor().copy(statement))
         elif s.mode == "append":
-            txn.copy = txn.stack.enter_context(conn.cursor().copy(copyStatement(s, schema.names)))
+            if s.badRecords is None:  # with it, one COPY per record batch (_writeSettingAside)
+                statement = copyStatement(s, schema.names)
+                txn.copy = txn.stack.enter_context(conn.cursor().copy(statement))
         else:
             txn.types = tableTypes(conn, s)
             txn.upsertSql = upsertStatement(s, schema, txn.types)
 
     def _limitMessage(self, ctx: TransactionContext, limit: int) -> str:
         s = self.settings
+        if s.badRecords is not None:
+            return (
+                f"postgres sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId}, "
+                f"table {s.qualifiedName}: with option badRecords every partition holds a "
+                "prepared transaction until the driver commits (rejected rows are set aside "
+                f"in it), and the server at {s.target.describe()} allows "
+                f"max_prepared_transactions = {limit}, so a batch with {ctx.partitionId + 1} or "
+                "more partitions cannot be prepared at once. Nothing was written. Fix one of: "
+                "write fewer partitions (df.coalesce(n) or spark.sql.shuffle.partitions); raise "
+                "max_prepared_transactions in postgresql.conf above the number of partitions "
+                "and restart the server; or set badRecords=fail (the default), with which "
+                "partitions beyond the budget stage their rows."
+            )
         return (
             f"postgres sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId}, "
             f"table {s.qualifiedName}: commitMode=prepared holds one prepared transaction per "
@@ -203,6 +224,124 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 txn.chunk = (chunk.batch, chunk.rows + txn.rows)
                 cur.execute(txn.upsertSql, chunk.parameters)
             txn.chunk = None
+
+    def _writeSettingAside(self, txn: PostgresTransaction, batch: pa.RecordBatch) -> None:
+        """``badRecords``: send ``batch`` under a savepoint; the rows PostgreSQL rejects go to
+        the dead-letter table in the same transaction (see ``deadletter``)."""
+        assert txn.conn is not None
+        refused: list[tuple[int, Rejection, pa.RecordBatch, int]] = []
+        if self.settings.mode == "append":
+            self._copyAside(txn, batch, refused)
+        else:
+            self._upsertAside(txn, batch, refused)
+        if not refused:
+            return
+        ctx, s = txn.ctx, self.settings
+        with txn.conn.cursor() as cur:
+            cur.executemany(
+                deadletter.insertStatement(s), deadletter.deadLetterRows(ctx, txn.gid, refused)
+            )
+        txn.setAside += len(refused)
+        log.warning(
+            "postgres: batch %d partition %d: %d row(s) rejected by PostgreSQL, set aside in %s "
+            "(the first: %s)",
+            ctx.batchId,
+            ctx.partitionId,
+            len(refused),
+            deadletter.qualifiedName(s),
+            describe(refused[0][1], ctx.partitionId),
+        )
+
+    def _copyAside(
+        self,
+        txn: PostgresTransaction,
+        batch: pa.RecordBatch,
+        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
+    ) -> None:
+        """Append: one COPY for the batch; when PostgreSQL rejects a row, the rows before
+        the line it names are sent again, the named row alone (it is set aside if refused
+        again), then the rest."""
+        start = 0
+        while start < batch.num_rows:
+            rest = batch.slice(start)
+            exc = self._refusal(txn, rest, self._copy)
+            if exc is None:
+                return
+            line = rejectionOf(exc).row  # COPY's line N is the statement's row N - 1
+            if line is None or not 0 <= line < rest.num_rows:
+                self._oneByOne(txn, batch, range(start, batch.num_rows), self._copy, refused)
+                return
+            if line > 0 and self._refusal(txn, rest.slice(0, line), self._copy) is not None:
+                self._oneByOne(txn, batch, range(start, start + line), self._copy, refused)
+            self._oneByOne(txn, batch, [start + line], self._copy, refused)
+            start += line + 1
+
+    def _upsertAside(
+        self,
+        txn: PostgresTransaction,
+        batch: pa.RecordBatch,
+        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
+    ) -> None:
+        """Upsert: each chunk's statement under a savepoint; a rejected chunk row by row."""
+        for chunk in upsertChunks(self.settings, batch):
+            kept = chunk.batch
+            if self._refusal(txn, kept, self._upsertRows) is None:
+                continue
+            types = {name: declared for name, (declared, _) in txn.types.items()}
+            for index in range(kept.num_rows):
+                one = kept.slice(index, 1)
+                exc = self._refusal(txn, one, self._upsertRows)
+                if exc is not None:  # the server names no row, and for a length no column
+                    position = txn.rows + int(chunk.rows[index])
+                    where = np.array([position], dtype=np.int64)
+                    rejection = locateInChunk(rejectionOf(exc), one, where, types)
+                    refused.append((position, replace(rejection, row=position), kept, index))
+
+    def _oneByOne(
+        self,
+        txn: PostgresTransaction,
+        batch: pa.RecordBatch,
+        indexes: Iterable[int],
+        send: Callable[[PostgresTransaction, pa.RecordBatch], None],
+        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
+    ) -> None:
+        for index in indexes:
+            exc = self._refusal(txn, batch.slice(index, 1), send)
+            if exc is not None:
+                position = txn.rows + index
+                refused.append((position, replace(rejectionOf(exc), row=position), batch, index))
+
+    @staticmethod
+    def _refusal(
+        txn: PostgresTransaction,
+        rows: pa.RecordBatch,
+        send: Callable[[PostgresTransaction, pa.RecordBatch], None],
+    ) -> psycopg.Error | None:
+        """Send ``rows`` under a savepoint: PostgreSQL's rejection of one of them (the
+        statement then undone alone), else ``None``; other errors are raised."""
+        conn = txn.conn
+        assert conn is not None
+        conn.execute("SAVEPOINT twophase_rows")
+        try:
+            send(txn, rows)
+        except (pgerrors.IntegrityError, pgerrors.DataError) as exc:
+            conn.execute("ROLLBACK TO SAVEPOINT twophase_rows")
+            return exc
+        conn.execute("RELEASE SAVEPOINT twophase_rows")
+        return None
+
+    def _copy(self, txn: PostgresTransaction, rows: pa.RecordBatch) -> None:
+        assert txn.conn is not None
+        with (
+            txn.conn.cursor() as cur,
+            cur.copy(copyStatement(self.settings, rows.schema.names)) as copy,
+        ):
+            copy.write(memoryview(csvChunk(rows)))
+
+    def _upsertRows(self, txn: PostgresTransaction, rows: pa.RecordBatch) -> None:
+        assert txn.conn is not None and txn.upsertSql is not None
+        with txn.conn.cursor() as cur:
+            cur.execute(txn.upsertSql, [arrayLiteral(c) for c in rows.columns])
 
     def preCommit(self, txn: PostgresTransaction) -> Handle:
         """Executor: end the COPY, then ``PREPARE TRANSACTION`` (prepared) or ``COMMIT`` into
@@ -245,6 +384,8 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                     )
                     gid = txn.gid
             handle = preparedHandle(ctx, s, gid, xid, txn.rows)
+            if txn.setAside:
+                handle["setAside"] = txn.setAside
         if session is not None:
             txn.session = None
             TASK_SESSIONS.give(s.target, s.secrets, session)
