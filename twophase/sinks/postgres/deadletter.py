@@ -12,23 +12,32 @@ The table sits beside the target and is created by the driver when missing::
     sink_id, batch_id, partition_id where it came from
     error_column, error             the column PostgreSQL named, and why (no value shown)
     record jsonb                    the row (bytes as hex, other values as JSON or text)
+
+``ensureTable`` is the driver's; ``sendSettingAside`` the tasks'.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import errors as pgerrors
 from psycopg import sql
 
 from twophase.protocol import TransactionContext
+from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks.postgres.rejections import Rejection, describe
+from twophase.sinks.postgres.encoding import arrayLiteral, csvChunk
+from twophase.sinks.postgres.rejections import Rejection, describe, locateInChunk, rejectionOf
 from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.statements import copyStatement, upsertChunks
+
+log = getLogger(__name__)
 
 COLUMNS = (
     "gid",
@@ -129,3 +138,131 @@ def deadLetterRows(
         )
         for position, rejection, batch, index in refused
     ]
+
+
+Refused = list[tuple[int, Rejection, pa.RecordBatch, int]]
+"""Rows set aside: their position in the task, the rejection, the batch holding them, the
+index there."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One record batch of a task: its rows, the task's position of its first row, and for
+    upsert mode the statement and the table's column types (``statements.tableTypes``)."""
+
+    batch: pa.RecordBatch
+    first: int
+    upsertSql: sql.Composed | None = None
+    types: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def sendSettingAside(
+    conn: psycopg.Connection[Any],
+    s: PostgresSettings,
+    ctx: TransactionContext,
+    gid: str,
+    sent: Sent,
+) -> int:
+    """Executor: write ``sent`` into the task's open transaction on ``conn``, setting the rows
+    PostgreSQL rejects aside in the dead-letter table; how many it set aside."""
+    refused: Refused = []
+    if s.mode == "append":
+        _copyAside(conn, s, sent, refused)
+    else:
+        _upsertAside(conn, s, sent, refused)
+    if not refused:
+        return 0
+    with conn.cursor() as cur:
+        cur.executemany(insertStatement(s), deadLetterRows(ctx, gid, refused))
+    log.warning(
+        "postgres: batch %d partition %d: %d row(s) rejected by PostgreSQL, set aside in %s "
+        "(the first: %s)",
+        ctx.batchId,
+        ctx.partitionId,
+        len(refused),
+        qualifiedName(s),
+        describe(refused[0][1], ctx.partitionId),
+    )
+    return len(refused)
+
+
+Send = Callable[[pa.RecordBatch], None]
+
+
+def _copyAside(
+    conn: psycopg.Connection[Any], s: PostgresSettings, sent: Sent, refused: Refused
+) -> None:
+    """Append: one COPY for the batch; when PostgreSQL rejects a row, the rows before the line
+    it names are sent again, the named row alone (set aside if refused again: a line that
+    does not match a row sets nothing good aside), then the rest."""
+
+    def copy(rows: pa.RecordBatch) -> None:
+        with conn.cursor() as cur, cur.copy(copyStatement(s, rows.schema.names)) as stream:
+            stream.write(memoryview(csvChunk(rows)))
+
+    batch, start = sent.batch, 0
+    while start < batch.num_rows:
+        rest = batch.slice(start)
+        exc = _refusal(conn, rest, copy)
+        if exc is None:
+            return
+        line = rejectionOf(exc).row  # COPY's line N is the statement's row N - 1
+        if line is None or not 0 <= line < rest.num_rows:
+            _oneByOne(conn, sent, range(start, batch.num_rows), copy, refused)
+            return
+        if line > 0 and _refusal(conn, rest.slice(0, line), copy) is not None:
+            _oneByOne(conn, sent, range(start, start + line), copy, refused)
+        _oneByOne(conn, sent, [start + line], copy, refused)
+        start += line + 1
+
+
+def _upsertAside(
+    conn: psycopg.Connection[Any], s: PostgresSettings, sent: Sent, refused: Refused
+) -> None:
+    """Upsert: each chunk's statement under a savepoint; a rejected chunk row by row (the
+    server names no row, and for a value too long no column: found as the task's errors do)."""
+    statement = sent.upsertSql
+    assert statement is not None
+
+    def upsert(rows: pa.RecordBatch) -> None:
+        with conn.cursor() as cur:
+            cur.execute(statement, [arrayLiteral(c) for c in rows.columns])
+
+    types = {name: declared for name, (declared, _) in sent.types.items()}
+    for chunk in upsertChunks(s, sent.batch):
+        kept = chunk.batch
+        if _refusal(conn, kept, upsert) is None:
+            continue
+        for index in range(kept.num_rows):
+            one = kept.slice(index, 1)
+            exc = _refusal(conn, one, upsert)
+            if exc is not None:
+                position = sent.first + int(chunk.rows[index])
+                where = np.array([position], dtype=np.int64)
+                rejection = locateInChunk(rejectionOf(exc), one, where, types)
+                refused.append((position, replace(rejection, row=position), kept, index))
+
+
+def _oneByOne(
+    conn: psycopg.Connection[Any], sent: Sent, indexes: Iterable[int], send: Send, refused: Refused
+) -> None:
+    for index in indexes:
+        exc = _refusal(conn, sent.batch.slice(index, 1), send)
+        if exc is not None:
+            position = sent.first + index
+            refused.append((position, replace(rejectionOf(exc), row=position), sent.batch, index))
+
+
+def _refusal(
+    conn: psycopg.Connection[Any], rows: pa.RecordBatch, send: Send
+) -> psycopg.Error | None:
+    """Send ``rows`` under a savepoint: PostgreSQL's rejection of one of them (the statement
+    then undone alone), else ``None``; other errors are raised."""
+    conn.execute("SAVEPOINT twophase_rows")
+    try:
+        send(rows)
+    except (pgerrors.IntegrityError, pgerrors.DataError) as exc:
+        conn.execute("ROLLBACK TO SAVEPOINT twophase_rows")
+        return exc
+    conn.execute("RELEASE SAVEPOINT twophase_rows")
+    return None

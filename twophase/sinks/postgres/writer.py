@@ -16,9 +16,9 @@ keeps them. psycopg errors become errors that name the batch, the table and the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,7 +32,7 @@ from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.committer import PostgresCommitter
-from twophase.sinks.postgres.encoding import arrayLiteral, csvChunk
+from twophase.sinks.postgres.encoding import csvChunk
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
     PostgresUnavailableError,
@@ -41,7 +41,6 @@ from twophase.sinks.postgres.errors import (
 )
 from twophase.sinks.postgres.handles import KIND, currentXid, preparedHandle, stagedHandle
 from twophase.sinks.postgres.rejections import (
-    Rejection,
     describe,
     fixFor,
     locateInChunk,
@@ -144,7 +143,14 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
             if txn.path == "staged":
                 txn.copy.write(memoryview(csvChunk(self._tagged(txn, batch))))
             elif self.settings.badRecords is not None:
-                self._writeSettingAside(txn, batch)
+                assert txn.conn is not None
+                txn.setAside += deadletter.sendSettingAside(
+                    txn.conn,
+                    self.settings,
+                    txn.ctx,
+                    txn.gid,
+                    deadletter.Sent(batch, txn.rows, txn.upsertSql, txn.types),
+                )
             elif self.settings.mode == "append":
                 txn.copy.write(memoryview(csvChunk(batch)))
             else:
@@ -224,124 +230,6 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 txn.chunk = (chunk.batch, chunk.rows + txn.rows)
                 cur.execute(txn.upsertSql, chunk.parameters)
             txn.chunk = None
-
-    def _writeSettingAside(self, txn: PostgresTransaction, batch: pa.RecordBatch) -> None:
-        """``badRecords``: send ``batch`` under a savepoint; the rows PostgreSQL rejects go to
-        the dead-letter table in the same transaction (see ``deadletter``)."""
-        assert txn.conn is not None
-        refused: list[tuple[int, Rejection, pa.RecordBatch, int]] = []
-        if self.settings.mode == "append":
-            self._copyAside(txn, batch, refused)
-        else:
-            self._upsertAside(txn, batch, refused)
-        if not refused:
-            return
-        ctx, s = txn.ctx, self.settings
-        with txn.conn.cursor() as cur:
-            cur.executemany(
-                deadletter.insertStatement(s), deadletter.deadLetterRows(ctx, txn.gid, refused)
-            )
-        txn.setAside += len(refused)
-        log.warning(
-            "postgres: batch %d partition %d: %d row(s) rejected by PostgreSQL, set aside in %s "
-            "(the first: %s)",
-            ctx.batchId,
-            ctx.partitionId,
-            len(refused),
-            deadletter.qualifiedName(s),
-            describe(refused[0][1], ctx.partitionId),
-        )
-
-    def _copyAside(
-        self,
-        txn: PostgresTransaction,
-        batch: pa.RecordBatch,
-        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
-    ) -> None:
-        """Append: one COPY for the batch; when PostgreSQL rejects a row, the rows before
-        the line it names are sent again, the named row alone (it is set aside if refused
-        again), then the rest."""
-        start = 0
-        while start < batch.num_rows:
-            rest = batch.slice(start)
-            exc = self._refusal(txn, rest, self._copy)
-            if exc is None:
-                return
-            line = rejectionOf(exc).row  # COPY's line N is the statement's row N - 1
-            if line is None or not 0 <= line < rest.num_rows:
-                self._oneByOne(txn, batch, range(start, batch.num_rows), self._copy, refused)
-                return
-            if line > 0 and self._refusal(txn, rest.slice(0, line), self._copy) is not None:
-                self._oneByOne(txn, batch, range(start, start + line), self._copy, refused)
-            self._oneByOne(txn, batch, [start + line], self._copy, refused)
-            start += line + 1
-
-    def _upsertAside(
-        self,
-        txn: PostgresTransaction,
-        batch: pa.RecordBatch,
-        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
-    ) -> None:
-        """Upsert: each chunk's statement under a savepoint; a rejected chunk row by row."""
-        for chunk in upsertChunks(self.settings, batch):
-            kept = chunk.batch
-            if self._refusal(txn, kept, self._upsertRows) is None:
-                continue
-            types = {name: declared for name, (declared, _) in txn.types.items()}
-            for index in range(kept.num_rows):
-                one = kept.slice(index, 1)
-                exc = self._refusal(txn, one, self._upsertRows)
-                if exc is not None:  # the server names no row, and for a length no column
-                    position = txn.rows + int(chunk.rows[index])
-                    where = np.array([position], dtype=np.int64)
-                    rejection = locateInChunk(rejectionOf(exc), one, where, types)
-                    refused.append((position, replace(rejection, row=position), kept, index))
-
-    def _oneByOne(
-        self,
-        txn: PostgresTransaction,
-        batch: pa.RecordBatch,
-        indexes: Iterable[int],
-        send: Callable[[PostgresTransaction, pa.RecordBatch], None],
-        refused: list[tuple[int, Rejection, pa.RecordBatch, int]],
-    ) -> None:
-        for index in indexes:
-            exc = self._refusal(txn, batch.slice(index, 1), send)
-            if exc is not None:
-                position = txn.rows + index
-                refused.append((position, replace(rejectionOf(exc), row=position), batch, index))
-
-    @staticmethod
-    def _refusal(
-        txn: PostgresTransaction,
-        rows: pa.RecordBatch,
-        send: Callable[[PostgresTransaction, pa.RecordBatch], None],
-    ) -> psycopg.Error | None:
-        """Send ``rows`` under a savepoint: PostgreSQL's rejection of one of them (the
-        statement then undone alone), else ``None``; other errors are raised."""
-        conn = txn.conn
-        assert conn is not None
-        conn.execute("SAVEPOINT twophase_rows")
-        try:
-            send(txn, rows)
-        except (pgerrors.IntegrityError, pgerrors.DataError) as exc:
-            conn.execute("ROLLBACK TO SAVEPOINT twophase_rows")
-            return exc
-        conn.execute("RELEASE SAVEPOINT twophase_rows")
-        return None
-
-    def _copy(self, txn: PostgresTransaction, rows: pa.RecordBatch) -> None:
-        assert txn.conn is not None
-        with (
-            txn.conn.cursor() as cur,
-            cur.copy(copyStatement(self.settings, rows.schema.names)) as copy,
-        ):
-            copy.write(memoryview(csvChunk(rows)))
-
-    def _upsertRows(self, txn: PostgresTransaction, rows: pa.RecordBatch) -> None:
-        assert txn.conn is not None and txn.upsertSql is not None
-        with txn.conn.cursor() as cur:
-            cur.execute(txn.upsertSql, [arrayLiteral(c) for c in rows.columns])
 
     def preCommit(self, txn: PostgresTransaction) -> Handle:
         """Executor: end the COPY, then ``PREPARE TRANSACTION`` (prepared) or ``COMMIT`` into
