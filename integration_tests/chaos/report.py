@@ -58,6 +58,8 @@ class ChaosResult:
     liveReader: Any = None
     """For a pipeline writing Kafka: ``twophase verify``'s report of what a ``read_committed``
     reader that followed the run saw (``reader.LiveReader``)."""
+    readerReplaced: int = 0
+    """How many times that reader's consumer was stuck and replaced (``reader.STALL_SECONDS``)."""
 
     @property
     def ok(self) -> bool:
@@ -78,7 +80,8 @@ class ChaosResult:
         if live is None:
             return "-"
         if not (live.missing or live.duplicated or live.unexpected):
-            return f"{int(live.actualRows):,} once"
+            replaced = f" ({self.readerReplaced} stuck, replaced)" if self.readerReplaced else ""
+            return f"{int(live.actualRows):,} once{replaced}"
         return f"{live.missing} lost, {live.duplicated} twice, {live.unexpected} unexpected"
 
     def longestRecovery(self) -> float:
@@ -169,6 +172,7 @@ def resultJson(result: ChaosResult) -> dict[str, Any]:
             "missing": int(result.liveReader.missing),
             "duplicated": int(result.liveReader.duplicated),
             "unexpected": int(result.liveReader.unexpected),
+            "stuckConsumersReplaced": result.readerReplaced,
         },
         "events": [k.event.describe() for k in result.kills],
     }

@@ -160,6 +160,9 @@ def runPipeline(
         if live:
             result.liveReader = live[0]
             result.report += f"\nread_committed reader during the run: {live[0]}"
+            if reader is not None and reader.replaced:
+                result.readerReplaced = len(reader.replaced)
+                result.report += f"\nthe reader's stuck consumers replaced at: {reader.replaced}"
             if reader is not None and not live[0].ok:
                 result.report += f"\nthe reader: {reader.diagnosis()}"
         return result
