@@ -148,6 +148,71 @@ def prepare(writer: MultiWriter, sinkId: str, ids: list[int], partition: int) ->
 
 
 @pytest.mark.timeout(180)
+def test_each_target_sets_its_own_bad_records_aside_in_the_same_decision(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
+) -> None:
+    """``orders.badRecords`` and ``events.badRecords``: a NULL PostgreSQL rejects and a record
+    too large for the producer go to each target's dead-letter table and topic (created by
+    validate), inside the parts of the one transaction; committed together by one decision."""
+    topic, dead = createTopic(kafka_bootstrap), unique("it-multi-dead")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, payload text NOT NULL)").format(
+                sql.Identifier(table)
+            )
+        )
+    options = multiOptions(
+        tmp_path,
+        pg_url,
+        table,
+        kafka_bootstrap,
+        topic,
+        **{
+            "orders.badRecords": f"{table}_rejected",
+            "events.badRecords": dead,
+            "events.kafka.message.max.bytes": "4000",
+        },
+    )
+    sink = MultiSink(options)
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+    ids = pa.array([0, 1, 2, 3], pa.int64())
+    orders = pa.StructArray.from_arrays(
+        [ids, pa.array(["a", None, "c", "d"])], names=["id", "payload"]
+    )
+    events = pa.StructArray.from_arrays(
+        [pc.cast(ids, pa.string()), pa.array(["a", "b", "c" * 9000, "d"])], ["key", "value"]
+    )
+    writer = sink.createWriter()
+    sinkId = "it-multi-aside"
+    txn = writer.beginTransaction(TransactionContext(sinkId, "q", 0, 0, 0))
+    writer.write(txn, pa.RecordBatch.from_arrays([orders, events], names=["orders", "events"]))
+    handle = writer.preCommit(txn)
+    try:
+        coordinator = Coordinator(
+            sink.createCommitter(),
+            DecisionLog(str(tmp_path / "log")),
+            sinkId,
+            CoordinatorSettings(),
+        )
+        coordinator.commitBatch(0, [TaskResult(sinkId, "q", 0, 0, 0, handle, 4)])
+        assert pgIds(pg_url, table) == [0, 2, 3] and kafkaIds(kafka_bootstrap, topic) == [0, 1, 3]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            aside = conn.execute(
+                sql.SQL("SELECT record ->> 'id', error_column FROM {}").format(
+                    sql.Identifier(f"{table}_rejected")
+                )
+            ).fetchall()
+        assert aside == [("1", "payload")]
+        assert [r.key for r in readTopic(kafka_bootstrap, dead)] == [b"2"]
+        assert preparedGids(pg_url, sinkId) == []
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"{table}_rejected"))
+            )
+
+
+@pytest.mark.timeout(180)
 def test_a_lost_kafka_part_is_rewritten_and_the_postgres_part_is_not_written_twice(
     tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
 ) -> None:
