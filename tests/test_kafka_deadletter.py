@@ -5,7 +5,13 @@ from __future__ import annotations
 import hashlib
 
 from twophase.protocol import TransactionContext
-from twophase.sinks.kafka.deadletter import KEPT_BYTES, NULL_TOPIC, TOO_LARGE, deadLetter
+from twophase.sinks.kafka.deadletter import (
+    KEPT_BYTES,
+    NULL_TOPIC,
+    TOO_LARGE,
+    DeadLetter,
+    deadLetter,
+)
 
 CTX = TransactionContext("orders", "q", 7, 2, 0)
 
@@ -40,33 +46,26 @@ def test_under_a_small_producer_limit_the_dead_letter_record_still_fits() -> Non
     """The limit that refused the record bounds its dead-letter record too: less is kept, and
     the record's own headers give way to twophase's when both do not fit."""
     own = [("trace", b"t" * 3000)]
-    for limit in (1200, 4000, 9000):
-        letter = deadLetter(
+
+    def letterOf(key: bytes, limit: int) -> DeadLetter:
+        return deadLetter(
             CTX,
             reason=TOO_LARGE,
             error="too big",
             topic="events",
             row=0,
             value=b"v" * 20_000,
-            key=b"k" * 5000,
-            size=25_000,
+            key=key,
+            size=20_000 + len(key),
             limit=limit,
             headers=own,
         )
+
+    for limit in (1200, 4000, 9000):
+        letter = letterOf(b"k" * 5000, limit)
         assert wireBytes(letter) + 256 <= limit, limit
         assert dict(letter.headers)["twophase.error.truncated"] == b"key,value"
-    roomy = deadLetter(
-        CTX,
-        reason=TOO_LARGE,
-        error="too big",
-        topic="events",
-        row=0,
-        value=b"v" * 20_000,
-        key=b"k",
-        size=20_001,
-        limit=100_000,
-        headers=own,
-    )
+    roomy = letterOf(b"k", 100_000)
     assert ("trace", b"t" * 3000) in roomy.headers
 
 
