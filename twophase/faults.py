@@ -10,8 +10,8 @@ the worker mid-task: Spark sees the attempt die and retries it, leaving its debr
 
 Points (see PROTOCOL.md section 5): ``task.afterBegin``, ``task.afterWrite``,
 ``task.afterPreCommit``, ``driver.beforeDecision``, ``driver.afterDecision``,
-``driver.betweenCommits``, ``driver.afterCommits``, ``driver.afterCommitted``,
-``driver.duringRecovery``.
+``driver.betweenCommits``, ``driver.beforeCompleteBatch``, ``driver.afterCommits``,
+``driver.afterCommitted``, ``driver.duringRecovery``.
 
 ``TWOPHASE_CRASH_ONCE_DIR`` instead makes every armed item fire once on its own (a marker per
 item in that directory): several task points armed in one query start each kill one attempt.
@@ -38,6 +38,7 @@ POINTS = (
     "driver.beforeDecision",
     "driver.afterDecision",
     "driver.betweenCommits",
+    "driver.beforeCompleteBatch",
     "driver.afterCommits",
     "driver.afterCommitted",
     "driver.duringRecovery",

@@ -64,7 +64,6 @@ class BatchCommits:
             deadline=commitStart + self.settings.commitTimeoutSeconds,
             crashBetween=batchId,
         )
-        commitSeconds = time.monotonic() - commitStart
         lost = self.lost.rewritable(outcomes)
         if lost:
             self.lost.record(state, lost)
@@ -72,6 +71,9 @@ class BatchCommits:
                 self.sinkId, batchId, sorted(lost), self.lost.details(lost.values())
             )
         self.raiseFailures(batchId, outcomes)
+        crashPoint("driver.beforeCompleteBatch", batchId)
+        self.complete(state, deadline=commitStart + self.settings.commitTimeoutSeconds)
+        commitSeconds = time.monotonic() - commitStart
         crashPoint("driver.afterCommits", batchId)
         self.log.markCommitted(batchId, commitSeconds)
         crashPoint("driver.afterCommitted", batchId)
@@ -116,6 +118,27 @@ class BatchCommits:
             else:
                 jobs.append(CommitJob(state.batchId, entry, action))
         return jobs
+
+    def complete(self, state: BatchState, *, deadline: float) -> None:
+        """``Committer.completeBatch`` for a batch whose handles are all committed, retried as a
+        commit is; a failure leaves the decision in the log for the next ``recover``."""
+        handles = [entry.handle for entry in state.liveHandles]
+        attempts = [0]
+        try:
+            self.executor.retrying(
+                lambda: self.committer.completeBatch(self.sinkId, state.batchId, handles),
+                what=f"batch {state.batchId}: completing the batch",
+                deadline=deadline,
+                attempts=attempts,
+            )
+        except TransactionLostError:
+            raise
+        except Exception as exc:
+            error = CommitFailedError(
+                self.sinkId, state.batchId, [("the batch's completion", attempts[0], exc)]
+            )
+            log.error("%s", error)
+            raise error from exc
 
     def raiseFailures(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
         """Raise for the failed jobs of batch N: a lost transaction as it is, any other failure

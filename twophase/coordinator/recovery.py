@@ -131,8 +131,9 @@ class Recovery:
         finished = [
             s for s in outstanding if s.batchId not in failedBatches and s.batchId not in awaiting
         ]
-        for state in finished:
-            self.log.markCommitted(state.batchId, seconds)
+        for state in sorted(finished, key=lambda s: s.batchId):
+            self.commits.complete(state, deadline=started + self.settings.commitTimeoutSeconds)
+            self.log.markCommitted(state.batchId, time.monotonic() - started)
             log.info(
                 "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
                 self.sinkId,

@@ -7,6 +7,7 @@ so the Spark driver, a restarted query or ``twophase recover`` on another machin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from twophase.protocol.handles import Handle, RecoveryScope, dumpsHandle
 
@@ -37,6 +38,19 @@ class Committer(ABC):
         """Idempotent: abort this sink's prepared transactions that no decision keeps.
 
         Returns what it aborted, for logs and ``twophase status`` (``None`` means nothing).
+        """
+
+    def completeBatch(  # noqa: B027 - optional hook
+        self, sinkId: str, batchId: int, handles: Sequence[Handle]
+    ) -> None:
+        """Idempotent: after every handle of decided batch ``batchId`` is committed, publish the
+        batch as one unit; a retry after a crash calls it again, so it must recognise its own
+        earlier success.
+
+        Default: nothing (each handle's ``commit`` made its part visible). A table format that
+        makes a whole batch visible in one log commit (``twophase.delta``) does that commit
+        here, once per batch instead of once per task; the coordinator calls it with the
+        batch's live handles before it writes ``committed(N)``, batches in order.
         """
 
     def commitReplacement(self, original: Handle, replacement: Handle) -> None:

@@ -60,6 +60,12 @@ class MultiCommitter(Committer):
         if lost:
             raise lost[0]
 
+    def completeBatch(self, sinkId: str, batchId: int, handles: Sequence[Handle]) -> None:
+        """Every target's own batch completion, on that target's parts of the handles."""
+        for target, committer in self.parts:
+            parts = [p for h in handles for p in (partOf(h, target.name),) if p is not None]
+            committer.completeBatch(target.sinkId, batchId, parts)
+
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
         aborted: list[Handle] = []
         for target, committer in self.parts:
