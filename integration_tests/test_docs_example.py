@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from integration_tests.conftest import S3Service
+from twophase import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
 
@@ -73,62 +74,75 @@ def test_the_readme_pipelines_print_every_row_once(tmp_path: Path) -> None:
     assert len(wide) == 2 * 10, f"one file per task and batch, not per partition: {len(wide)}"
 
 
-@pytest.mark.timeout(300)
-def test_the_multi_example_writes_every_order_to_postgres_and_kafka_once(
-    tmp_path: Path, pg_url: str, kafka_bootstrap: str
-) -> None:
-    doc = (DOC.parent / "multi.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
-    assert len(blocks) == 1, "docs/multi.md should hold one runnable example"
-    suffix = os.urandom(4).hex()
-    code = blocks[0].replace('"order-events"', f'"order-events-{suffix}"')
-    code = code.replace('"orders.table", "orders"', f'"orders.table", "orders_{suffix}"')
-    code = code.replace("FROM orders", f"FROM orders_{suffix}")
-    script = tmp_path / "multi_example.py"
+def runDocExample(doc: str, tmp_path: Path, code: str | None = None, **env: str) -> list[str]:
+    """Run the one python block of ``docs/<doc>`` (or ``code`` made from it) against
+    ``tmp_path/work``, with ``env`` added; it must succeed. Its output lines."""
+    if code is None:
+        code = docExample(doc)
+    script = tmp_path / f"{Path(doc).stem}_example.py"
     script.write_text(code)
-    env = dict(
-        os.environ,
-        PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
-        TWOPHASE_PG_URL=pg_url,
-        TWOPHASE_KAFKA_BOOTSTRAP=kafka_bootstrap,
-    )
-    for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
-        run = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / "work")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=240,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert run.stdout.splitlines()[-2:] == ["orders: 10000", "events: 10000"], run.stdout
-
-
-@pytest.mark.timeout(300)
-def test_the_s3_example_writes_every_row_once(tmp_path: Path, s3: S3Service) -> None:
-    doc = (DOC.parent / "files.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
-    assert len(blocks) == 1, "docs/files.md should hold one runnable example"
-    prefix = f"docs-{os.urandom(4).hex()}"
-    code = blocks[0].replace('f"s3://{bucket}/events"', f'f"s3://{{bucket}}/{prefix}"')
-    code = code.replace('f"{bucket}/events"', f'f"{{bucket}}/{prefix}"')
-    assert prefix in code, "the example's output path changed: update this test"
-    script = tmp_path / "s3_example.py"
-    script.write_text(code)
-    env = dict(
-        os.environ,
-        PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
-        TWOPHASE_S3_ENDPOINT=s3.endpoint,
-        TWOPHASE_S3_ACCESS_KEY=s3.accessKey,
-        TWOPHASE_S3_SECRET_KEY=s3.secretKey,
-        TWOPHASE_S3_BUCKET=s3.bucket,
+    environment = dict(
+        os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable), **env
     )
     run = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "work")],
         capture_output=True,
         text=True,
-        env=env,
+        env=environment,
         timeout=240,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines()[-1] == "rows: 10000", run.stdout
+    return run.stdout.splitlines()
+
+
+def docExample(doc: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (DOC.parent / doc).read_text(), re.DOTALL)
+    assert len(blocks) == 1, f"docs/{doc} should hold one runnable example"
+    return blocks[0]
+
+
+@pytest.mark.timeout(300)
+def test_the_multi_example_writes_every_order_to_postgres_and_kafka_once(
+    tmp_path: Path, pg_url: str, kafka_bootstrap: str
+) -> None:
+    suffix = os.urandom(4).hex()
+    code = docExample("multi.md").replace('"order-events"', f'"order-events-{suffix}"')
+    code = code.replace('"orders.table", "orders"', f'"orders.table", "orders_{suffix}"')
+    code = code.replace("FROM orders", f"FROM orders_{suffix}")
+    for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
+        lines = runDocExample(
+            "multi.md",
+            tmp_path,
+            code,
+            TWOPHASE_PG_URL=pg_url,
+            TWOPHASE_KAFKA_BOOTSTRAP=kafka_bootstrap,
+        )
+        assert lines[-2:] == ["orders: 10000", "events: 10000"], lines
+
+
+@pytest.mark.timeout(300)
+def test_the_s3_example_writes_every_row_once(tmp_path: Path, s3: S3Service) -> None:
+    prefix = f"docs-{os.urandom(4).hex()}"
+    code = docExample("files.md").replace('f"s3://{bucket}/events"', f'f"s3://{{bucket}}/{prefix}"')
+    code = code.replace('f"{bucket}/events"', f'f"{{bucket}}/{prefix}"')
+    assert prefix in code, "the example's output path changed: update this test"
+    lines = runDocExample(
+        "files.md",
+        tmp_path,
+        code,
+        TWOPHASE_S3_ENDPOINT=s3.endpoint,
+        TWOPHASE_S3_ACCESS_KEY=s3.accessKey,
+        TWOPHASE_S3_SECRET_KEY=s3.secretKey,
+        TWOPHASE_S3_BUCKET=s3.bucket,
+    )
+    assert lines[-1] == "rows: 10000", lines
+
+
+@pytest.mark.timeout(300)
+def test_the_delta_example_commits_each_batch_once(tmp_path: Path) -> None:
+    for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
+        lines = runDocExample("delta.md", tmp_path)
+        assert lines[-2:] == ["rows: 10000", "versions: 4"], lines
+    table = str(tmp_path / "work" / "events")
+    verify = ["verify", "--source", "sequence", "--end", "10000", "--sink", "delta"]
+    assert cli.main([*verify, "--sink-option", f"path={table}"]) == 0, "as docs/delta.md says"

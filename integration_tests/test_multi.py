@@ -213,6 +213,48 @@ def test_each_target_sets_its_own_bad_records_aside_in_the_same_decision(
 
 
 @pytest.mark.timeout(180)
+def test_kafka_and_a_delta_table_in_one_decision_across_a_driver_death(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """``events=kafka,orders=delta``: the driver dies after committing one task's parts (its
+    Kafka transaction ended, its files moved into the table, no Delta commit); the restart's
+    recovery commits the rest and makes the batch's one Delta commit, and Spark's replay of
+    the batch adds nothing to either."""
+    deltalake = pytest.importorskip("deltalake")
+    topic, path = createTopic(kafka_bootstrap), str(tmp_path / "orders")
+    options = {
+        "targets": "orders=delta,events=kafka",
+        "orders.path": path,
+        "events.kafka.bootstrap.servers": kafka_bootstrap,
+        "events.topic": topic,
+        "events.transactionalIdPrefix": unique("it-multi-delta"),
+        "checkpointLocation": str(tmp_path / "checkpoint"),
+    }
+    sink = MultiSink(options)
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+    sinkId = "it-multi-delta"
+    handles = [
+        prepare(sink.createWriter(), sinkId, [p * 10 + i for i in range(10)], p) for p in (0, 1)
+    ]
+    results = [TaskResult(sinkId, "q", 0, p, 0, h, 10) for p, h in enumerate(handles)]
+    log = DecisionLog(str(tmp_path / "log"))
+    state = log.decide(0, results)
+    sink.createCommitter().commit(state.handles[0].handle)  # then the driver died
+
+    assert kafkaIds(kafka_bootstrap, topic) == list(range(10))
+    assert deltalake.DeltaTable(path).to_pyarrow_table().num_rows == 0, "no Delta commit yet"
+
+    coordinator = Coordinator(sink.createCommitter(), log, sinkId, CoordinatorSettings())
+    coordinator.recover(1)
+    coordinator.commitBatch(0, results)  # Spark's replay of batch 0 finds it committed
+
+    table = deltalake.DeltaTable(path)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == list(range(20))
+    assert table.version() == 1, "the table's creation, then one commit for the batch"
+    assert kafkaIds(kafka_bootstrap, topic) == list(range(20))
+
+
+@pytest.mark.timeout(180)
 def test_a_lost_kafka_part_is_rewritten_and_the_postgres_part_is_not_written_twice(
     tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str
 ) -> None:

@@ -25,6 +25,7 @@ from psycopg import sql
 
 from integration_tests.conftest import S3Service
 from integration_tests.postgres_harness import QuerySpec, runChild
+from integration_tests.sink_outputs import FILES_SINK
 
 PG_SECRET = "Tp-S3cret-pg-9f4e@x"
 """The role's password: with an '@', which a URL must percent-encode."""
@@ -202,63 +203,14 @@ def test_kafka_client_secrets_stay_out_of_the_checkpoint_and_the_logs(
 
 
 @pytest.mark.timeout(600)
-def test_multi_target_secrets_stay_out_of_the_checkpoint_and_the_logs(
-    pg_url: str, kafka_bootstrap: str, secretRole: tuple[str, str], tmp_path: Path
-) -> None:
-    """twophase.multi keeps each target's secrets out as that target's sink does."""
-    from integration_tests.spark_harness import Harness
-    from integration_tests.test_kafka_helpers import createTopic, readTopic
-    from integration_tests.test_multi import SINK_SPEC
-
-    role, table = secretRole
-    topic = createTopic(kafka_bootstrap, partitions=2, prefix="it-secrets-multi")
-    kafkaSecrets = KAFKA_SECRETS["oauthbearer-and-pem-key"]
-    url = _urlForms(pg_url, role)["password-with-an-at-sign"]["url"]
-    query = Harness(
-        tmp_path / "query",
-        "local",
-        sink=SINK_SPEC,
-        rows=ROWS,
-        rowsPerBatch=ROWS_PER_BATCH,
-        options={
-            "targets": "orders=postgres,events=kafka",
-            "orders.url": url,
-            "orders.table": table,
-            "events.kafka.bootstrap.servers": kafka_bootstrap,
-            "events.topic": topic,
-            **{f"events.{k}": v for k, v in kafkaSecrets.items()},
-        },
-    )
-    env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
-    crashed = query.run("driver.afterDecision:1", env=env)
-    assert crashed.killed, crashed.describe()
-
-    recoverEnv = {**os.environ, **env, "PGPASSWORD": PG_SECRET}
-    recoverEnv["TWOPHASE_KAFKA_OPTIONS"] = json.dumps(kafkaSecrets)
-    recovered = _recover(query.checkpoint, recoverEnv)
-    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert "of 1 decided batches [1]" in recovered.stdout
-
-    keys = sorted(int(r.key or b"-1") for r in readTopic(kafka_bootstrap, topic))
-    assert keys == list(range(2 * ROWS_PER_BATCH))
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        query_ = sql.SQL("SELECT id FROM {}").format(sql.Identifier(table))
-        assert sorted(r[0] for r in conn.execute(query_)) == list(range(2 * ROWS_PER_BATCH))
-
-    marks = (PG_MARK, *KAFKA_MARKS)
-    leaks = _secretsIn(query.workdir, marks)
-    output = recovered.stdout + recovered.stderr
-    assert not leaks and not any(m in output for m in marks), leaks or output
-    description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
-    assert description["options"]["orders.table"] == table
-    assert not {f"events.{k}" for k in kafkaSecrets} & {k.lower() for k in description["options"]}
-
-
+@pytest.mark.parametrize("sink", ["files", "delta"])
 def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
-    s3: S3Service, tmp_path: Path
+    s3: S3Service, tmp_path: Path, sink: str
 ) -> None:
-    """``twophase.files`` on S3: the ``fs.secret`` (and ``fs.key``) options reach neither
-    ``sink.json``, nor a handle, nor a log line; recover takes them from an option file."""
+    """``twophase.files`` and ``twophase.delta`` on S3: the ``fs.secret`` (and ``fs.key``)
+    options reach neither ``sink.json``, nor a handle, nor a log line; recover takes them from
+    an option file and finishes the decided batch (for Delta: completes the uploads, then makes
+    the batch's Delta commit with the same credentials)."""
     from integration_tests.spark_harness import Harness
     from twophase import verify
 
@@ -266,13 +218,23 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     query = Harness(
         tmp_path / "query",
         "local",
+        sink="twophase.spark.delta:DeltaSink" if sink == "delta" else FILES_SINK,
         rows=ROWS,
         rowsPerBatch=ROWS_PER_BATCH,
         options={"path": path, **s3.options()},
     )
+
+    def ids() -> list[int]:
+        if sink == "delta":
+            held = verify.actualFromDelta(path, ["id"], s3.options())
+        else:
+            held = verify.actualFromFiles(path, "parquet", options=s3.options())
+        return sorted(held.column("id").to_pylist())
+
     env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
     crashed = query.run("driver.afterDecision:1", env=env)
     assert crashed.killed, crashed.describe()
+    assert ids() == list(range(ROWS_PER_BATCH)), "batch 1 decided, not visible"
 
     optionFile = tmp_path / "s3.options"
     optionFile.write_text(f"fs.key={s3.accessKey}\nfs.secret={s3.secretKey}\n")
@@ -282,9 +244,7 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     )
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "of 1 decided batches [1]" in recovered.stdout
-
-    ids = verify.actualFromFiles(path, "parquet", options=s3.options()).column("id").to_pylist()
-    assert sorted(ids) == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+    assert ids() == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
 
     leaks = _secretsIn(query.workdir, (s3.secretKey,))
     output = recovered.stdout + recovered.stderr

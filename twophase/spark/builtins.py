@@ -8,6 +8,7 @@ from twophase.spark.datasource import TwoPhaseDataSource
 
 def builtinDataSources() -> list[type]:
     """The built-in sources and sinks, as PySpark data source classes."""
+    from twophase.spark.delta import DeltaSink
     from twophase.spark.files import FilesSink
     from twophase.spark.kafka import KafkaSink
     from twophase.spark.multi import MultiSink
@@ -15,7 +16,7 @@ def builtinDataSources() -> list[type]:
     from twophase.spark.sequence import SequenceSource
     from twophase.spark.sql import SqlSink
 
-    return [FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource, SqlSink]
+    return [DeltaSink, FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource, SqlSink]
 
 
 def builtinSink(name: str) -> type[TwoPhaseDataSource]:

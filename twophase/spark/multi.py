@@ -34,6 +34,10 @@ def targetClass(kind: str) -> type[TwoPhaseDataSource]:
         from twophase.spark.files import FilesSink
 
         return FilesSink
+    if kind == "delta":
+        from twophase.spark.delta import DeltaSink
+
+        return DeltaSink
     try:
         found: Any = importQualified(kind)
     except (ImportError, AttributeError) as exc:

@@ -404,6 +404,10 @@ def readSink(
         from twophase.verify.sql import readSql
 
         return readSql(options, columns, hints)
+    if sink == "delta":
+        from twophase.verify.delta import readDelta
+
+        return readDelta(options, columns)
     from twophase.verify.kafka import readKafka
 
     return readKafka(options, "sink")

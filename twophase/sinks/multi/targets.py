@@ -2,7 +2,8 @@
 
 ``targets`` is ``name=kind,...``: the name is the struct column holding that target's columns and
 the prefix of its options (``orders.url`` is option ``url`` of target ``orders``); the kind is a
-built-in sink (``postgres``, ``kafka``, ``files``) or a data source class as ``module:Class``.
+built-in sink (``postgres``, ``kafka``, ``files``, ``delta``) or a data source class as
+``module:Class``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from twophase.settings import TwoPhaseConfigError, optionOf
 KIND = "multi"
 """The ``kind`` of a multi handle: ``{"kind": "multi", "parts": {target: handle}}``."""
 
-BUILT_IN = ("postgres", "kafka", "files")
+BUILT_IN = ("postgres", "kafka", "files", "delta")
 
 SHARED_OPTIONS = ("checkpointlocation", "queryname")
 """Options of the query every target gets too (Spark passes them lower-cased)."""

@@ -1,0 +1,292 @@
+"""The Delta table itself, through delta-rs: created, checked against the stream, committed to.
+
+Every call into the ``deltalake`` package lives here. A batch becomes visible in one log commit
+that adds its data files and carries an application transaction (``txn``: the sink's app id,
+version = batch id), so the table itself says which batches it holds: a replayed commit finds
+its version there and does nothing, whoever committed to the table in between.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+APP_ID_PREFIX = "twophase-"
+"""Application transaction ids are ``twophase-<sinkId>``."""
+
+_REFUSED_CONFIGURATION = {
+    "delta.columnMapping.mode": "column mapping (its data files name columns by id)",
+}
+_REFUSED_FEATURES: dict[str, str] = {
+    "columnMapping": "column mapping",
+    "checkConstraints": "CHECK constraints",
+    "generatedColumns": "generated columns",
+    "identityColumns": "identity columns",
+}
+"""Table features whose rules a writer of raw data files would have to apply itself; a table
+with one in use is refused."""
+
+
+class DeltaTableError(ValueError):
+    """The table cannot take the stream: it is missing, differs from it, or uses a feature this
+    sink does not write; the message names the table, the difference and the fix."""
+
+
+def deltalake() -> Any:
+    """The ``deltalake`` module, or an error that says how to install it."""
+    try:
+        import deltalake as module
+    except ImportError as exc:
+        raise ImportError(
+            "twophase.delta needs the deltalake package: pip install 'twophase[delta]'"
+        ) from exc
+    return module
+
+
+def appId(sinkId: str) -> str:
+    return f"{APP_ID_PREFIX}{sinkId}"
+
+
+def openTable(path: str, storage: Mapping[str, str] | None = None) -> DeltaTable | None:
+    """The table at ``path``, or ``None`` when there is none."""
+    module = deltalake()
+    try:
+        return module.DeltaTable(path, storage_options=dict(storage) if storage else None)
+    except module.exceptions.TableNotFoundError:
+        return None
+
+
+def _utcTimestamps(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every zoned timestamp as UTC: Delta's ``timestamp`` is an instant, and
+    Spark hands batches in the session's zone."""
+    if pa.types.is_timestamp(type_):
+        return pa.timestamp("us", tz="UTC") if type_.tz else pa.timestamp("us")
+    if pa.types.is_struct(type_):
+        return pa.struct([f.with_type(_utcTimestamps(f.type)) for f in type_])
+    if pa.types.is_large_list(type_):
+        return pa.large_list(type_.value_field.with_type(_utcTimestamps(type_.value_type)))
+    if pa.types.is_list(type_):
+        return pa.list_(type_.value_field.with_type(_utcTimestamps(type_.value_type)))
+    if pa.types.is_map(type_):
+        return pa.map_(
+            type_.key_field.with_type(_utcTimestamps(type_.key_type)),
+            type_.item_field.with_type(_utcTimestamps(type_.item_type)),
+        )
+    return type_
+
+
+def deltaColumns(schema: Any) -> list[dict[str, Any]]:
+    """The columns of a Delta schema as JSON (name, type, nullable), metadata left out."""
+    return [
+        {key: field[key] for key in ("name", "type", "nullable")}
+        for field in json.loads(schema.to_json())["fields"]
+    ]
+
+
+def deltaSchemaOf(schema: pa.Schema) -> Any:
+    """The Delta schema of the stream's Arrow schema; a type Delta has no name for raises
+    ``DeltaTableError`` naming the column."""
+    module = deltalake()
+    fields = []
+    for field in schema:
+        type_ = _utcTimestamps(field.type)
+        try:
+            module.Schema.from_arrow(pa.schema([field.with_type(type_)]))
+        except Exception as exc:  # delta-rs raises a bare Exception for an unknown type
+            raise DeltaTableError(
+                f"column {field.name!r} has type {field.type}, which a Delta table cannot "
+                f"hold ({str(exc).splitlines()[0]}); cast it to a type Delta has"
+            ) from None
+        fields.append(field.with_type(type_))
+    return module.Schema.from_arrow(pa.schema(fields))
+
+
+def _describe(columns: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(
+        f"{c['name']} {json.dumps(c['type']) if not isinstance(c['type'], str) else c['type']}"
+        f"{'' if c['nullable'] else ' not null'}"
+        for c in columns
+    )
+
+
+def checkTable(
+    table: DeltaTable, path: str, stream: Any, partitionBy: Sequence[str] | None
+) -> None:
+    """Refuse a table the stream cannot be appended to as raw data files: other columns or
+    types, other partition columns, or a feature whose rules only a full writer applies."""
+    metadata = table.metadata()
+    for key, what in _REFUSED_CONFIGURATION.items():
+        mode = metadata.configuration.get(key)
+        if mode not in (None, "none"):
+            raise DeltaTableError(
+                f"the Delta table at {path} uses {what} ({key}={mode}); twophase.delta writes "
+                "tables without it: write to another table"
+            )
+    protocol = table.protocol()
+    for feature in protocol.writer_features or ():
+        refused = _REFUSED_FEATURES.get(feature)
+        if refused is not None:
+            raise DeltaTableError(
+                f"the Delta table at {path} uses {refused} (writer feature {feature}); "
+                "twophase.delta appends data files without applying them: write to a table "
+                "without that feature"
+            )
+    if any(key.startswith("delta.constraints.") for key in metadata.configuration):
+        raise DeltaTableError(
+            f"the Delta table at {path} has CHECK constraints, which twophase.delta does not "
+            "apply to the rows it appends: drop them or write to another table"
+        )
+    for field in json.loads(table.schema().to_json())["fields"]:
+        computed = {
+            "delta.generationExpression",
+            "delta.identity.start",
+            "delta.invariants",
+        } & set(field["metadata"])
+        if computed:
+            raise DeltaTableError(
+                f"the Delta table at {path} has a generated, identity or invariant column "
+                f"{field['name']!r}, which twophase.delta does not compute or check: write to "
+                "another table"
+            )
+    mine, theirs = deltaColumns(stream), deltaColumns(table.schema())
+    if [{**c, "nullable": True} for c in mine] != [{**c, "nullable": True} for c in theirs]:
+        raise DeltaTableError(
+            f"the stream's columns do not match the Delta table at {path}: the stream has "
+            f"({_describe(mine)}), the table has ({_describe(theirs)}); select and cast the "
+            "stream's columns to the table's, in its order, or write to a new path"
+        )
+    notNull = [
+        t["name"] for c, t in zip(mine, theirs, strict=True) if c["nullable"] and not t["nullable"]
+    ]
+    if notNull:
+        raise DeltaTableError(
+            f"the Delta table at {path} has NOT NULL columns {', '.join(notNull)} that the "
+            "stream may hold nulls in, and twophase.delta does not check rows against them: "
+            "filter the nulls and make the columns non-nullable in the stream "
+            "(e.g. coalesce), or allow nulls in the table"
+        )
+    tablePartitions = list(table.metadata().partition_columns)
+    if partitionBy is not None and list(partitionBy) != tablePartitions:
+        raise DeltaTableError(
+            f"option partitionBy={','.join(partitionBy)!r} differs from the Delta table at "
+            f"{path}, partitioned by {','.join(tablePartitions) or 'nothing'}: set partitionBy "
+            "to the table's columns or leave it out"
+        )
+
+
+def createTable(
+    path: str, stream: Any, partitionBy: Sequence[str], storage: Mapping[str, str] | None = None
+) -> DeltaTable:
+    """Create the table from the stream's schema; another creator winning the race is fine
+    when its table matches (``checkTable`` follows)."""
+    module = deltalake()
+    table: DeltaTable = module.DeltaTable.create(
+        path,
+        stream,
+        mode="ignore",
+        partition_by=list(partitionBy) or None,
+        storage_options=dict(storage) if storage else None,
+    )
+    return table
+
+
+def ensureTable(
+    path: str,
+    schema: pa.Schema,
+    partitionBy: Sequence[str] | None,
+    create: bool,
+    storage: Mapping[str, str] | None = None,
+) -> None:
+    """Driver, before any task writes: the table exists (created from the stream's schema when
+    ``create``) and can take the stream. ``partitionBy`` ``None``: the table's own.
+
+    Once per process for the same table and stream (the binding asks before every batch); a
+    table changed later is found by the batch's commit, which reads the table again.
+    """
+    key = (path, schema, tuple(partitionBy) if partitionBy is not None else None)
+    if key in _ENSURED:
+        return
+    stream = deltaSchemaOf(schema)
+    table = openTable(path, storage)
+    if table is None:
+        if not create:
+            raise DeltaTableError(
+                f"there is no Delta table at {path}: create it, or set option createTable "
+                "to true to create it from the stream's schema"
+            )
+        table = createTable(path, stream, partitionBy or (), storage)
+    checkTable(table, path, stream, partitionBy)
+    _ENSURED.add(key)
+
+
+_ENSURED: set[tuple[str, pa.Schema, tuple[str, ...] | None]] = set()
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of a batch for the log: its path relative to the table as the filesystem
+    names it (delta-rs writes it to the log URI-encoded)."""
+
+    path: str
+    size: int
+    partitionValues: dict[str, str | None]
+    modificationTime: int
+    rows: int
+
+
+def committedVersion(table: DeltaTable, sinkId: str) -> int | None:
+    """The last batch id this sink committed to the table (its ``txn`` version)."""
+    version = table.transaction_version(appId(sinkId))
+    return None if version is None else int(version)
+
+
+def commitFiles(table: DeltaTable, sinkId: str, batchId: int, files: Sequence[DataFile]) -> None:
+    """One log commit that appends ``files`` and records batch ``batchId`` for this sink."""
+    module = deltalake()
+    transaction = module.transaction
+    adds = [
+        transaction.AddAction(
+            f.path,
+            f.size,
+            f.partitionValues,
+            f.modificationTime,
+            True,
+            json.dumps({"numRecords": f.rows}),
+        )
+        for f in files
+    ]
+    properties = transaction.CommitProperties(
+        app_transactions=[transaction.Transaction(appId(sinkId), batchId)],
+        custom_metadata={"twophase.sinkId": sinkId, "twophase.batchId": str(batchId)},
+    )
+    table.create_write_transaction(
+        adds,
+        "append",
+        table.schema(),
+        partition_by=list(table.metadata().partition_columns) or None,
+        commit_properties=properties,
+    )
+
+
+__all__ = [
+    "APP_ID_PREFIX",
+    "DataFile",
+    "DeltaTableError",
+    "appId",
+    "checkTable",
+    "commitFiles",
+    "committedVersion",
+    "createTable",
+    "deltaColumns",
+    "deltaSchemaOf",
+    "deltalake",
+    "ensureTable",
+    "openTable",
+]
