@@ -45,7 +45,10 @@ DRIVER_POINTS = [
 ]
 UNNUMBERED = {"driver.duringRecovery"}
 """Points armed without a batch: recovery runs before the start's first batch."""
-RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED]
+COMPLETION_POINTS = ["driver.beforeCompleteBatch"]
+"""Points only a sink that completes a batch in one step (``Committer.completeBatch``) has
+apart from its other points: its pipelines cover them too (``Pipeline.completesBatches``)."""
+RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED and p not in COMPLETION_POINTS]
 """Points a random event may draw; ``driver.duringRecovery`` only follows a crash that leaves
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
 PROCESS_KINDS = ("driver", "executor")
@@ -108,9 +111,11 @@ class Schedule:
         faultTargets: Mapping[str, Sequence[str]] | None = None,
         pastTimeoutSeconds: float = 0.0,
         coverFaults: bool | None = None,
+        extraPoints: Sequence[str] = (),
     ) -> Schedule:
         """``kills`` events for ``pipeline``, whose servers are ``servers``: with
-        ``coverPoints`` every protocol point first (and an outage, when ``outageSeconds``);
+        ``coverPoints`` every protocol point and ``extraPoints`` first (and an outage, when
+        ``outageSeconds``);
         then one timed kill of each kind the pipeline has (driver, executor, its servers), in
         seeded order, all of them with ``coverPoints`` even past ``kills``; then seeded random
         events (a random ``driver.afterDecision`` is an outage three times in ten).
@@ -123,7 +128,10 @@ class Schedule:
         timedKinds = [*PROCESS_KINDS, *servers]
         events: list[Event] = []
         if coverPoints:
-            events += [Event("point", p, rng.randint(0, 1)) for p in TASK_POINTS + DRIVER_POINTS]
+            events += [
+                Event("point", p, rng.randint(0, 1))
+                for p in [*TASK_POINTS, *DRIVER_POINTS, *extraPoints]
+            ]
             if outageSeconds:
                 events.append(Event("point", "driver.afterDecision", downSeconds=outageSeconds))
         queue = rng.sample(timedKinds, len(timedKinds))

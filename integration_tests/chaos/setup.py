@@ -16,7 +16,7 @@ from integration_tests.chaos.pipelines import PIPELINES, Pipeline
 from integration_tests.chaos.reader import LiveReader
 from integration_tests.chaos.report import ChaosResult
 from integration_tests.chaos.runner import ChaosRun
-from integration_tests.chaos.schedule import Schedule
+from integration_tests.chaos.schedule import COMPLETION_POINTS, Schedule
 from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
 
@@ -82,6 +82,7 @@ def drawSchedule(
         faultTargets=targets,
         pastTimeoutSeconds=p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + 3,
         coverFaults=coverFaults,
+        extraPoints=COMPLETION_POINTS if p.completesBatches else (),
     )
 
 

@@ -37,7 +37,7 @@ import pytest
 from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
 from integration_tests.chaos.report import ChaosResult, livenessTable, summaryTable
-from integration_tests.chaos.schedule import DRIVER_POINTS, TASK_POINTS
+from integration_tests.chaos.schedule import COMPLETION_POINTS, DRIVER_POINTS, TASK_POINTS
 from integration_tests.chaos.servers import SERVERS
 from integration_tests.chaos.setup import faultTargets, runPipeline, servicesFromEnvironment
 
@@ -108,9 +108,10 @@ def assertBounded(result: ChaosResult, workdir: Path) -> None:
     assert delivered >= set(kinds), f"faults not delivered {where}: {set(kinds) - delivered}"
     if pipeline != "kafka-kafka":
         fired = {k.event.point for k in result.kills if k.event.kind == "point"}
-        assert fired >= set(TASK_POINTS + DRIVER_POINTS), f"not fired: {where}" + str(
-            sorted(set(TASK_POINTS + DRIVER_POINTS) - fired)
-        )
+        points = set(TASK_POINTS + DRIVER_POINTS)
+        if PIPELINES[pipeline].completesBatches:
+            points |= set(COMPLETION_POINTS)
+        assert fired >= points, f"not fired: {where}" + str(sorted(points - fired))
     if PIPELINES[pipeline].outageSeconds:
         outages = [k for k in result.kills if k.event.downSeconds and k.event.kind == "point"]
         assert outages, f"no outage longer than the transaction timeout {where}"

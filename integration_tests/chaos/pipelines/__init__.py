@@ -7,6 +7,7 @@ is verified (``base.Pipeline``); a new sink adds a module and its line here.
 from __future__ import annotations
 
 from integration_tests.chaos.pipelines.base import Pipeline
+from integration_tests.chaos.pipelines.delta import DELTA
 from integration_tests.chaos.pipelines.files import FILES, S3
 from integration_tests.chaos.pipelines.kafka import KAFKA, KAFKA_KAFKA
 from integration_tests.chaos.pipelines.multi import MULTI
@@ -14,7 +15,7 @@ from integration_tests.chaos.pipelines.postgres import POSTGRES
 from integration_tests.chaos.pipelines.sql import MARIADB
 
 PIPELINES: dict[str, Pipeline] = {
-    p.name: p for p in (FILES, POSTGRES, KAFKA, KAFKA_KAFKA, MULTI, S3, MARIADB)
+    p.name: p for p in (FILES, POSTGRES, KAFKA, KAFKA_KAFKA, MULTI, S3, MARIADB, DELTA)
 }
 
 __all__ = ["PIPELINES", "Pipeline"]

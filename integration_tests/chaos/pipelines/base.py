@@ -44,6 +44,9 @@ class Pipeline:
     """How long an outage keeps the query down; 0: the schedule has no outages."""
     kafkaTimeoutSeconds: ClassVar[float] = 0.0
     """The transaction timeout of its Kafka writes; 0: none, no ``past timeout`` fault."""
+    completesBatches: ClassVar[bool] = False
+    """Whether its sink completes each batch in one step after the handles' commits (a table
+    format's log commit): its schedule covers ``schedule.COMPLETION_POINTS`` too."""
     columns: ClassVar[tuple[str, ...]] = ("id", "payload")
     """The identity of a record, as ``twophase verify`` counts them."""
 
