@@ -133,6 +133,7 @@ bench: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.bench --sweep $(BENCH_ARGS)
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.multi
+	$(VENV)/bin/python -m bench.delta $(DELTA_ARGS)
 
 # Seconds per micro-batch of every sink against Spark's own path and Spark's noop sink, with a
 # JVM source (rate-micro-batch) at 8 and 200 partitions and the Python source at 200
@@ -141,6 +142,15 @@ bench: .venv
 bench-shapes: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
+
+# twophase.delta against write_deltalake in foreachBatch (at least once), Spark's Parquet sink
+# and Spark's noop sink, at 8 and 200 partitions of a JVM source and 200 of the Python source,
+# plus the Delta log's growth under one commit per batch (local disk only, no services);
+# bench/results/delta.md. DELTA_ARGS=--quick: a small run. See docs/delta.md.
+.PHONY: bench-delta
+bench-delta: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	$(VENV)/bin/python -m bench.delta $(DELTA_ARGS)
 
 # Where each twophase sink's time goes: wall and CPU by role against Spark's noop sink, a Python
 # sink that drops its input and Spark's own path, then py-spy over the Python workers;

@@ -14,6 +14,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from twophase.protocol import (
     Committer,
@@ -36,6 +37,9 @@ from twophase.sinks.files import FilesCommitter
 from twophase.sinks.files.handles import checkHandle, isMultipartHandle
 from twophase.sinks.files.partitioning import HIVE_DEFAULT_PARTITION
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
 log = getLogger(__name__)
 
 
@@ -49,6 +53,7 @@ class DeltaCommitter(Committer):
     def __init__(self, settings: DeltaSettings) -> None:
         self.settings = settings
         self.files = FilesCommitter(settings.files)
+        self._table: DeltaTable | None = None
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> DeltaCommitter:
@@ -76,7 +81,7 @@ class DeltaCommitter(Committer):
         if not files:
             return
         with deltaErrors(f"the Delta commit of batch {batchId} to {self.settings.path}"):
-            table = openTable(self.settings.tableUri, self.settings.storage)
+            table = self.latestTable()
             if table is None:
                 raise DeltaTableError(
                     f"the Delta table at {self.settings.path} is gone, but batch {batchId} is "
@@ -95,6 +100,19 @@ class DeltaCommitter(Committer):
             len(files),
             sum(f.rows for f in files),
         )
+
+    def latestTable(self) -> DeltaTable | None:
+        """The table at its latest version: opened once per committer, then brought up to date
+        from the commits since (not read again from its last checkpoint at every batch)."""
+        if self._table is None:
+            self._table = openTable(self.settings.tableUri, self.settings.storage)
+        else:
+            try:
+                self._table.update_incremental()
+            except Exception:
+                self._table = None  # gone, or replaced: open it afresh
+                return self.latestTable()
+        return self._table
 
     def dataFiles(self, handle: Handle) -> list[DataFile]:
         """The data files of a committed handle, as the table's log names them."""
