@@ -102,3 +102,19 @@ def test_bad_multi_options_are_input_errors(
     writeTarget(tmp_path / "b", list(range(ROWS)))
     with pytest.raises(VerifyInputError, match=re.escape(message)):
         verify("sequence", {"end": str(ROWS)}, "multi", {**options(tmp_path), **change})
+
+
+def test_a_delta_target_is_read_through_its_log(tmp_path: Path) -> None:
+    """A ``delta`` target is read as Delta readers see it: a data file in the table's directory
+    that no commit names (a moved file before the batch's Delta commit) is not counted."""
+    deltalake = pytest.importorskip("deltalake")
+    writeTarget(tmp_path / "a", list(range(ROWS)))
+    deltalake.write_deltalake(str(tmp_path / "b"), expectedFromSequence(0, ROWS - 10))
+    writeTarget(tmp_path / "b", list(range(ROWS - 10, ROWS)), "moved-not-committed.parquet")
+    multi = {"targets": "a=files,b=delta", "a.path": str(tmp_path / "a")}
+    report = verify(
+        "sequence", {"end": str(ROWS)}, "multi", {**multi, "b.path": str(tmp_path / "b")}
+    )
+    assert isinstance(report, MultiVerifyReport) and not report.ok
+    [delta] = [t for t in report.targets if t.kind == "delta"]
+    assert delta.report.missing == 10 and delta.report.duplicated == 0
