@@ -1,8 +1,10 @@
-"""The multi sink's pipeline: sequence -> PostgreSQL and Kafka under one decision.
+"""The multi sink's pipeline: sequence -> PostgreSQL, Kafka and a Delta table, one decision.
 
 Target ``orders`` is a PostgreSQL table (``id``, ``payload``; partition 0 prepared, the others
-staged) and target ``events`` a Kafka topic (key = id, value = payload): every batch lands in
-both or in neither. The schedule kills PostgreSQL and the broker, and has outages: the query
+staged), target ``events`` a Kafka topic (key = id, value = payload) and target ``ledger`` a
+Delta table on the pipeline's disk (``id``, ``payload``; one Delta commit per batch after the
+parts' commits, so the schedule covers ``driver.beforeCompleteBatch`` too): every batch lands
+in all three or in none. The schedule kills PostgreSQL and the broker, and has outages: the query
 kept down after a decision for longer than the Kafka target's transaction timeout, so the
 broker aborts the decided batch's transactions, the restart writes them again from Spark's
 replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink multi``:
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
     from integration_tests.chaos.servers import Services
 
-TARGETS = "orders=postgres,events=kafka"
+TARGETS = "orders=postgres,events=kafka,ledger=delta"
 
 
 def multiOptions(spec: PipelineSpec) -> dict[str, str]:
@@ -40,6 +42,7 @@ def multiOptions(spec: PipelineSpec) -> dict[str, str]:
         "orders.table": spec.table,
         "events.kafka.bootstrap.servers": spec.bootstrap,
         "events.topic": spec.outputTopic,
+        "ledger.path": spec.output,
     }
 
 
@@ -48,6 +51,7 @@ class MultiPipeline(Pipeline):
 
     name = "multi"
     servers = ("postgres", "broker")
+    completesBatches = True
     outageSeconds = PAST_TIMEOUT_SECONDS
     kafkaTimeoutSeconds = KAFKA_TIMEOUT_MS / 1000
 
@@ -65,6 +69,7 @@ class MultiPipeline(Pipeline):
             F.struct(
                 F.col("id").cast("string").alias("key"), F.col("payload").alias("value")
             ).alias("events"),
+            F.struct("id", "payload").alias("ledger"),
         )
         return (
             stream.writeStream.format("twophase.multi")
@@ -76,6 +81,7 @@ class MultiPipeline(Pipeline):
             .option("orders.maxPreparedPartitions", "1")
             .option("events.kafka.bootstrap.servers", spec.bootstrap)
             .option("events.topic", spec.outputTopic)
+            .option("ledger.path", spec.output)
         )
 
     def liveTopic(self, spec: PipelineSpec) -> str | None:
