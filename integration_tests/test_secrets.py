@@ -234,7 +234,8 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
     crashed = query.run("driver.afterDecision:1", env=env)
     assert crashed.killed, crashed.describe()
-    assert ids() == list(range(ROWS_PER_BATCH)), "batch 1 decided, not visible"
+    if sink == "delta":  # files: read once, after recover (s3fs caches a listing per process)
+        assert ids() == list(range(ROWS_PER_BATCH)), "batch 1 decided, not in the table's log"
 
     optionFile = tmp_path / "s3.options"
     optionFile.write_text(f"fs.key={s3.accessKey}\nfs.secret={s3.secretKey}\n")

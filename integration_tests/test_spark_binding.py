@@ -108,7 +108,7 @@ def test_bad_writer_tasks_and_names_are_refused_before_anything_is_written(
     options = {"path": str(tmp_path / "o"), "checkpointLocation": str(tmp_path / "c")}
     with pytest.raises(TwoPhaseConfigError, match="writerTasks='-2' must be a number of tasks"):
         twophase.foreachBatch("twophase.files", {**options, "writerTasks": "-2"})
-    with pytest.raises(TwoPhaseConfigError, match="built-in sinks are twophase.files"):
+    with pytest.raises(TwoPhaseConfigError, match="built-in sinks are twophase.delta, twophase.f"):
         twophase.foreachBatch("twophase.sequence", options)
     stream = (
         spark.readStream.format("twophase.sequence")
