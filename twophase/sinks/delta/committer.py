@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from twophase.protocol import (
     TransactionLostError,
     TransientCommitError,
 )
-from twophase.redaction import getLogger
+from twophase.redaction import getLogger, redact
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.delta.table import (
     DataFile,
@@ -35,7 +34,7 @@ from twophase.sinks.delta.table import (
 )
 from twophase.sinks.files import FilesCommitter
 from twophase.sinks.files.handles import checkHandle, isMultipartHandle
-from twophase.sinks.files.partitioning import HIVE_DEFAULT_PARTITION
+from twophase.sinks.files.partitioning import partitionValuesOf
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -123,7 +122,7 @@ class DeltaCommitter(Committer):
                 DataFile(
                     str(f["final"]),
                     int(f["bytes"]),
-                    partitionValues(str(f["final"])),
+                    partitionValuesOf(str(f["final"])),
                     now,
                     int(f["rows"]),
                 )
@@ -145,23 +144,12 @@ class DeltaCommitter(Committer):
                 DataFile(
                     path=final,
                     size=stat.st_size,
-                    partitionValues=partitionValues(final),
+                    partitionValues=partitionValuesOf(final),
                     modificationTime=int(stat.st_mtime * 1000),
                     rows=int(file["rows"]),
                 )
             )
         return found
-
-
-def partitionValues(final: str) -> dict[str, str | None]:
-    """The partition values a final name's ``col=value/`` directories hold, as Delta's log
-    writes them (a null or empty value as null)."""
-    values: dict[str, str | None] = {}
-    for segment in final.split("/")[:-1]:
-        column, _, text = segment.partition("=")
-        value = urllib.parse.unquote(text)
-        values[urllib.parse.unquote(column)] = None if value == HIVE_DEFAULT_PARTITION else value
-    return values
 
 
 @contextmanager
@@ -171,10 +159,8 @@ def deltaErrors(what: str) -> Iterator[None]:
     module = deltalake()
     try:
         yield
-    except module.exceptions.CommitFailedError as exc:
-        raise TransientCommitError(f"{what}: {exc}") from exc
-    except OSError as exc:
-        raise TransientCommitError(f"{what}: {exc}") from exc
+    except (module.exceptions.CommitFailedError, OSError) as exc:
+        raise TransientCommitError(redact(f"{what}: {exc}")) from exc
 
 
-__all__ = ["DeltaCommitter", "partitionValues"]
+__all__ = ["DeltaCommitter"]

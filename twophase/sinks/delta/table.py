@@ -82,12 +82,14 @@ def _utcTimestamps(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
-def deltaColumns(schema: Any) -> list[dict[str, Any]]:
-    """The columns of a Delta schema as JSON (name, type, nullable), metadata left out."""
-    return [
-        {key: field[key] for key in ("name", "type", "nullable")}
-        for field in json.loads(schema.to_json())["fields"]
-    ]
+def deltaFields(schema: Any) -> list[dict[str, Any]]:
+    """The fields of a Delta schema as JSON (name, type, nullable, metadata)."""
+    return list(json.loads(schema.to_json())["fields"])
+
+
+def deltaColumns(fields: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Those fields as columns (name, type, nullable), metadata left out."""
+    return [{key: field[key] for key in ("name", "type", "nullable")} for field in fields]
 
 
 def deltaSchemaOf(schema: pa.Schema) -> Any:
@@ -143,7 +145,8 @@ def checkTable(
             f"the Delta table at {path} has CHECK constraints, which twophase.delta does not "
             "apply to the rows it appends: drop them or write to another table"
         )
-    for field in json.loads(table.schema().to_json())["fields"]:
+    tableFields = deltaFields(table.schema())
+    for field in tableFields:
         computed = {
             "delta.generationExpression",
             "delta.identity.start",
@@ -155,7 +158,7 @@ def checkTable(
                 f"{field['name']!r}, which twophase.delta does not compute or check: write to "
                 "another table"
             )
-    mine, theirs = deltaColumns(stream), deltaColumns(table.schema())
+    mine, theirs = deltaColumns(deltaFields(stream)), deltaColumns(tableFields)
     if [{**c, "nullable": True} for c in mine] != [{**c, "nullable": True} for c in theirs]:
         raise DeltaTableError(
             f"the stream's columns do not match the Delta table at {path}: the stream has "
@@ -172,7 +175,7 @@ def checkTable(
             "filter the nulls and make the columns non-nullable in the stream "
             "(e.g. coalesce), or allow nulls in the table"
         )
-    tablePartitions = list(table.metadata().partition_columns)
+    tablePartitions = list(metadata.partition_columns)
     if partitionBy is not None and list(partitionBy) != tablePartitions:
         raise DeltaTableError(
             f"option partitionBy={','.join(partitionBy)!r} differs from the Delta table at "
@@ -285,6 +288,7 @@ __all__ = [
     "committedVersion",
     "createTable",
     "deltaColumns",
+    "deltaFields",
     "deltaSchemaOf",
     "deltalake",
     "ensureTable",

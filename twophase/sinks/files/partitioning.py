@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,6 +89,17 @@ def partitionValueText(value: Any, type_: pa.DataType) -> str:
 def partitionSegment(column: str, value: Any, type_: pa.DataType) -> str:
     """One ``col=value`` path segment, both sides escaped as Spark escapes them."""
     return f"{escapePathName(column)}={escapePathName(partitionValueText(value, type_))}"
+
+
+def partitionValuesOf(rel: str) -> dict[str, str | None]:
+    """The partition values a file's ``col=value/`` directories name (the inverse of
+    :func:`partitionSegment`, as text): unescaped, ``__HIVE_DEFAULT_PARTITION__`` as ``None``."""
+    values: dict[str, str | None] = {}
+    for segment in rel.split("/")[:-1]:
+        column, _, text = segment.partition("=")
+        value = urllib.parse.unquote(text)
+        values[urllib.parse.unquote(column)] = None if value == HIVE_DEFAULT_PARTITION else value
+    return values
 
 
 def _isPartitionable(type_: pa.DataType) -> bool:
