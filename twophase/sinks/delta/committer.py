@@ -15,13 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from twophase.protocol import (
-    Committer,
-    Handle,
-    RecoveryScope,
-    TransactionLostError,
-    TransientCommitError,
-)
+from twophase.protocol import Handle, TransactionLostError, TransientCommitError
 from twophase.redaction import getLogger, redact
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.delta.table import (
@@ -35,6 +29,7 @@ from twophase.sinks.delta.table import (
 from twophase.sinks.files import FilesCommitter
 from twophase.sinks.files.handles import checkHandle, isMultipartHandle
 from twophase.sinks.files.partitioning import partitionValuesOf
+from twophase.sinks.files.tables import TableFilesCommitter
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -42,17 +37,23 @@ if TYPE_CHECKING:
 log = getLogger(__name__)
 
 
-class DeltaCommitter(Committer):
+class DeltaCommitter(TableFilesCommitter):
     """Driver, any process, idempotent: files into the table, then the batch into its log.
 
     Aborts and the recovery sweep are the files sink's (staged files deleted, never a file in
     the table). Needs only the handles and the settings.
     """
 
+    system = "delta"
+
     def __init__(self, settings: DeltaSettings) -> None:
         self.settings = settings
-        self.files = FilesCommitter(settings.files)
+        self._files = FilesCommitter(settings.files)
         self._table: DeltaTable | None = None
+
+    @property
+    def files(self) -> FilesCommitter:
+        return self._files
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> DeltaCommitter:
@@ -60,18 +61,6 @@ class DeltaCommitter(Committer):
 
     def __repr__(self) -> str:
         return f"DeltaCommitter(path={self.settings.path!r})"
-
-    def commit(self, handle: Handle) -> None:
-        self.files.commit(handle)
-
-    def abort(self, handle: Handle) -> None:
-        self.files.abort(handle)
-
-    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle] | None:
-        return self.files.recoverAndAbort(scope)
-
-    def describe(self, handle: Handle) -> str:
-        return f"delta {self.files.describe(handle)}"
 
     def completeBatch(self, sinkId: str, batchId: int, handles: Sequence[Handle]) -> None:
         """One Delta commit adding every file of the batch, unless the table already records

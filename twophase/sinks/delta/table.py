@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from twophase.sinks.files.formats import utcTimestamps
+
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
@@ -63,25 +65,6 @@ def openTable(path: str, storage: Mapping[str, str] | None = None) -> DeltaTable
         return None
 
 
-def _utcTimestamps(type_: pa.DataType) -> pa.DataType:
-    """``type_`` with every zoned timestamp as UTC: Delta's ``timestamp`` is an instant, and
-    Spark hands batches in the session's zone."""
-    if pa.types.is_timestamp(type_):
-        return pa.timestamp("us", tz="UTC") if type_.tz else pa.timestamp("us")
-    if pa.types.is_struct(type_):
-        return pa.struct([f.with_type(_utcTimestamps(f.type)) for f in type_])
-    if pa.types.is_large_list(type_):
-        return pa.large_list(type_.value_field.with_type(_utcTimestamps(type_.value_type)))
-    if pa.types.is_list(type_):
-        return pa.list_(type_.value_field.with_type(_utcTimestamps(type_.value_type)))
-    if pa.types.is_map(type_):
-        return pa.map_(
-            type_.key_field.with_type(_utcTimestamps(type_.key_type)),
-            type_.item_field.with_type(_utcTimestamps(type_.item_type)),
-        )
-    return type_
-
-
 def deltaFields(schema: Any) -> list[dict[str, Any]]:
     """The fields of a Delta schema as JSON (name, type, nullable, metadata)."""
     return list(json.loads(schema.to_json())["fields"])
@@ -98,7 +81,7 @@ def deltaSchemaOf(schema: pa.Schema) -> Any:
     module = deltalake()
     fields = []
     for field in schema:
-        type_ = _utcTimestamps(field.type)
+        type_ = utcTimestamps(field.type)
         try:
             module.Schema.from_arrow(pa.schema([field.with_type(type_)]))
         except Exception as exc:  # delta-rs raises a bare Exception for an unknown type

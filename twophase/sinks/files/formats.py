@@ -16,6 +16,27 @@ import pyarrow.parquet as pq
 
 from twophase.sinks.files.jsonlines import encodeBatch
 
+
+def utcTimestamps(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every zoned timestamp, nested ones too, as microseconds in UTC: a table
+    format's ``timestamp`` with a zone is an instant (Delta's ``timestamp``, Iceberg's
+    ``timestamptz``), and Spark hands batches in the session's zone."""
+    if pa.types.is_timestamp(type_):
+        return pa.timestamp("us", tz="UTC") if type_.tz else pa.timestamp("us")
+    if pa.types.is_struct(type_):
+        return pa.struct([f.with_type(utcTimestamps(f.type)) for f in type_])
+    if pa.types.is_large_list(type_):
+        return pa.large_list(type_.value_field.with_type(utcTimestamps(type_.value_type)))
+    if pa.types.is_list(type_):
+        return pa.list_(type_.value_field.with_type(utcTimestamps(type_.value_type)))
+    if pa.types.is_map(type_):
+        return pa.map_(
+            type_.key_field.with_type(utcTimestamps(type_.key_type)),
+            type_.item_field.with_type(utcTimestamps(type_.item_type)),
+        )
+    return type_
+
+
 FORMATS = ("parquet", "json", "csv")
 """The values of the ``format`` option."""
 

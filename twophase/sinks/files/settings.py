@@ -113,6 +113,10 @@ class FilesSettings:
     """Empty means the default beside ``path``; :attr:`staging` is the one in use."""
     partSize: int = DEFAULT_PART_SIZE
     storageOptions: dict[str, Any] = field(default_factory=dict, hash=False)
+    tableFiles: bool = False
+    """Files a table format names (not an option of this sink): every column in the files,
+    the ``partitionBy`` ones too (the directory name is only a place), and zoned timestamps
+    stored as UTC, the zone of an Iceberg ``timestamptz``."""
 
     def __post_init__(self) -> None:
         if not self.path:

@@ -20,7 +20,12 @@ from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
 from twophase.sinks.files.errors import FilesNotWritableError, FilesUnavailableError
-from twophase.sinks.files.formats import FormatWriter, checkFormatSupports, formatWriter
+from twophase.sinks.files.formats import (
+    FormatWriter,
+    checkFormatSupports,
+    formatWriter,
+    utcTimestamps,
+)
 from twophase.sinks.files.handles import (
     StagedFile,
     UploadedFile,
@@ -58,8 +63,19 @@ def checkWritable(schema: pa.Schema, settings: FilesSettings) -> list[int]:
     batch; the Spark binding checks the query's schema on the driver before tasks run.
     """
     columns = dataColumnIndices(schema, settings.partitionBy)
+    if settings.tableFiles:
+        columns = list(range(len(schema)))
     checkFormatSupports(schema, settings.format)
     return columns
+
+
+def inUtc(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with every zoned timestamp in UTC (the same instants; Spark hands them in
+    the session's zone)."""
+    schema = pa.schema(
+        [f.with_type(utcTimestamps(f.type)) for f in batch.schema], metadata=batch.schema.metadata
+    )
+    return batch if schema.equals(batch.schema) else batch.cast(schema)
 
 
 @dataclass
@@ -223,6 +239,8 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             raise RuntimeError(f"files: write to a {txn.state} transaction {txn.staging}")
         if batch.num_rows == 0:
             return
+        if self.settings.tableFiles:
+            batch = inUtc(batch)
         if txn.schema is None:
             txn.dataColumns = checkWritable(batch.schema, self.settings)
             txn.schema = batch.schema
