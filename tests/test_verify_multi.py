@@ -118,3 +118,34 @@ def test_a_delta_target_is_read_through_its_log(tmp_path: Path) -> None:
     assert isinstance(report, MultiVerifyReport) and not report.ok
     [delta] = [t for t in report.targets if t.kind == "delta"]
     assert delta.report.missing == 10 and delta.report.duplicated == 0
+
+
+def test_an_iceberg_target_is_read_through_its_snapshot(tmp_path: Path) -> None:
+    """An ``iceberg`` target is read as Iceberg readers see it: a data file under the table
+    that no snapshot names (a moved file before the batch's snapshot) is not counted."""
+    pytest.importorskip("pyiceberg")
+    from twophase.sinks.iceberg import loadCatalog
+
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+    writeTarget(tmp_path / "a", list(range(ROWS)))
+    lake = loadCatalog("default", catalog)
+    lake.create_namespace("ns")
+    rows = expectedFromSequence(0, ROWS - 10)
+    table = lake.create_table("ns.b", rows.schema)
+    table.append(rows)
+    data = Path(table.location().removeprefix("file://")) / "data"
+    writeTarget(data, list(range(ROWS - 10, ROWS)), "moved-not-committed.parquet")
+    multi = {
+        "targets": "a=files,b=iceberg",
+        "a.path": str(tmp_path / "a"),
+        "b.table": "ns.b",
+        **{f"b.catalog.{key}": value for key, value in catalog.items()},
+    }
+    report = verify("sequence", {"end": str(ROWS)}, "multi", multi)
+    assert isinstance(report, MultiVerifyReport) and not report.ok
+    [iceberg] = [t for t in report.targets if t.kind == "iceberg"]
+    assert iceberg.report.missing == 10 and iceberg.report.duplicated == 0

@@ -10,13 +10,23 @@ def builtinDataSources() -> list[type]:
     """The built-in sources and sinks, as PySpark data source classes."""
     from twophase.spark.delta import DeltaSink
     from twophase.spark.files import FilesSink
+    from twophase.spark.iceberg import IcebergSink
     from twophase.spark.kafka import KafkaSink
     from twophase.spark.multi import MultiSink
     from twophase.spark.postgres import PostgresSink
     from twophase.spark.sequence import SequenceSource
     from twophase.spark.sql import SqlSink
 
-    return [DeltaSink, FilesSink, KafkaSink, MultiSink, PostgresSink, SequenceSource, SqlSink]
+    return [
+        DeltaSink,
+        FilesSink,
+        IcebergSink,
+        KafkaSink,
+        MultiSink,
+        PostgresSink,
+        SequenceSource,
+        SqlSink,
+    ]
 
 
 def builtinSink(name: str) -> type[TwoPhaseDataSource]:

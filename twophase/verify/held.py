@@ -408,6 +408,10 @@ def readSink(
         from twophase.verify.delta import readDelta
 
         return readDelta(options, columns)
+    if sink == "iceberg":
+        from twophase.verify.iceberg import readIceberg
+
+        return readIceberg(options, columns)
     from twophase.verify.kafka import readKafka
 
     return readKafka(options, "sink")

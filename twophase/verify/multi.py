@@ -56,7 +56,7 @@ SINK_COLUMNS = "sinkColumns"
 """Per-target option (``<name>.sinkColumns=a,b``): the target's names of the identity columns.
 Read by verify only; the pipeline's options may be passed as they are."""
 
-READABLE = ("files", "postgres", "kafka", "delta")
+READABLE = ("files", "postgres", "kafka", "delta", "iceberg")
 """Target kinds verify can read (a ``module:Class`` target has no reader)."""
 
 

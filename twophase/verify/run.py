@@ -22,7 +22,7 @@ from twophase.verify.report import VerifyReport
 SOURCES = ("sequence", "kafka")
 """The source kinds ``verify`` reads."""
 
-SINKS = ("files", "postgres", "kafka", "multi", "sql", "delta")
+SINKS = ("files", "postgres", "kafka", "multi", "sql", "delta", "iceberg")
 """The sink kinds ``verify`` reads."""
 
 
@@ -41,10 +41,10 @@ def verify(
     ``source``: ``sequence`` (options ``start`` and ``end``, or the source's ``startOffset``
     and ``totalRows``) or ``kafka`` (the Kafka source's options, see ``expectedFromKafka``).
     ``sink``: ``files`` (the sink's options: ``path``, ``format``, ``partitionBy``...),
-    ``postgres`` (``url``, ``table``...), ``delta`` (``path``) or ``kafka`` (``topic`` or
-    ``subscribe``, ``kafka.*``...) or ``multi`` (``targets`` and each target's prefixed
-    options: every target checked on its own, then joined on the identity, see
-    :mod:`~twophase.verify.multi`; the report is then a
+    ``postgres`` (``url``, ``table``...), ``delta`` (``path``), ``iceberg`` (``table``,
+    ``catalog.*``) or ``kafka`` (``topic`` or ``subscribe``, ``kafka.*``...) or ``multi``
+    (``targets`` and each target's prefixed options: every target checked on its own, then
+    joined on the identity, see :mod:`~twophase.verify.multi`; the report is then a
     :class:`~twophase.verify.multi.MultiVerifyReport`). For
     a sequence source and a Kafka sink the rows are compared as the records
     ``CAST(id AS STRING) AS key, payload AS value`` (``asKafkaRecords``).

@@ -1,0 +1,183 @@
+"""The Iceberg sink's options: parsed and checked once into a frozen ``IcebergSettings``.
+
+The data files are the files sink's Parquet files, so their options are its options under the
+same names; where they go is the table's location, which only the catalog knows: the driver
+resolves it before the tasks run (``LOCATION_OPTION``). ``SAFE_OPTIONS`` says which options
+may be written to the checkpoint's ``sink.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import fsspec
+
+from twophase.redaction import redact
+from twophase.sinks.files.settings import SAFE_OPTIONS as FILES_SAFE_OPTIONS
+from twophase.sinks.files.settings import STORAGE_PREFIX, FilesSettings
+
+CATALOG_PREFIX = "catalog."
+"""Options ``catalog.<property>`` go to pyiceberg's ``load_catalog`` as ``<property>``."""
+
+LOCATION_OPTION = "twophase.iceberg.location"
+"""The table's location as the driver found it in the catalog, for the tasks (set by the
+Spark binding before a task runs; never written to the checkpoint)."""
+
+SAFE_OPTIONS = frozenset(
+    {
+        "table",
+        "catalogname",
+        "catalog.type",
+        "catalog.uri",
+        "catalog.warehouse",
+        "catalog.s3.endpoint",
+        "catalog.s3.region",
+        "catalog.s3.path-style-access",
+        "partitionby",
+        "createtable",
+        "compression",
+        "maxrecordsperfile",
+        "maxopenfiles",
+        "stagingpath",
+        "partsize",
+        *(key for key in FILES_SAFE_OPTIONS if key.startswith(STORAGE_PREFIX)),
+    }
+)
+"""Options (lower-case) the committer rebuilds itself from: the catalog's address (``uri``
+without its password), the table and the file options; no key, secret, token or credential
+(``twophase recover`` takes those from the environment: ``PGPASSWORD``, ``AWS_*``)."""
+
+_FILES_OPTIONS = ("compression", "maxrecordsperfile", "maxopenfiles", "partsize")
+_PROTOCOLS = (None, "file", "local", "s3", "s3a")
+_TABLE_NAME = re.compile(r"^[^.\s]+(\.[^.\s]+)+$")
+_FROM_FS = {
+    "endpoint_url": "s3.endpoint",
+    "key": "s3.access-key-id",
+    "secret": "s3.secret-access-key",
+    "token": "s3.session-token",
+}
+"""s3fs's options (``fs.*``, as ``twophase.files`` takes them) and pyiceberg's FileIO names."""
+
+
+@dataclass(frozen=True)
+class IcebergSettings:
+    """The Iceberg sink's options (names case-insensitive, values strings as Spark passes them):
+
+    - ``table`` (required): ``namespace.name`` in the catalog.
+    - ``catalogName``: the catalog's name for pyiceberg (``default``), which also reads its
+      configuration (``.pyiceberg.yaml``, ``PYICEBERG_CATALOG__<NAME>__*``).
+    - ``catalog.<property>``: pyiceberg catalog properties (``catalog.type=sql``,
+      ``catalog.uri=sqlite:///...`` or ``postgresql+psycopg://...``,
+      ``catalog.warehouse=file:///...`` or ``s3://...``, ``catalog.s3.endpoint``...).
+    - ``partitionBy``: comma-separated columns, identity partitions of a new table; an existing
+      table's own must be the same (or the option left out).
+    - ``createTable``: ``true`` (default) creates a missing table (and namespace) from the
+      stream's schema; ``false`` refuses to start without one.
+    - ``compression``, ``maxRecordsPerFile``, ``maxOpenFiles``, ``partSize``: the data files',
+      as in ``twophase.files``; ``stagingPath`` where tasks stage them (default: beside the
+      table's ``data`` directory, under its location).
+    - ``fs.<name>``: s3fs's options for data files on S3, also given to the catalog's FileIO
+      under its names (``fs.endpoint_url`` is ``s3.endpoint``...) unless ``catalog.*`` sets
+      them.
+    """
+
+    table: str
+    catalogName: str = "default"
+    catalog: dict[str, str] = field(default_factory=dict, hash=False, repr=False)
+    """pyiceberg's catalog properties; may hold credentials, so never written anywhere."""
+    createTable: bool = True
+    partitionBy: tuple[str, ...] = ()
+    partitionGiven: bool = False
+    """Whether ``partitionBy`` was set (an existing table's partitioning is checked against it)."""
+    fileOptions: dict[str, str] = field(default_factory=dict, hash=False, repr=False)
+    """The files sink's options for the data files, without ``path`` (may hold ``fs.*``
+    credentials, so never written anywhere)."""
+    location: str = ""
+    """The table's location when the driver has resolved it (``LOCATION_OPTION``)."""
+
+    @classmethod
+    def fromOptions(cls, options: Mapping[str, str]) -> IcebergSettings:
+        """Parse Spark-style string options; ``ValueError`` names the bad option and the fix."""
+        lowered = {key.lower(): str(value) for key, value in options.items()}
+        table = lowered.get("table", "").strip()
+        if not table:
+            raise ValueError(
+                "option table is required: set .option('table', '<namespace>.<name>'), the "
+                "Iceberg table in the catalog"
+            )
+        if not _TABLE_NAME.match(table):
+            raise ValueError(
+                f"option table={table!r} must be <namespace>.<name> (e.g. 'analytics.events')"
+            )
+        createText = lowered.get("createtable", "true").strip().lower()
+        if createText not in ("true", "false"):
+            raise ValueError(f"option createTable={createText!r} must be true or false")
+        catalog: dict[str, str] = {}
+        fileOptions = {key: lowered[key] for key in _FILES_OPTIONS if key in lowered}
+        for key, value in options.items():
+            if key.lower().startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+                fileOptions[key] = str(value)
+                name = _FROM_FS.get(key[len(STORAGE_PREFIX) :].lower())
+                if name is not None:
+                    catalog[name] = str(value)
+        for key, value in options.items():
+            if key.lower().startswith(CATALOG_PREFIX) and len(key) > len(CATALOG_PREFIX):
+                catalog[key[len(CATALOG_PREFIX) :].lower()] = str(value)
+        if lowered.get("stagingpath", "").strip():
+            fileOptions["stagingpath"] = lowered["stagingpath"].strip()
+        partitionText = lowered.get("partitionby", "").strip()
+        partitionBy = tuple(c.strip() for c in partitionText.split(",")) if partitionText else ()
+        settings = cls(
+            table=table,
+            catalogName=lowered.get("catalogname", "").strip() or "default",
+            catalog=catalog,
+            createTable=createText == "true",
+            partitionBy=partitionBy,
+            partitionGiven=bool(partitionText),
+            fileOptions=fileOptions,
+            location=lowered.get(LOCATION_OPTION, "").strip(),
+        )
+        settings.filesAt(settings.location or "file:///checked")  # option errors now
+        return settings
+
+    def withLocation(self, location: str) -> IcebergSettings:
+        return dataclasses.replace(self, location=location)
+
+    def filesAt(self, location: str) -> FilesSettings:
+        """The files sink's settings for a table at ``location``: Parquet under ``data/``,
+        the partition columns kept in the files (Iceberg readers read them there)."""
+        protocol = fsspec.core.split_protocol(location)[0]
+        if protocol not in _PROTOCOLS:
+            raise ValueError(
+                redact(
+                    f"the Iceberg table {self.table} is at {location}: twophase.iceberg writes "
+                    f"tables on a local or mounted filesystem or on S3; {protocol}:// is not "
+                    "supported: give the catalog a warehouse on one of those"
+                )
+            )
+        files = FilesSettings.fromOptions(
+            {
+                **self.fileOptions,
+                "path": location.rstrip("/") + "/data",
+                "format": "parquet",
+                "partitionby": ",".join(self.partitionBy),
+            }
+        )
+        return dataclasses.replace(files, tableFiles=True)
+
+    @property
+    def files(self) -> FilesSettings:
+        """The data files' settings at the resolved location (tasks, and the committer once it
+        has found the table)."""
+        if not self.location:
+            raise RuntimeError(
+                f"twophase.iceberg: the location of table {self.table} was not resolved on the "
+                "driver before the task ran (the sink's validate sets it)"
+            )
+        return self.filesAt(self.location)
+
+
+__all__ = ["CATALOG_PREFIX", "LOCATION_OPTION", "SAFE_OPTIONS", "IcebergSettings"]
