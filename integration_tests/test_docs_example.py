@@ -120,6 +120,32 @@ def test_the_multi_example_writes_every_order_to_postgres_and_kafka_once(
         assert lines[-2:] == ["orders: 10000", "events: 10000"], lines
 
 
+def test_the_iceberg_example_appends_one_snapshot_per_batch(tmp_path: Path) -> None:
+    for _ in range(2):  # the second run resumes from the checkpoint and adds nothing
+        lines = runDocExample("iceberg.md", tmp_path)
+        assert lines[-2:] == ["rows: 10000", "snapshots: 4"], lines
+    work = tmp_path / "work"
+    verify = ["verify", "--source", "sequence", "--end", "10000", "--sink", "iceberg"]
+    catalog = [
+        f"catalog.uri=sqlite:///{work}/catalog.db",
+        f"catalog.warehouse=file://{work}/warehouse",
+        "catalog.type=sql",
+        "table=analytics.events",
+    ]
+    options = [arg for option in catalog for arg in ("--sink-option", option)]
+    assert cli.main([*verify, *options]) == 0, "as docs/iceberg.md says"
+
+
+@pytest.mark.timeout(300)
+def test_the_lakehouse_example_writes_kafka_delta_and_iceberg_in_one_decision(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    topic = f"sales-events-{os.urandom(4).hex()}"
+    code = docExample("lakehouse.md").replace('"sales-events"', f'"{topic}"')
+    lines = runDocExample("lakehouse.md", tmp_path, code, TWOPHASE_KAFKA_BOOTSTRAP=kafka_bootstrap)
+    assert lines[-3:] == ["events: 10000", "ledger: 10000", "facts: 10000"], lines
+
+
 @pytest.mark.timeout(300)
 def test_the_s3_example_writes_every_row_once(tmp_path: Path, s3: S3Service) -> None:
     prefix = f"docs-{os.urandom(4).hex()}"

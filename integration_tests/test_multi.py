@@ -254,6 +254,57 @@ def test_kafka_and_a_delta_table_in_one_decision_across_a_driver_death(
     assert kafkaIds(kafka_bootstrap, topic) == list(range(20))
 
 
+def test_postgres_and_an_iceberg_table_in_one_decision_across_a_driver_death(
+    tmp_path: Path, pg_url: str, table: str
+) -> None:
+    """``orders=postgres,events=iceberg``: the driver dies after committing one task's parts
+    (its PostgreSQL transaction committed, its files moved under the table, no snapshot); the
+    restart's recovery commits the rest and appends the batch's one snapshot, and Spark's
+    replay of the batch adds nothing to either."""
+    pytest.importorskip("pyiceberg")
+    from twophase.sinks.iceberg import loadCatalog
+
+    catalog = {
+        "type": "sql",
+        "uri": f"sqlite:///{tmp_path}/catalog.db",
+        "warehouse": f"file://{tmp_path}/warehouse",
+    }
+    options = {
+        "targets": "orders=postgres,events=iceberg",
+        "orders.url": pg_url,
+        "orders.table": table,
+        "orders.createTable": "true",
+        "events.table": "it.events",
+        **{f"events.catalog.{key}": value for key, value in catalog.items()},
+        "checkpointLocation": str(tmp_path / "checkpoint"),
+    }
+    sink = MultiSink(options)
+    sink.validate(StructType([StructField("orders", ORDERS), StructField("events", EVENTS)]))
+    sinkId = "it-multi-iceberg"
+    handles = [
+        prepare(sink.createWriter(), sinkId, [p * 10 + i for i in range(10)], p) for p in (0, 1)
+    ]
+    results = [TaskResult(sinkId, "q", 0, p, 0, h, 10) for p, h in enumerate(handles)]
+    log = DecisionLog(str(tmp_path / "log"))
+    state = log.decide(0, results)
+    sink.createCommitter().commit(state.handles[0].handle)  # then the driver died
+
+    def lake() -> Any:
+        return loadCatalog("default", catalog).load_table("it.events")
+
+    assert pgIds(pg_url, table) == list(range(10))
+    assert lake().current_snapshot() is None, "no snapshot yet"
+
+    coordinator = Coordinator(sink.createCommitter(), log, sinkId, CoordinatorSettings())
+    coordinator.recover(1)
+    coordinator.commitBatch(0, results)  # Spark's replay of batch 0 finds it committed
+
+    keys = lake().scan().to_arrow().column("key").to_pylist()
+    assert sorted(int(k) for k in keys) == list(range(20))
+    assert len(lake().snapshots()) == 1, "one snapshot for the batch"
+    assert pgIds(pg_url, table) == list(range(20))
+
+
 @pytest.mark.timeout(180)
 def test_a_lost_kafka_part_is_rewritten_and_the_postgres_part_is_not_written_twice(
     tmp_path: Path, pg_url: str, kafka_bootstrap: str, table: str

@@ -203,30 +203,43 @@ def test_kafka_client_secrets_stay_out_of_the_checkpoint_and_the_logs(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sink", ["files", "delta"])
+@pytest.mark.parametrize("sink", ["files", "delta", "iceberg"])
 def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     s3: S3Service, tmp_path: Path, sink: str
 ) -> None:
-    """``twophase.files`` and ``twophase.delta`` on S3: the ``fs.secret`` (and ``fs.key``)
-    options reach neither ``sink.json``, nor a handle, nor a log line; recover takes them from
-    an option file and finishes the decided batch (for Delta: completes the uploads, then makes
-    the batch's Delta commit with the same credentials)."""
+    """``twophase.files``, ``twophase.delta`` and ``twophase.iceberg`` on S3: the ``fs.secret``
+    (and ``fs.key``) options reach neither ``sink.json``, nor a handle, nor a log line; recover
+    takes them from an option file and finishes the decided batch (for the tables: completes
+    the uploads, then makes the batch's table commit with the same credentials)."""
     from integration_tests.spark_harness import Harness
     from twophase import verify
 
     path = s3.url(f"it-secrets/{uuid.uuid4().hex[:10]}/out")
+    where = {"path": path}
+    if sink == "iceberg":  # a warehouse on S3, its SQL catalog on local disk
+        where = {
+            "table": "secrets.out",
+            "catalog.type": "sql",
+            "catalog.uri": f"sqlite:///{tmp_path}/catalog.db",
+            "catalog.warehouse": path,
+        }
     query = Harness(
         tmp_path / "query",
         "local",
-        sink="twophase.spark.delta:DeltaSink" if sink == "delta" else FILES_SINK,
+        sink={
+            "delta": "twophase.spark.delta:DeltaSink",
+            "iceberg": "twophase.spark.iceberg:IcebergSink",
+        }.get(sink, FILES_SINK),
         rows=ROWS,
         rowsPerBatch=ROWS_PER_BATCH,
-        options={"path": path, **s3.options()},
+        options={**where, **s3.options()},
     )
 
     def ids() -> list[int]:
         if sink == "delta":
             held = verify.actualFromDelta(path, ["id"], s3.options())
+        elif sink == "iceberg":
+            held = verify.actualFromIceberg("secrets.out", {**where, **s3.options()}, ["id"])
         else:
             held = verify.actualFromFiles(path, "parquet", options=s3.options())
         return sorted(held.column("id").to_pylist())
@@ -234,7 +247,7 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
     crashed = query.run("driver.afterDecision:1", env=env)
     assert crashed.killed, crashed.describe()
-    if sink == "delta":  # files: read once, after recover (s3fs caches a listing per process)
+    if sink != "files":  # files: read once, after recover (s3fs caches a listing per process)
         assert ids() == list(range(ROWS_PER_BATCH)), "batch 1 decided, not in the table's log"
 
     optionFile = tmp_path / "s3.options"
@@ -251,7 +264,9 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     output = recovered.stdout + recovered.stderr
     assert not leaks and s3.secretKey not in output, leaks or output
     description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
-    assert description["options"]["path"] == path
+    assert (
+        description["options"].get("path", description["options"].get("catalog.warehouse")) == path
+    )
     assert not {"fs.key", "fs.secret"} & {k.lower() for k in description["options"]}
 
 

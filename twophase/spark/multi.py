@@ -38,6 +38,10 @@ def targetClass(kind: str) -> type[TwoPhaseDataSource]:
         from twophase.spark.delta import DeltaSink
 
         return DeltaSink
+    if kind == "iceberg":
+        from twophase.spark.iceberg import IcebergSink
+
+        return IcebergSink
     try:
         found: Any = importQualified(kind)
     except (ImportError, AttributeError) as exc:

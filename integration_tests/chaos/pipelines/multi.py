@@ -1,21 +1,25 @@
-"""The multi sink's pipeline: sequence -> PostgreSQL, Kafka and a Delta table, one decision.
+"""The multi sink's pipeline: sequence -> PostgreSQL, Kafka, a Delta and an Iceberg table, one
+decision.
 
 Target ``orders`` is a PostgreSQL table (``id``, ``payload``; partition 0 prepared, the others
 staged), target ``events`` a Kafka topic (key = id, value = payload) and target ``ledger`` a
 Delta table on the pipeline's disk (``id``, ``payload``; one Delta commit per batch after the
-parts' commits, so the schedule covers ``driver.beforeCompleteBatch`` too): every batch lands
-in all three or in none. The schedule kills PostgreSQL and the broker, and has outages: the query
-kept down after a decision for longer than the Kafka target's transaction timeout, so the
-broker aborts the decided batch's transactions, the restart writes them again from Spark's
-replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink multi``:
-each target against the source, then the two joined on the id.
+parts' commits, so the schedule covers ``driver.beforeCompleteBatch`` too) and target ``lake``
+an Iceberg table beside it (a SQLite catalog; one snapshot per batch, after the Delta commit):
+every batch lands in all four or in none. The schedule kills PostgreSQL and the broker, and has
+outages: the query kept down after a decision for longer than the Kafka target's transaction
+timeout, so the broker aborts the decided batch's transactions, the restart writes them again
+from Spark's replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink
+multi``: each target against the source, then the targets joined on the id.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline
+from integration_tests.chaos.pipelines.iceberg import icebergOptions
 from integration_tests.chaos.pipelines.kafka import (
     KAFKA_TIMEOUT_MS,
     PAST_TIMEOUT_SECONDS,
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 
     from integration_tests.chaos.servers import Services
 
-TARGETS = "orders=postgres,events=kafka,ledger=delta"
+TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg"
 
 
 def multiOptions(spec: PipelineSpec) -> dict[str, str]:
@@ -43,11 +47,13 @@ def multiOptions(spec: PipelineSpec) -> dict[str, str]:
         "events.kafka.bootstrap.servers": spec.bootstrap,
         "events.topic": spec.outputTopic,
         "ledger.path": spec.output,
+        **icebergOptions(spec, "lake."),
     }
 
 
 class MultiPipeline(Pipeline):
-    """sequence -> twophase.multi: a PostgreSQL table and a Kafka topic, one decision."""
+    """sequence -> twophase.multi: a PostgreSQL table, a Kafka topic, a Delta and an Iceberg
+    table, one decision."""
 
     name = "multi"
     servers = ("postgres", "broker")
@@ -70,8 +76,9 @@ class MultiPipeline(Pipeline):
                 F.col("id").cast("string").alias("key"), F.col("payload").alias("value")
             ).alias("events"),
             F.struct("id", "payload").alias("ledger"),
+            F.struct("id", "payload").alias("lake"),
         )
-        return (
+        writer = (
             stream.writeStream.format("twophase.multi")
             .option("targets", TARGETS)
             .option("orders.url", spec.pgUrl)
@@ -83,6 +90,10 @@ class MultiPipeline(Pipeline):
             .option("events.topic", spec.outputTopic)
             .option("ledger.path", spec.output)
         )
+        os.makedirs(f"{spec.output}-iceberg", exist_ok=True)
+        for key, value in icebergOptions(spec, "lake.").items():
+            writer = writer.option(key, value)
+        return writer
 
     def liveTopic(self, spec: PipelineSpec) -> str | None:
         return spec.outputTopic

@@ -2,7 +2,7 @@
 
 ``targets`` is ``name=kind,...``: the name is the struct column holding that target's columns and
 the prefix of its options (``orders.url`` is option ``url`` of target ``orders``); the kind is a
-built-in sink (``postgres``, ``kafka``, ``files``, ``delta``) or a data source class as
+built-in sink (``postgres``, ``kafka``, ``files``, ``delta``, ``iceberg``) or a data source class as
 ``module:Class``.
 """
 
@@ -18,7 +18,7 @@ from twophase.settings import TwoPhaseConfigError, optionOf
 KIND = "multi"
 """The ``kind`` of a multi handle: ``{"kind": "multi", "parts": {target: handle}}``."""
 
-BUILT_IN = ("postgres", "kafka", "files", "delta")
+BUILT_IN = ("postgres", "kafka", "files", "delta", "iceberg")
 
 SHARED_OPTIONS = ("checkpointlocation", "queryname")
 """Options of the query every target gets too (Spark passes them lower-cased)."""
