@@ -55,10 +55,19 @@ def batchProperty(sinkId: str) -> str:
 
 
 def loadCatalog(name: str, properties: Mapping[str, str]) -> Catalog:
-    """The catalog from ``catalog.*`` options (pyiceberg's ``load_catalog`` properties)."""
-    module = pyiceberg()
-    catalog: Catalog = module.catalog.load_catalog(name, **dict(properties))
+    """The catalog from ``catalog.*`` options (pyiceberg's ``load_catalog`` properties), one
+    per process for the same name and properties: the driver asks before every batch, and a
+    SQL catalog keeps its connection pool."""
+    key = (name, tuple(sorted(properties.items())))
+    catalog = _CATALOGS.get(key)
+    if catalog is None:
+        module = pyiceberg()
+        catalog = module.catalog.load_catalog(name, **dict(properties))
+        _CATALOGS[key] = catalog
     return catalog
+
+
+_CATALOGS: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
 
 
 def openTable(catalog: Catalog, identifier: str) -> Table | None:
@@ -83,7 +92,7 @@ def icebergSchemaOf(schema: pa.Schema) -> Any:
     for field in fixed:
         try:
             convert.visit_pyarrow(pa.schema([field]), convert._ConvertToIcebergWithoutIDs())
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # pyiceberg's errors for an unknown type have no common base
             raise IcebergTableError(
                 f"column {field.name!r} has type {field.type}, which an Iceberg table cannot "
                 f"hold ({str(exc).splitlines()[0]}); cast it to a type Iceberg has"
