@@ -134,6 +134,7 @@ bench: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.multi
 	$(VENV)/bin/python -m bench.delta $(DELTA_ARGS)
+	$(VENV)/bin/python -m bench.iceberg $(ICEBERG_ARGS)
 
 # Seconds per micro-batch of every sink against Spark's own path and Spark's noop sink, with a
 # JVM source (rate-micro-batch) at 8 and 200 partitions and the Python source at 200
@@ -151,6 +152,16 @@ bench-shapes: .venv
 bench-delta: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	$(VENV)/bin/python -m bench.delta $(DELTA_ARGS)
+
+# twophase.iceberg against pyiceberg's table.append in foreachBatch (at least once), Spark's
+# Parquet sink and Spark's noop sink, at 8 and 200 partitions of a JVM source and 200 of the
+# Python source, plus the table's metadata growth under one snapshot per batch, before and after
+# snapshot expiry (SQL catalog on SQLite, local disk only, no services);
+# bench/results/iceberg.md. ICEBERG_ARGS=--quick: a small run. See docs/iceberg.md.
+.PHONY: bench-iceberg
+bench-iceberg: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	$(VENV)/bin/python -m bench.iceberg $(ICEBERG_ARGS)
 
 # Where each twophase sink's time goes: wall and CPU by role against Spark's noop sink, a Python
 # sink that drops its input and Spark's own path, then py-spy over the Python workers;

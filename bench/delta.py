@@ -30,7 +30,7 @@ commits and the checkpoints delta-rs writes on its own), the commit time of the 
 against the first 100, and how long opening the table takes at the end.
 
 Writes ``bench/results/delta.md`` and prints it. Local disk only: no service is needed.
-The runner is ``bench.tableformats``'; this module says what is Delta's.
+What is Delta's is here; the runner is ``bench.tableformats``, shared with ``bench.iceberg``.
 """
 
 from __future__ import annotations
