@@ -428,3 +428,25 @@ def test_a_catalog_that_cannot_be_reached_is_a_transient_commit_error(tmp_path: 
         IcebergCommitter(settings).completeBatch(SINK, 0, [])  # nothing to add: no catalog call
         IcebergCommitter(settings).table()
     assert "Catal0gPw" not in str(caught.value)
+
+
+def test_manifests_merge_and_old_snapshots_expire_with_every_row_kept(tmp_path: Path) -> None:
+    """Appends merge small manifests (Iceberg's default, which pyiceberg's is not), a table the
+    sink creates deletes old metadata files, and ``retainSnapshots`` expires old snapshots: the
+    table stays small, every row stays, and a replay of an expired batch adds nothing."""
+    query = Query(tmp_path, retainSnapshots="3")
+    table = query.table()
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    with table.transaction() as change:
+        change.set_properties({"commit.manifest.min-count-to-merge": "3"})
+    for batchId in range(7):
+        query.run(batchId, partitions=2)
+
+    table = query.table()
+    assert len(table.snapshots()) < 6, "expired down to 3 once there were 6"
+    assert len(table.current_snapshot().manifests(table.io)) < 7, "merged, not one per batch"
+    assert query.ids() == expected(*range(7))
+    query.restart()
+    query.coordinator.recover(0)
+    query.coordinator.commitBatch(0, query.tasks(0, attempt=1))
+    assert query.ids() == expected(*range(7))

@@ -23,6 +23,7 @@ from twophase.sinks.iceberg.table import (
     IcebergTableError,
     appendFiles,
     committedBatch,
+    expireSnapshots,
     loadCatalog,
     openTable,
     pyiceberg,
@@ -100,7 +101,7 @@ class IcebergCommitter(TableFilesCommitter):
                 log.debug("iceberg: batch %d already in %s", batchId, self.settings.table)
                 return
             try:
-                appendFiles(table, sinkId, batchId, paths)
+                table = appendFiles(table, sinkId, batchId, paths)
             except FileNotFoundError as exc:
                 raise TransactionLostError(
                     f"a data file of decided batch {batchId} is gone from the Iceberg table "
@@ -110,6 +111,23 @@ class IcebergCommitter(TableFilesCommitter):
         log.info(
             "iceberg: committed batch %d to %s (%d files)", batchId, self.settings.table, len(paths)
         )
+        keep = self.settings.retainSnapshots
+        if keep and len(table.snapshots()) >= 2 * keep:
+            self.expire(table, keep)
+
+    def expire(self, table: Table, keep: int) -> None:
+        """Best effort, after a batch's commit: a failure leaves the snapshots to the next
+        batch's try, never fails the batch."""
+        try:
+            expired = expireSnapshots(table, keep)
+        except Exception as exc:
+            log.warning(
+                "iceberg: expiring old snapshots of %s failed; the next batch tries again: %s",
+                self.settings.table,
+                redact(str(exc)),
+            )
+        else:
+            log.info("iceberg: expired %d old snapshots of %s", expired, self.settings.table)
 
     def dataFiles(self, handle: Handle) -> list[str]:
         """The absolute paths of a committed handle's data files, as the table names them."""

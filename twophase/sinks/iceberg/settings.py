@@ -43,6 +43,7 @@ SAFE_OPTIONS = frozenset(
         "maxopenfiles",
         "stagingpath",
         "partsize",
+        "retainsnapshots",
         *(key for key in FILES_SAFE_OPTIONS if key.startswith(STORAGE_PREFIX)),
     }
 )
@@ -79,6 +80,8 @@ class IcebergSettings:
     - ``compression``, ``maxRecordsPerFile``, ``maxOpenFiles``, ``partSize``: the data files',
       as in ``twophase.files``; ``stagingPath`` where tasks stage them (default: beside the
       table's ``data`` directory, under its location).
+    - ``retainSnapshots``: ``0`` (default) leaves snapshots alone; ``N`` expires all but the
+      newest ``N`` once the table holds ``2 N`` (its commit time grows with their number).
     - ``fs.<name>``: s3fs's options for data files on S3, also given to the catalog's FileIO
       under its names (``fs.endpoint_url`` is ``s3.endpoint``...) unless ``catalog.*`` sets
       them.
@@ -97,6 +100,7 @@ class IcebergSettings:
     credentials, so never written anywhere)."""
     location: str = ""
     """The table's location when the driver has resolved it (``LOCATION_OPTION``)."""
+    retainSnapshots: int = 0
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> IcebergSettings:
@@ -128,6 +132,12 @@ class IcebergSettings:
                 catalog[key[len(CATALOG_PREFIX) :].lower()] = str(value)
         if lowered.get("stagingpath", "").strip():
             fileOptions["stagingpath"] = lowered["stagingpath"].strip()
+        retainText = lowered.get("retainsnapshots", "0").strip() or "0"
+        if not retainText.isdigit():
+            raise ValueError(
+                f"option retainSnapshots={retainText!r} must be a number of snapshots (0: keep "
+                "them all)"
+            )
         partitionText = lowered.get("partitionby", "").strip()
         partitionBy = tuple(c.strip() for c in partitionText.split(",")) if partitionText else ()
         settings = cls(
@@ -139,6 +149,7 @@ class IcebergSettings:
             partitionGiven=bool(partitionText),
             fileOptions=fileOptions,
             location=lowered.get(LOCATION_OPTION, "").strip(),
+            retainSnapshots=int(retainText),
         )
         settings.filesAt(settings.location or "file:///checked")  # option errors now
         return settings

@@ -28,6 +28,14 @@ _NO_LIBRARY_RETRY = {"commit.retry.num-retries": "0"}
 sink retries itself instead, reading the batch property first, so that a batch another process
 committed meanwhile is never appended twice."""
 
+_ICEBERG_DEFAULTS = {"commit.manifest-merge.enabled": "true"}
+"""Iceberg's defaults where pyiceberg has other ones, for a table that sets none: appends merge
+small manifests (else every snapshot's manifest list names one manifest per batch ever)."""
+
+CREATED_TABLE_PROPERTIES = {"write.metadata.delete-after-commit.enabled": "true"}
+"""Set on a table the sink creates: each commit writes a metadata file holding every snapshot,
+so older metadata files beyond ``write.metadata.previous-versions-max`` are deleted."""
+
 
 class IcebergTableError(ValueError):
     """The table cannot take the stream: it is missing, differs from it, or is partitioned in a
@@ -190,7 +198,8 @@ def ensureTable(
                     {
                         module.table.TableProperties.DEFAULT_NAME_MAPPING: (
                             create_.table_metadata.schema().name_mapping.model_dump_json()
-                        )
+                        ),
+                        **CREATED_TABLE_PROPERTIES,
                     }
                 )
         except module.exceptions.TableAlreadyExistsError:
@@ -222,13 +231,13 @@ def committedBatch(table: Table, sinkId: str) -> int | None:
     return None if value is None else int(value)
 
 
-def _withoutLibraryRetry(table: Table) -> Table:
-    """``table`` as this process sees it, with pyiceberg's commit retry off (not written to
-    the table: a commit sends only its own updates)."""
+def _forTheSink(table: Table) -> Table:
+    """``table`` as the sink's commit sees it: pyiceberg's commit retry off, Iceberg's defaults
+    where the table sets nothing (not written to the table: a commit sends only its own
+    updates)."""
     module = pyiceberg()
-    metadata = table.metadata.model_copy(
-        update={"properties": {**table.metadata.properties, **_NO_LIBRARY_RETRY}}
-    )
+    properties = {**_ICEBERG_DEFAULTS, **table.metadata.properties, **_NO_LIBRARY_RETRY}
+    metadata = table.metadata.model_copy(update={"properties": properties})
     copy: Table = module.table.Table(
         table._identifier, metadata, table.metadata_location, table.io, table.catalog
     )
@@ -242,7 +251,7 @@ def appendFiles(table: Table, sinkId: str, batchId: int, paths: Sequence[str]) -
     A concurrent commit makes it fail (``CommitFailedException``) rather than append on top
     of it: the caller reads the table again and decides. Returns the table after the commit.
     """
-    transaction = _withoutLibraryRetry(table).transaction()
+    transaction = _forTheSink(table).transaction()
     transaction.set_properties({batchProperty(sinkId): str(batchId)})
     transaction.add_files(
         list(paths),
@@ -253,6 +262,18 @@ def appendFiles(table: Table, sinkId: str, batchId: int, paths: Sequence[str]) -
     return committed
 
 
+def expireSnapshots(table: Table, keep: int) -> int:
+    """Expire every snapshot but the newest ``keep`` (and those a branch or tag names); the
+    data files stay (the current snapshot still names what it holds). The count expired."""
+    snapshots = sorted(table.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number))
+    named = {ref.snapshot_id for ref in table.metadata.refs.values()}
+    old = [s.snapshot_id for s in snapshots[: max(0, len(snapshots) - keep)]]
+    old = [snapshotId for snapshotId in old if snapshotId not in named]
+    if old:
+        table.maintenance.expire_snapshots().by_ids(old).commit()
+    return len(old)
+
+
 __all__ = [
     "BATCH_PROPERTY_PREFIX",
     "IcebergTableError",
@@ -261,6 +282,7 @@ __all__ = [
     "checkTable",
     "committedBatch",
     "ensureTable",
+    "expireSnapshots",
     "icebergSchemaOf",
     "loadCatalog",
     "openTable",
