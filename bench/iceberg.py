@@ -28,11 +28,12 @@ snapshot per micro-batch with rows (``WRONG COUNT`` otherwise).
 micro-batches of one tiny Parquet file each in the table's ``data`` directory; the files of its
 ``metadata`` directory by kind (``metadata.json``, manifest lists ``snap-*.avro``, manifests),
 the commit time of the last 100 against the first 100 and how long ``load_table`` takes at the
-end; then every snapshot but the last 100 expired and the metadata after. Twice: with the
-default table properties, and with ``write.metadata.delete-after-commit.enabled=true`` and
-``write.metadata.previous-versions-max=100``. N is 1,000 by default (300 with ``--quick``), not
-Delta's 10,000: each commit writes a ``metadata.json`` listing every snapshot and costs more with
-each snapshot the table keeps, so unexpired growth is quadratic in disk and time.
+end; then every snapshot but the last 100 expired and the metadata after. Three times: with
+pyiceberg's defaults (fast appends, every metadata file kept), as the sink creates the table
+(merged manifests, old metadata files deleted) and with option ``retainSnapshots=100``. N is
+1,000 by default (300 with ``--quick``), not Delta's 10,000: each commit writes a
+``metadata.json`` listing every snapshot the table keeps, so unexpired growth is quadratic in
+disk and time.
 
 Writes ``bench/results/iceberg.md`` and prints it. Local disk only: no service is needed.
 What is Iceberg's is here; the runner is ``bench.tableformats``, shared with ``bench.delta``.
@@ -66,11 +67,19 @@ from bench.tableformats import main as runBench
 KEEP_SNAPSHOTS = 100
 """Snapshots the growth measurement's expiry keeps."""
 
-BOUNDED_METADATA = {
-    "write.metadata.delete-after-commit.enabled": "true",
-    "write.metadata.previous-versions-max": "100",
+PYICEBERG_DEFAULTS = {
+    "commit.manifest-merge.enabled": "false",
+    "write.metadata.delete-after-commit.enabled": "false",
 }
-"""Table properties that keep the last 100 ``metadata.json`` files and delete older ones."""
+"""Table properties that undo what the sink sets or assumes (merged manifests, old metadata
+files deleted): pyiceberg's own defaults, for comparison."""
+
+VARIANTS: tuple[tuple[str, dict[str, str], dict[str, str]], ...] = (
+    ("with pyiceberg's defaults (fast appends, every metadata file kept)", PYICEBERG_DEFAULTS, {}),
+    ("as the sink creates the table (merged manifests, old metadata files deleted)", {}, {}),
+    ("the same with option `retainSnapshots=100`", {}, {"retainSnapshots": "100"}),
+)
+"""Each growth run: its heading, the table properties set first and the sink's options."""
 
 
 def catalogOptions(work: Path) -> dict[str, str]:
@@ -159,25 +168,23 @@ def currentMetadata(table: Any) -> str:
 
 
 def metadataGrowth(batches: int, work: Path) -> list[tuple[str, Growth]]:
-    """``--log-growth`` with the default table properties, then with ``BOUNDED_METADATA``."""
+    """``--log-growth`` for each of ``VARIANTS``."""
     measured: list[tuple[str, Growth]] = []
-    for heading, properties in (
-        ("Iceberg metadata under one snapshot per micro-batch", {}),
-        (
-            "The same with "
-            + ", ".join(f"`{key}={value}`" for key, value in BOUNDED_METADATA.items()),
-            BOUNDED_METADATA,
-        ),
-    ):
-        log(f"  {heading.replace('`', '')}")
+    for heading, properties, sinkOptions in VARIANTS:
+        title = f"Iceberg metadata under one snapshot per micro-batch, {heading}"
+        log(f"  {title.replace('`', '')}")
         place = work / f"growth-{len(measured)}"
-        measured.append((heading, growthRun(batches, place, properties)))
+        measured.append((title, growthRun(batches, place, properties, sinkOptions)))
         shutil.rmtree(place, ignore_errors=True)
     return measured
 
 
 def growthRun(
-    batches: int, work: Path, properties: Mapping[str, str], rowsPerFile: int = 10
+    batches: int,
+    work: Path,
+    properties: Mapping[str, str],
+    sinkOptions: Mapping[str, str],
+    rowsPerFile: int = 10,
 ) -> Growth:
     """Drive ``IcebergCommitter.completeBatch`` for ``batches`` micro-batches, each one tiny
     Parquet file written into the table's ``data`` directory first (as ``commit`` leaves a
@@ -192,7 +199,7 @@ def growthRun(
     if properties:
         table.transaction().set_properties(dict(properties)).commit_transaction()
     location = table.location().rstrip("/")
-    committer = IcebergCommitter.fromOptions({**given, LOCATION_OPTION: location})
+    committer = IcebergCommitter.fromOptions({**given, **sinkOptions, LOCATION_OPTION: location})
     files = committer.settings.files
     data = localPath(location) / "data"
     data.mkdir(parents=True, exist_ok=True)
