@@ -275,7 +275,9 @@ class ChaosRun:
         if event.kind == "freeze":
             heal = self.services.freeze(event.target)
         elif event.kind in NETWORK_KINDS:
-            heal = self.services.disturb(event.kind, event.target)
+            heal = self._throughProxies(
+                event, lambda: self.services.disturb(event.kind, event.target)
+            )
         elif event.kind == "disk full" and self.disk is not None:
             self.disk.fill()
             heal = self.disk.free
@@ -287,7 +289,22 @@ class ChaosRun:
                 self._sawCommits()
                 time.sleep(0.1)
         finally:
-            heal()
+            if event.kind in NETWORK_KINDS:
+                self._throughProxies(event, heal)
+            else:
+                heal()
+
+    def _throughProxies(self, event: Event, call: Callable[[], Any]) -> Any:
+        """``call`` on the proxies; when Toxiproxy does not answer, restart it and call again
+        (a restarted Toxiproxy has no toxics, so a heal is then done already)."""
+        from integration_tests.toxiproxy import ToxiproxyError
+
+        try:
+            return call()
+        except ToxiproxyError as exc:
+            self.log(f"[chaos] {event.describe()}: {exc}; restarting Toxiproxy")
+            self.services.restartProxies()
+            return call()
 
     # -- the whole schedule ---------------------------------------------------------------------
 

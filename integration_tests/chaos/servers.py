@@ -81,6 +81,16 @@ class Services:
         control.freeze()
         return control.thaw
 
+    def restartProxies(self) -> None:
+        """Kill and start Toxiproxy again (same proxies and ports, no toxics): under heavy
+        Kafka traffic its API can stop answering for a proxy whose toxic is being removed
+        (Shopify/toxiproxy#558), which leaves that proxy wedged. Every connection through
+        the proxies is closed, a network blip for every pipeline; one restart at a time."""
+        with self.locks.setdefault("toxiproxy restart", threading.Lock()):
+            control = ServiceControl(SERVICES_DIR / "toxiproxy.sh", "server")
+            control.kill()
+            control.start()
+
     def disturb(self, fault: str, kind: str) -> Callable[[], None]:
         """Through the proxy of the server of ``kind``: ``partition`` (also ``past timeout``),
         ``slow`` or ``reply lost``; returns what heals it."""
