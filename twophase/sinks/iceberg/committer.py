@@ -49,6 +49,7 @@ class IcebergCommitter(TableFilesCommitter):
         self.settings = settings
         self._catalog: Catalog | None = None
         self._files: FilesCommitter | None = None
+        self._location: str | None = None
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> IcebergCommitter:
@@ -78,8 +79,11 @@ class IcebergCommitter(TableFilesCommitter):
 
     @property
     def location(self) -> str:
-        """The table's location: resolved by the driver before the batch, or from the catalog."""
-        return (self.settings.location or self.table().location()).rstrip("/")
+        """The table's location: resolved by the driver before the batch, or read from the
+        catalog once per committer (every handle's data files need it)."""
+        if self._location is None:
+            self._location = (self.settings.location or self.table().location()).rstrip("/")
+        return self._location
 
     @property
     def files(self) -> FilesCommitter:
