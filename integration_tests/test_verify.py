@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import psycopg
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from psycopg.conninfo import conninfo_to_dict
 
 from integration_tests import test_postgres_participant
@@ -293,7 +295,24 @@ def test_a_sequence_written_to_kafka(
     assert code == 1 and "missing     100" in out
     assert 'key="200", value="row-200": offered 1, found 0' in out
     transaction(producer, output, [(r["key"], r["value"]) for r in written[200:]])
+    awaitStable(kafka_bootstrap, output, 2)
     assert run(args, capsys)[0] == 0
+
+
+def awaitStable(bootstrap: str, topic: str, partitions: int, seconds: float = 30) -> None:
+    """Wait until the last stable offset reaches the end of every partition: a commit returns
+    once the coordinator has logged it, and its markers reach the partitions just after."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+
+    def ends(level: IsolationLevel) -> dict[int, int]:
+        found = admin.list_offsets(wanted, isolation_level=level, request_timeout=10)
+        return {tp.partition: f.result().offset for tp, f in found.items()}
+
+    deadline = time.monotonic() + seconds
+    while (stable := ends(IsolationLevel.READ_COMMITTED)) != ends(IsolationLevel.READ_UNCOMMITTED):
+        assert time.monotonic() < deadline, f"{topic}: last stable offsets stay at {stable}"
+        time.sleep(0.2)
 
 
 def test_a_kafka_source_against_bytea_columns_in_postgres(
