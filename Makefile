@@ -4,6 +4,7 @@
 #
 #   make test           unit + integration tests against the real servers below
 #   make test-windows   the per-sink crash-window tests the chaos bounded profile also covers
+#   make test-compat    the compatibility suite under PySpark 3.5, 4.0, 4.1, 4.2 and 4.3
 #   make unit           unit tests only (no services)
 #   make demo           the end-to-end demo
 #   make services       start PostgreSQL, Kafka, MariaDB and S3, write .services.env
@@ -60,6 +61,17 @@ test: .venv
 .PHONY: test-windows
 test-windows: .venv
 	$(call with_services,$(VENV)/bin/pytest -m windows integration_tests)
+
+# The compatibility suite (pytest marker `compat`: integration_tests/test_compat.py, and the
+# version module's unit tests) under each PySpark twophase supports: one venv per version, cached
+# in $(TWOPHASE_CACHE)/compat/ (PySpark installed first, then twophase; the build fails if that
+# changed the PySpark), plus .venv for the newest (`current`). Servers as for `make test`.
+# COMPAT_PYSPARK="4.0.5 current" runs a subset; integration_tests/compat.sh runs it against the
+# servers of `make services`.
+export COMPAT_PYSPARK ?= 3.5.9 4.0.5 4.1.4 4.2.1 current
+.PHONY: test-compat
+test-compat: .venv
+	$(call with_services,PYTHON=$(PYTHON) integration_tests/compat.sh)
 
 # The chaos soak: KILLS kills and FAULTS faults beyond kills (a frozen server, a partition, a
 # slow link, lost replies, a full disk, the broker gone past the transaction timeout) over every

@@ -13,6 +13,11 @@ child reads ``twophase.sequence`` (``totalRows``, ``rowsPerBatch``, ``Trigger.av
 and writes one sink; output, checkpoint and logs all live in the work directory, so tests share
 nothing but the virtualenv. Verification is pyarrow only (:func:`exactlyOnceReport`).
 
+``--source files`` reads the same rows from JSON files that the parent writes under
+``<workdir>/input`` (one file per partition of each batch), through Spark's own file source
+with ``maxFilesPerTrigger``: a bounded, replayable source that every PySpark has, for the
+versions without Python streaming sources (``integration_tests/test_compat.py``).
+
 Modes (``MODES``)
 -----------------
 ``local``          ``local[2,4]``: one JVM, 2 task slots, a failed task is retried (up to 4
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -69,6 +75,11 @@ RUN_TIMEOUT = 300.0
 FOREACH_BATCH = "foreachBatch"
 """``--via``: write through ``twophase.foreachBatch`` instead of ``writeStream.format``."""
 
+SEQUENCE_SOURCE = "sequence"
+FILES_SOURCE = "files"
+"""``--source``: ``twophase.sequence``, or Spark's JSON file source (see the module doc)."""
+FILES_SOURCE_SCHEMA = "id BIGINT, payload STRING"
+
 
 # The child: one query start.
 
@@ -98,7 +109,6 @@ def childMain(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
 
     import twophase
-    from twophase.spark.sequence import SequenceSource
 
     sinkClass = loadSinkClass(args.sink)
     builder = sessionBuilder(args.master, f"twophase-it-{workdir.name}", args.partitions)
@@ -108,14 +118,7 @@ def childMain(args: argparse.Namespace) -> int:
         builder = builder.config("spark.sql.streaming.checkpointLocation", args.checkpointDir)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(SequenceSource)
-    stream = (
-        spark.readStream.format(SequenceSource.name())
-        .option("totalRows", args.rows)
-        .option("rowsPerBatch", args.rows_per_batch)
-        .option("numPartitions", args.partitions)
-        .load()
-    )
+    stream = _sourceStream(spark, args)
     if args.repartition:  # a shuffle before the sink, as after an aggregation or a join
         stream = stream.repartition(args.repartition, "id")
     columns = _keyValues(args.column)
@@ -139,8 +142,10 @@ def childMain(args: argparse.Namespace) -> int:
     try:
         query = writer.start()
         while not query.awaitTermination(0.5):
+            if args.trigger == "availableNow":
+                continue
             drained = lastCommittedOffset(Path(args.checkpointDir))
-            if args.trigger != "availableNow" and drained is not None and drained >= args.rows:
+            if drained is not None and drained >= args.rows:
                 query.stop()  # a processing-time trigger never stops by itself
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
@@ -159,12 +164,54 @@ def childMain(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _sourceStream(spark: Any, args: argparse.Namespace) -> Any:
+    """The source's rows (``id``, ``payload``): ``twophase.sequence``, or the input files."""
+    if args.source == FILES_SOURCE:
+        return (
+            spark.readStream.schema(FILES_SOURCE_SCHEMA)
+            .option("maxFilesPerTrigger", args.partitions)
+            .json(str(Path(args.workdir) / "input"))
+        )
+    from twophase.spark.sequence import SequenceSource
+
+    spark.dataSource.register(SequenceSource)
+    return (
+        spark.readStream.format(SequenceSource.name())
+        .option("totalRows", args.rows)
+        .option("rowsPerBatch", args.rows_per_batch)
+        .option("numPartitions", args.partitions)
+        .load()
+    )
+
+
+def writeInputFiles(directory: Path, rows: int, rowsPerBatch: int, partitions: int) -> None:
+    """The rows of ``[0, rows)`` as JSON files for ``--source files``: one file per partition of
+    each batch, oldest first (the file source takes the oldest files first)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    perFile = -(-rowsPerBatch // partitions)
+    for number, start in enumerate(range(0, rows, perFile)):
+        lines = (
+            json.dumps({"id": i, "payload": f"row-{i}"})
+            for i in range(start, min(start + perFile, rows))
+        )
+        path = directory / f"part-{number:05d}.json"
+        path.write_text("\n".join(lines) + "\n")
+        stamp = time.time() - 3600 + number  # distinct, increasing modification times
+        os.utime(path, (stamp, stamp))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="run one start of a twophase test query (child)")
     p.add_argument("--mode", default="local", help=f"one of {', '.join(MODES)} or standalone")
     p.add_argument("--master", help="Spark master URL (default: from --mode)")
     p.add_argument("--sink", default=FILES_SINK, help="module:Class of the sink")
     p.add_argument("--via", choices=("format", FOREACH_BATCH), default="format")
+    p.add_argument(
+        "--source",
+        choices=(SEQUENCE_SOURCE, FILES_SOURCE),
+        default=SEQUENCE_SOURCE,
+        help="twophase.sequence, or Spark's JSON file source over <workdir>/input",
+    )
     p.add_argument("--workdir", required=True)
     p.add_argument("--output", help="sink path (default <workdir>/output)")
     p.add_argument("--checkpoint-dir", dest="checkpointDir", help="default <workdir>/checkpoint")
@@ -254,7 +301,8 @@ class Harness:
 
     ``sink`` is the ``module:Class`` of the sink; ``via`` is ``format`` (the data source) or
     ``foreachBatch``; ``repartition`` shuffles the rows by id before the sink (0: no shuffle);
-    ``conf`` and ``options`` are extra Spark confs and sink options.
+    ``conf`` and ``options`` are extra Spark confs and sink options; ``source`` is
+    ``sequence`` or ``files`` (see the module doc).
     """
 
     workdir: Path
@@ -265,6 +313,7 @@ class Harness:
     partitions: int = 2
     repartition: int = 0
     via: str = "format"
+    source: str = SEQUENCE_SOURCE
     conf: dict[str, str] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)
     checkpointMode: str = "option"
@@ -276,6 +325,8 @@ class Harness:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sparkHome = makeSparkHome(self.workdir / "spark-home")
+        if self.source == FILES_SOURCE:
+            writeInputFiles(self.workdir / "input", self.rows, self.rowsPerBatch, self.partitions)
 
     @property
     def output(self) -> Path:
@@ -307,6 +358,7 @@ class Harness:
         childEnv = self._env(crashAt, onceFile or self.onceFile(), env)
         args = [sys.executable, "-m", "integration_tests.spark_harness"]
         args += ["--mode", self.mode, "--sink", self.sink, "--via", self.via]
+        args += ["--source", self.source]
         args += ["--workdir", str(self.workdir), "--result", str(resultPath)]
         args += ["--rows", str(self.rows), "--rows-per-batch", str(self.rowsPerBatch)]
         args += ["--partitions", str(self.partitions), "--checkpoint", self.checkpointMode]
@@ -398,7 +450,11 @@ class Harness:
         return runs
 
     def exhausted(self) -> bool:
-        """True when Spark's checkpoint commits a batch whose end offset is ``rows``."""
+        """True when Spark's checkpoint commits a batch whose end offset is ``rows`` (the
+        files source: the batch that reads the last input files)."""
+        if self.source == FILES_SOURCE:
+            commits = [int(p.name) for p in (self.checkpoint / "commits").glob("[0-9]*")]
+            return bool(commits) and max(commits) + 1 >= self.batches
         last = lastCommittedOffset(self.checkpoint)
         return last is not None and last >= self.rows
 

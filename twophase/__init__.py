@@ -84,16 +84,21 @@ def builtinDataSources() -> list[type]:
 
 
 def register(spark: SparkSession, *, checkServer: bool = True) -> None:
-    """Register every built-in twophase source and sink with ``spark``.
+    """Register the built-in twophase sources and sinks that this PySpark runs with ``spark``.
+
+    PySpark 4.2 and later run all of them; 4.0 and 4.1 the sinks only (one log line says what
+    was skipped and why); 3.5 has no Python data sources, so this raises
+    ``twophase.spark.versions.SparkVersionError``: write with ``twophase.foreachBatch`` there.
 
     On a Spark Connect session the classes go to the server by reference, so its Python
     workers must import the same twophase: unless ``checkServer`` is false, one small job
     (``twophase.probe``) checks that at once and raises
     ``twophase.spark.connect.ConnectServerError``, saying what to install where, if not.
     """
-    for dataSource in builtinDataSources():
-        spark.dataSource.register(dataSource)
     from twophase.spark import connect
+    from twophase.spark.builtins import registerBuiltins
+
+    registerBuiltins(spark)
 
     if checkServer and connect.isConnectSession(spark):
         connect.checkServer(spark)

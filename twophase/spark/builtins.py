@@ -1,12 +1,24 @@
-"""The built-in sources and sinks as PySpark data sources, and a built-in sink by its name."""
+"""The built-in sources and sinks as PySpark data sources, registering those this PySpark
+runs, and a built-in sink by its name."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
 from twophase.spark.datasource import TwoPhaseDataSource
+from twophase.spark.versions import (
+    PYSPARK_VERSION,
+    DataSource,
+    requireDataSources,
+    streamingSourceGap,
+)
+
+log = getLogger(__name__)
 
 
-def builtinDataSources() -> list[type]:
+def builtinDataSources() -> list[type[DataSource]]:
     """The built-in sources and sinks, as PySpark data source classes."""
     from twophase.spark.delta import DeltaSink
     from twophase.spark.files import FilesSink
@@ -40,3 +52,31 @@ def builtinSink(name: str) -> type[TwoPhaseDataSource]:
             "For a sink of your own, pass its class (or an instance) instead of a name"
         )
     return found
+
+
+def registerBuiltins(spark: Any) -> list[str]:
+    """Register with ``spark`` the built-ins this PySpark runs; return their names.
+
+    Raises ``SparkVersionError`` (naming ``twophase.foreachBatch``) on a PySpark without Python
+    data sources. Where the streaming sources cannot run, the sinks are registered alone
+    (``twophase.kafka`` then writes only) and one log line says what was skipped and why.
+    """
+    requireDataSources()
+    gap = streamingSourceGap()
+    registered, skipped = [], []
+    for cls in builtinDataSources():
+        if gap is not None and not issubclass(cls, TwoPhaseDataSource):
+            skipped.append(cls.name())
+            continue
+        spark.dataSource.register(cls)
+        registered.append(cls.name())
+    if gap is not None:
+        log.warning(
+            "twophase on PySpark %s: registered the sinks only; skipped the source%s %s, and "
+            "twophase.kafka reads no stream (it writes): %s",
+            PYSPARK_VERSION,
+            "" if len(skipped) == 1 else "s",
+            ", ".join(skipped),
+            gap,
+        )
+    return registered

@@ -19,10 +19,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from twophase.redaction import getLogger
+from twophase.spark.versions import DataSource, DataSourceReader, InputPartition
 from twophase.version import __version__
 
 log = getLogger(__name__)

@@ -12,13 +12,13 @@ import uuid
 from abc import abstractmethod
 from typing import Any, ClassVar, Generic
 
-from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from twophase.protocol import Committer, TransactionWriter, TwoPhaseParticipant, Txn
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.stream_writer import TwoPhaseStreamWriter
+from twophase.spark.versions import DataSource
 from twophase.spark.worker import freezeWorkerHeap
 
 

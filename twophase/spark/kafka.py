@@ -13,13 +13,6 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import NullType, StructField, StructType
 
 from twophase.clients.kafka import ensureTopic
@@ -43,6 +36,15 @@ from twophase.sources.kafka import (
 )
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.schema import arrowSchemaOf
+from twophase.spark.versions import (
+    DataSourceStreamReader,
+    InputPartition,
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+    requireStreamingSources,
+)
 from twophase.spark.worker import freezeWorkerHeap
 
 _SINK_COLUMNS = frozenset({"value", "key", "topic", "partition", "headers"})
@@ -128,8 +130,9 @@ class KafkaSink(TwoPhaseDataSource):
         return KafkaSourceSettings.fromOptions(self.options).schema()
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
-        """The source: ``spark.readStream.format("twophase.kafka")``."""
+        """The source: ``spark.readStream.format("twophase.kafka")`` (PySpark 4.2+)."""
         freezeWorkerHeap()
+        requireStreamingSources(self.name())
         return KafkaStreamReader(KafkaSourceSettings.fromOptions(self.options))
 
 

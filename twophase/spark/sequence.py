@@ -10,28 +10,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from twophase.sources.sequence import SCHEMA, SequenceOffsets, SequenceSettings, readRange
+from twophase.spark import versions
 from twophase.spark.worker import freezeWorkerHeap
 
 
 @dataclass(frozen=True)
-class SequenceRange(InputPartition):
+class SequenceRange(versions.InputPartition):
     """The offsets ``[start, end)`` one task reads."""
 
     start: int
     end: int
 
 
-class SequenceSource(DataSource):
+class SequenceSource(versions.DataSource):
     """Deterministic rows as a stream: ``spark.readStream.format("twophase.sequence")``."""
 
     @classmethod
@@ -44,10 +38,11 @@ class SequenceSource(DataSource):
 
     def streamReader(self, schema: StructType) -> SequenceReader:
         freezeWorkerHeap()
+        versions.requireStreamingSources(self.name())
         return SequenceReader(SequenceSettings.fromOptions(self.options))
 
 
-class SequenceReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class SequenceReader(versions.DataSourceStreamReader, versions.SupportsTriggerAvailableNow):
     """Offers ``rowsPerBatch`` rows per micro-batch until ``totalRows``; replayable by range."""
 
     def __init__(self, settings: SequenceSettings) -> None:
@@ -57,18 +52,18 @@ class SequenceReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         return {"offset": self.offsets.initial()}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.settings.rowsPerBatch)
+    def getDefaultReadLimit(self) -> versions.ReadLimit:
+        return versions.ReadMaxRows(self.settings.rowsPerBatch)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: everything up to ``totalRows`` (or one batch if unbounded)."""
         self.offsets.prepareAvailableNow()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, int], limit: versions.ReadLimit) -> dict[str, int]:
         begin = int(start["offset"])
-        if isinstance(limit, ReadAllAvailable):
+        if isinstance(limit, versions.ReadAllAvailable):
             end = self.offsets.batchEnd(begin, readAll=True)
-        elif isinstance(limit, ReadMaxRows):
+        elif isinstance(limit, versions.ReadMaxRows):
             end = self.offsets.batchEnd(begin, maxRows=limit.max_rows)
         else:
             end = self.offsets.batchEnd(begin)
@@ -82,7 +77,7 @@ class SequenceReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = self.offsets.split(int(start["offset"]), int(end["offset"]))
         return [SequenceRange(a, b) for a, b in ranges]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: versions.InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SequenceRange)
         freezeWorkerHeap()
         yield from readRange(partition.start, partition.end)

@@ -3,7 +3,8 @@
 - to plan a micro-batch, the driver builds the writer (``streamWriter()``) in a Python worker
   and pickles it to send it to the tasks: when it is pickled, before any task runs, the writer
   validates the input and the data source claims the decision log and runs recovery;
-- tasks call ``write()`` with Arrow record batches; the batch id comes from task properties;
+- tasks call ``write()`` with Arrow record batches (PySpark 4.0: rows, made record batches by
+  ``versions.taskBatches``); the batch id comes from task properties;
 - the driver calls ``commit``/``abort`` in a *fresh* worker that builds the writer again through
   ``streamWriter()`` and never pickles it, so recovery does not run there (the batch's
   transactions are prepared by then and not yet decided).
@@ -21,8 +22,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
@@ -31,8 +30,10 @@ from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
 from twophase.spark.driver import BatchPlan, abortFailedBatch, beforeBatch, openCoordinator
 from twophase.spark.grouping import refuseWriterTasks
+from twophase.spark.schema import arrowSchemaOf
 from twophase.spark.task import runTask
 from twophase.spark.task_advice import adviseOncePerRun
+from twophase.spark.versions import StreamWriterBase, WriterCommitMessage, taskBatches
 from twophase.spark.worker import ensureLogging, freezeWorkerHeap
 
 
@@ -65,7 +66,7 @@ class TwoPhaseCommitMessage(WriterCommitMessage):
     sparkRunId: str = ""
 
 
-class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
+class TwoPhaseStreamWriter(StreamWriterBase):
     """PySpark's stream writer for any ``TwoPhaseDataSource``.
 
     Pickled to every task, so it holds only the data source (its options), the parsed
@@ -107,7 +108,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
                 "writers in an order twophase does not support (see twophase.spark.stream_writer)"
             )
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseCommitMessage:
+    def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
         """Executor: write this task's input in one prepared transaction; return its handle."""
         from pyspark import TaskContext
 
@@ -134,7 +135,8 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         if self.plan is None:
             raise RuntimeError("a twophase stream writer reached a task without a batch plan")
         decided = not self.plan.writes(batchId, ctx.partitionId)
-        result = runTask(self.sink.createWriter, ctx, iterator, alreadyDecided=decided)
+        batches = taskBatches(iterator, lambda: arrowSchemaOf(self.schema, self.sink.name()))
+        result = runTask(self.sink.createWriter, ctx, batches, alreadyDecided=decided)
         return TwoPhaseCommitMessage(
             result.toJson(),
             started,

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The compatibility suite (pytest marker `compat`, integration_tests/test_compat.py) under each
+# PySpark version twophase supports, against the servers of .services.env (`make services`).
+#
+#   integration_tests/compat.sh [VERSION ...]   default: $COMPAT_PYSPARK (see the Makefile)
+#
+# Each version gets a venv of its own, cached in $TWOPHASE_CACHE/compat/pyspark-<version> and
+# rebuilt when pyproject.toml changes. It is built the way a user installs twophase next to a
+# Spark they already have: PySpark first, then twophase with its dependencies, and the build
+# fails if that changed the PySpark version. The suite then runs with this tree first on
+# PYTHONPATH. `current` stands for the repository's own .venv (the newest PySpark). Prints one
+# line per version with its outcome and time; exits non-zero if any version failed.
+set -euo pipefail
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+CACHE=${TWOPHASE_CACHE:-$HOME/.cache/twophase}/compat
+PYTHON=${PYTHON:-python3}
+STAMP_OF=$(sha256sum pyproject.toml | cut -c1-16)
+read -r -a VERSIONS <<<"${*:-${COMPAT_PYSPARK:-}}"
+[[ ${#VERSIONS[@]} -gt 0 ]] || { echo "compat.sh: no PySpark version given" >&2; exit 2; }
+
+# venv_for VERSION: the venv's directory, built (or reused) for that PySpark version.
+venv_for() {
+    local version=$1 venv=$CACHE/pyspark-$1
+    if [[ $version == current ]]; then
+        echo "$REPO_ROOT/.venv"
+        return
+    fi
+    if [[ ! -f $venv/.installed-$STAMP_OF ]]; then
+        rm -rf "$venv"
+        "$PYTHON" -m venv "$venv"
+        "$venv/bin/pip" install -q "pyspark==$version" >&2
+        "$venv/bin/pip" install -q "$REPO_ROOT" "pytest>=8" "pytest-timeout>=2.3" >&2
+        local kept
+        kept=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+        if [[ $kept != "$version" ]]; then
+            echo "compat.sh: installing twophase replaced PySpark $version with $kept" >&2
+            return 1
+        fi
+        touch "$venv/.installed-$STAMP_OF"
+    fi
+    echo "$venv"
+}
+
+if [[ -f .services.env ]]; then
+    set -a
+    # shellcheck source=/dev/null
+    . ./.services.env
+    set +a
+fi
+failed=0
+summary=()
+for version in "${VERSIONS[@]}"; do
+    venv=$(venv_for "$version") || { failed=1; summary+=("$version: venv not built"); continue; }
+    started=$SECONDS
+    rc=0
+    PYSPARK_PYTHON=$venv/bin/python PYTHONPATH=$REPO_ROOT \
+        "$venv/bin/pytest" -p no:cacheprovider integration_tests/test_compat.py \
+        tests/test_spark_versions.py || rc=$?
+    spark=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
+    summary+=("PySpark $spark: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $((SECONDS - started)) s")
+    [[ $rc == 0 ]] || failed=1
+done
+printf '%s\n' "${summary[@]}"
+exit $failed
