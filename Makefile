@@ -54,7 +54,7 @@ define with_services
 endef
 
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows" tests integration_tests)
+	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat" tests integration_tests)
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.

@@ -14,7 +14,9 @@ drained and no restart is needed. ``driver.*`` points kill the whole driver (exi
 Cases: mode (``local[2,4]``, ``local-cluster[2,1,1024]``) x sink (the built-in files sink,
 ``JsonDirSink``: the user sink defined in ``test_spark_user_sink``). By default each window
 runs in one case of a rotation (``ROTATION``) to keep the file within a few minutes on a
-2-core machine; ``TWOPHASE_SPARK_MATRIX=full`` runs every window in all four cases.
+2-core machine; ``TWOPHASE_SPARK_MATRIX=full`` runs every window in all four cases. The files
+sink's cases are marked ``windows`` (``make test-windows``): ``make test`` fires its windows in
+the chaos bounded profile instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,8 +67,16 @@ driver windows in both modes. A window costs 30-70 s of Spark start-ups here, so
 matrix (36 tests) takes about half an hour on 2 cores; ``TWOPHASE_SPARK_MATRIX=full`` runs it."""
 
 
-def cases(window: str) -> list[Case]:
-    return FULL if os.environ.get("TWOPHASE_SPARK_MATRIX") == "full" else [ROTATION[window]]
+def cases(window: str) -> list[Any]:
+    """The window's cases; the files sink's are marked ``windows``: the chaos bounded profile
+    of ``make test`` fires every window on the files sink too (the ``archive`` target of its
+    ``multi`` pipeline), so ``make test`` runs the user sink's here and ``make test-windows``
+    both."""
+    chosen = FULL if os.environ.get("TWOPHASE_SPARK_MATRIX") == "full" else [ROTATION[window]]
+    return [
+        pytest.param(case, marks=pytest.mark.windows) if case.sink is FILES else case
+        for case in chosen
+    ]
 
 
 pytestmark = pytest.mark.timeout(600)

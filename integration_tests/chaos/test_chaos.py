@@ -1,9 +1,9 @@
 """The bounded chaos profile of ``make test``: every pipeline killed at least ten times.
 
-Pipelines ``multi`` (sequence -> PostgreSQL, Kafka, a Delta and an Iceberg table under one
-decision: every protocol point of the four sinks in one schedule, the batch-completion point of
-the table commits included, the PostgreSQL target with prepared and staged partitions in every
-batch),
+Pipelines ``multi`` (sequence -> PostgreSQL, Kafka, a Delta and an Iceberg table and Parquet
+files under one decision: every protocol point of the five sinks in one schedule, the
+batch-completion point of the table commits included, the PostgreSQL target with prepared and
+staged partitions in every batch),
 ``s3`` (sequence -> files on the S3 server, by multipart upload), ``mariadb`` (sequence ->
 twophase.sql, XA transactions) and ``kafka-kafka``. The sink pipelines first go
 through every protocol point of PROTOCOL.md section 5 (three task points in one start, then one
@@ -22,9 +22,8 @@ a slow link and lost replies of one of its servers through the proxies of
 pipelines the broker cut off for longer than the transaction timeout while the query runs.
 
 The ``files`` (local rename), ``postgres``, ``kafka``, ``delta`` and ``iceberg`` pipelines stay
-in ``make chaos``'s soak (``multi`` covers the last four's sinks): ``s3`` runs the files sink
-under kills; the rename path's windows are tested at the committer in
-``tests/test_files_sink.py`` and under Spark in ``test_spark_crash_windows.py``.
+in ``make chaos``'s soak: ``multi`` covers their sinks (its ``archive`` target is the files sink
+committing by rename), ``s3`` the files sink on S3.
 The seed is fixed so CI is repeatable; ``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the
 seed is printed on failure).
 """

@@ -1,12 +1,13 @@
-"""The multi sink's pipeline: sequence -> PostgreSQL, Kafka, a Delta and an Iceberg table, one
-decision.
+"""The multi sink's pipeline: sequence -> PostgreSQL, Kafka, a Delta and an Iceberg table and
+Parquet files, one decision.
 
 Target ``orders`` is a PostgreSQL table (``id``, ``payload``; partition 0 prepared, the others
 staged), target ``events`` a Kafka topic (key = id, value = payload) and target ``ledger`` a
 Delta table on the pipeline's disk (``id``, ``payload``; one Delta commit per batch after the
 parts' commits, so the schedule covers ``driver.beforeCompleteBatch`` too) and target ``lake``
-an Iceberg table beside it (a SQLite catalog; one snapshot per batch, after the Delta commit):
-every batch lands in all four or in none. The schedule kills PostgreSQL and the broker, and has
+an Iceberg table beside it (a SQLite catalog; one snapshot per batch, after the Delta commit),
+target ``archive`` Parquet files committed by a local rename: every batch lands in all five or
+in none. The schedule kills PostgreSQL and the broker, and has
 outages: the query kept down after a decision for longer than the Kafka target's transaction
 timeout, so the broker aborts the decided batch's transactions, the restart writes them again
 from Spark's replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
     from integration_tests.chaos.servers import Services
 
-TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg"
+TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg,archive=files"
 
 
 def multiOptions(spec: PipelineSpec) -> dict[str, str]:
@@ -48,12 +49,13 @@ def multiOptions(spec: PipelineSpec) -> dict[str, str]:
         "events.topic": spec.outputTopic,
         "ledger.path": spec.output,
         **icebergOptions(spec, "lake."),
+        "archive.path": f"{spec.output}-files",
     }
 
 
 class MultiPipeline(Pipeline):
     """sequence -> twophase.multi: a PostgreSQL table, a Kafka topic, a Delta and an Iceberg
-    table, one decision."""
+    table, Parquet files, one decision."""
 
     name = "multi"
     servers = ("postgres", "broker")
@@ -77,6 +79,7 @@ class MultiPipeline(Pipeline):
             ).alias("events"),
             F.struct("id", "payload").alias("ledger"),
             F.struct("id", "payload").alias("lake"),
+            F.struct("id", "payload").alias("archive"),
         )
         writer = (
             stream.writeStream.format("twophase.multi")
@@ -89,6 +92,7 @@ class MultiPipeline(Pipeline):
             .option("events.kafka.bootstrap.servers", spec.bootstrap)
             .option("events.topic", spec.outputTopic)
             .option("ledger.path", spec.output)
+            .option("archive.path", f"{spec.output}-files")
         )
         os.makedirs(f"{spec.output}-iceberg", exist_ok=True)
         for key, value in icebergOptions(spec, "lake.").items():
