@@ -9,6 +9,7 @@ command line here are the same for every format.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 from bench._common import REPO, fmtNumber, markdownTable, percentiles, ratio
 from bench.session import log
@@ -238,14 +240,29 @@ def runQuery(writer: Any, shape: Shape, batches: int, timeout: float) -> tuple[l
     return [timed[b] for b in sorted(timed)], error
 
 
-def countOutput(fmt: TableFormat, path: str, work: Path, label: str) -> tuple[int, int | None]:
+def countOutput(
+    fmt: TableFormat, path: str, work: Path, label: str, batches: int
+) -> tuple[int, int | None]:
     """Rows the output holds and, for a table, its commits that added rows."""
     if path in TABLE_PATHS:
         return fmt.count(fmt.options(work, label), path in TWOPHASE_PATHS)
-    import pyarrow.dataset as ds
+    return sparkSinkRows(work / f"{label}-out", batches), None
 
-    # Spark's _spark_metadata log is skipped (a leading underscore), as pyarrow does by default.
-    return int(ds.dataset(str(work / f"{label}-out"), format="parquet").count_rows()), None
+
+def sparkSinkRows(out: Path, batches: int) -> int:
+    """Rows of Spark's file sink in batches ``0..batches-1``, read through its
+    ``_spark_metadata`` log as Spark's readers do: a micro-batch the stop interrupted leaves
+    files that the log does not name (and that its abort may be deleting meanwhile)."""
+    import pyarrow.parquet as pq
+
+    log = out / "_spark_metadata"
+    files: list[str] = []
+    for batch in range(batches):
+        compact = log / f"{batch}.compact"
+        entries = (compact if compact.exists() else log / str(batch)).read_text().splitlines()
+        named = [json.loads(line)["path"] for line in entries[1:] if line.strip()]
+        files = named if compact.exists() else files + named
+    return sum(pq.ParquetFile(urlparse(f).path).metadata.num_rows for f in files)
 
 
 def measure(
@@ -265,7 +282,7 @@ def measure(
     run.seconds, run.error = runQuery(writer, shape, batches, timeout)
     if not run.error and path != "n":
         try:
-            run.held, run.commits = countOutput(fmt, path, work, label)
+            run.held, run.commits = countOutput(fmt, path, work, label, batches)
         except Exception as exc:  # a table that cannot be read is this run's result
             run.error = f"cannot read the output: {failureLine(str(exc))}"
     return run
