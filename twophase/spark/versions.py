@@ -20,6 +20,7 @@ only names them in messages.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 from collections.abc import Callable, Iterable, Iterator
@@ -161,9 +162,14 @@ def requireStreamingSources(name: str) -> None:
         )
 
 
-def _toArrowType() -> Callable[..., pa.DataType]:
+@functools.cache
+def _toArrowType() -> Callable[[DataType], pa.DataType]:
+    """PySpark's ``to_arrow_type`` with UTC timestamps, its signature read once (imported on
+    first use: it imports pandas)."""
     from pyspark.sql.pandas.types import to_arrow_type
 
+    if "timezone" in inspect.signature(to_arrow_type).parameters:
+        return functools.partial(to_arrow_type, timezone="UTC")
     return to_arrow_type
 
 
@@ -176,11 +182,8 @@ def arrowTypeOf(dataType: DataType) -> pa.DataType | None:
     when PySpark has no Arrow form for it. Any other error of PySpark's propagates as it is."""
     from pyspark.errors import PySparkTypeError
 
-    convert = _toArrowType()
     try:
-        if "timezone" in inspect.signature(convert).parameters:
-            return convert(dataType, timezone="UTC")
-        return convert(dataType)
+        return _toArrowType()(dataType)
     except PySparkTypeError as exc:
         if errorConditionOf(exc) == _UNSUPPORTED_FOR_ARROW:
             return None
