@@ -213,6 +213,8 @@ def growthRun(
     _, growth.openAgainSeconds = timed(lambda: catalog.load_table(name))
     growth.held = heldRows(opened)
     growth.commits = len(opened.snapshots())
+    if "retainSnapshots" in sinkOptions:
+        growth.keptCommits = min(batches, int(sinkOptions["retainSnapshots"]))
     growth.notes.append(f"The current `metadata.json`: {currentMetadata(opened)}.")
     expireAllButLast(growth, catalog, name, opened, metadata)
     return growth

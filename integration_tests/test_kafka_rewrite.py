@@ -63,6 +63,7 @@ def test_a_batch_committed_after_the_timeout_is_rewritten_once_by_its_replay(
         coordinator(c, tmp_path).commitBatch(0, [result(early, 0, 2), result(late, 1, 2)])
     text = str(info.value)
     assert "batch 0" in text and "partitions [1]" in text and "restart the query" in text
+    assert info.value.again == [] and "kafka.transaction.timeout.ms" not in text
     assert sorted(values(readTopic(kafka_bootstrap, topic))) == ["a0", "a1"]
 
     # The restart: recovery leaves partition 1 for the replay, the batch stays decided.
@@ -73,6 +74,15 @@ def test_a_batch_committed_after_the_timeout_is_rewritten_once_by_its_replay(
     shown = io.StringIO()
     status(str(tmp_path), None, False, shown)
     assert "partitions [1] were aborted by the system" in shown.getvalue(), shown.getvalue()
+
+    # A replay as slow as the batch was: its own transaction outlives the timeout as well, and
+    # the error says restarting alone will not do.
+    slow = timedOut(kafka_bootstrap, KafkaWriter(w.settings), "b0", "b1", partition=1)
+    with pytest.raises(RewritePendingError) as info:
+        coordinator(c, tmp_path).commitBatch(0, [result(None, 0), result(slow, 1, 2)])
+    text = str(info.value)
+    assert info.value.again == [1] and "kafka.transaction.timeout.ms" in text, text
+    assert coordinator(c, tmp_path).recover().awaitingRewrite == {0: (1,)}
 
     # The replay: the same records in another order, from a new producer; partition 0 skipped.
     writer = KafkaWriter(w.settings)

@@ -430,6 +430,27 @@ def test_a_catalog_that_cannot_be_reached_is_a_transient_commit_error(tmp_path: 
     assert "Catal0gPw" not in str(caught.value)
 
 
+def test_a_postgres_catalog_gets_bounded_waits_unless_its_uri_sets_them() -> None:
+    """libpq waits without end by default: the catalog's URI gets the sink's connectTimeout as
+    libpq's connect and TCP bounds, a bound the user wrote in the URI is kept, and a SQLite
+    catalog's URI is left alone."""
+    from twophase.sinks.iceberg.table import _boundedUri, _isPostgres
+
+    settings = IcebergSettings.fromOptions(
+        {"table": NAME, "connectTimeout": "3", "socketTimeout": "0"}
+    )
+    assert (settings.connectTimeout, settings.socketTimeout) == (3, 0)
+    assert IcebergSettings.fromOptions({"table": NAME}).socketTimeout == 120
+    with pytest.raises(ValueError, match="connectTimeout=0 must be at least 1"):
+        IcebergSettings.fromOptions({"table": NAME, "connectTimeout": "0"})
+    bounded = _boundedUri("postgresql+psycopg://u:p%40ss@db:5432/cat?connect_timeout=30", 3)
+    assert bounded.startswith("postgresql+psycopg://u:p%40ss@db:5432/cat?")
+    assert "connect_timeout=30" in bounded and "tcp_user_timeout=3000" in bounded
+    assert "keepalives=1" in bounded
+    assert _isPostgres("postgresql://db/cat") and _isPostgres("postgresql+psycopg://db/cat")
+    assert not _isPostgres("sqlite:////tmp/catalog.db") and not _isPostgres("")
+
+
 def test_manifests_merge_and_old_snapshots_expire_with_every_row_kept(tmp_path: Path) -> None:
     """Appends merge small manifests (Iceberg's default, which pyiceberg's is not), a table the
     sink creates deletes old metadata files, and ``retainSnapshots`` expires old snapshots: the

@@ -67,8 +67,13 @@ class BatchCommits:
         lost = self.lost.rewritable(outcomes)
         if lost:
             self.lost.record(state, lost)
+            rewrites = {r.key for r in state.replacements}
             raise RewritePendingError(
-                self.sinkId, batchId, sorted(lost), self.lost.details(lost.values())
+                self.sinkId,
+                batchId,
+                sorted(lost),
+                self.lost.details(lost.values()),
+                again=sorted(p for p, o in lost.items() if o.job.entry.key in rewrites),
             )
         self.raiseFailures(batchId, outcomes)
         crashPoint("driver.beforeCompleteBatch", batchId)

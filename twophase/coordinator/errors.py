@@ -127,17 +127,35 @@ class RewritePendingError(TransactionLostError, CoordinatorError):
     replay of the batch, exactly once; the partitions that did commit are not written again.
     """
 
-    def __init__(self, sinkId: str, batchId: int, partitions: Sequence[int], details: str):
+    def __init__(
+        self,
+        sinkId: str,
+        batchId: int,
+        partitions: Sequence[int],
+        details: str,
+        again: Sequence[int] = (),
+    ):
         self.sinkId = sinkId
         self.batchId = batchId
         self.partitions = list(partitions)
+        self.again = list(again)
+        """Partitions whose lost transaction was itself the replay's rewrite of an earlier loss."""
+        advice = (
+            f" The transactions of partitions {self.again} were themselves the replay's "
+            "rewrite of an earlier loss: at this load a write of the batch outlives the "
+            "system's transaction timeout however often the query restarts. Raise that timeout "
+            "(Kafka: option kafka.transaction.timeout.ms, up to the broker's "
+            "transaction.max.timeout.ms) or lighten the load, then restart."
+            if self.again
+            else ""
+        )
         super().__init__(
             f"twophase sink {sinkId}: batch {batchId} is decided, but the transactions of "
             f"partitions {self.partitions} were aborted by the system before they could be "
             f"committed ({details}). Nothing is lost: restart the query. Spark replays batch "
             f"{batchId}, and twophase writes those partitions again, once, after checking the "
             "replay gives the same records; the partitions already committed are not written "
-            "twice."
+            f"twice.{advice}"
         )
 
 

@@ -18,8 +18,8 @@ from twophase.sinks.iceberg import (
     SAFE_OPTIONS,
     IcebergCommitter,
     IcebergSettings,
+    catalogOf,
     ensureTable,
-    loadCatalog,
 )
 from twophase.sinks.iceberg.table import tablePartitionColumns
 from twophase.spark.datasource import TwoPhaseDataSource
@@ -71,7 +71,7 @@ class IcebergSink(TwoPhaseDataSource):
         the tasks the table's location and partition columns."""
         settings = self.settings()
         arrow = arrowSchemaOf(schema, self.name())
-        catalog = loadCatalog(settings.catalogName, settings.catalog)
+        catalog = catalogOf(settings)
         table = ensureTable(
             catalog,
             settings.table,

@@ -25,13 +25,13 @@ def actualFromIceberg(
 
 def readIceberg(options: Mapping[str, str], columns: Sequence[str] | None) -> tuple[pa.Table, str]:
     """:func:`actualFromIceberg` from the sink's options, and a description for the report."""
-    from twophase.sinks.iceberg import IcebergSettings, loadCatalog
+    from twophase.sinks.iceberg import IcebergSettings, catalogOf
     from twophase.sinks.iceberg.table import openTable
 
     with inputErrors("iceberg sink", ValueError):
         settings = IcebergSettings.fromOptions(options)
     with inputErrors("iceberg sink", ValueError, OSError):
-        table = openTable(loadCatalog(settings.catalogName, settings.catalog), settings.table)
+        table = openTable(catalogOf(settings), settings.table)
         if table is None:
             raise VerifyInputError(
                 redact(f"iceberg sink: there is no Iceberg table {settings.table} in the catalog")

@@ -13,7 +13,7 @@ Modules by role: ``settings`` (options), ``table`` (every pyiceberg call) and ``
 
 from twophase.sinks.iceberg.committer import IcebergCommitter
 from twophase.sinks.iceberg.settings import LOCATION_OPTION, SAFE_OPTIONS, IcebergSettings
-from twophase.sinks.iceberg.table import IcebergTableError, ensureTable, loadCatalog
+from twophase.sinks.iceberg.table import IcebergTableError, catalogOf, ensureTable, loadCatalog
 
 __all__ = [
     "LOCATION_OPTION",
@@ -21,6 +21,7 @@ __all__ = [
     "IcebergCommitter",
     "IcebergSettings",
     "IcebergTableError",
+    "catalogOf",
     "ensureTable",
     "loadCatalog",
 ]

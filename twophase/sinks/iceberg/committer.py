@@ -13,6 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import psycopg
+
+from twophase.clients.postgres_answers import timedOut
 from twophase.protocol import Handle, TransactionLostError, TransientCommitError
 from twophase.redaction import getLogger, redact
 from twophase.sinks.files import FilesCommitter
@@ -22,9 +25,9 @@ from twophase.sinks.iceberg.settings import IcebergSettings
 from twophase.sinks.iceberg.table import (
     IcebergTableError,
     appendFiles,
+    catalogOf,
     committedBatch,
     expireSnapshots,
-    loadCatalog,
     openTable,
     pyiceberg,
 )
@@ -61,13 +64,15 @@ class IcebergCommitter(TableFilesCommitter):
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
-            with icebergErrors(f"the catalog of Iceberg table {self.settings.table}"):
-                self._catalog = loadCatalog(self.settings.catalogName, self.settings.catalog)
+            with icebergErrors(
+                f"the catalog of Iceberg table {self.settings.table}", self.settings
+            ):
+                self._catalog = catalogOf(self.settings)
         return self._catalog
 
     def table(self) -> Table:
         """The table as the catalog has it now; a missing table is an error that names it."""
-        with icebergErrors(f"loading Iceberg table {self.settings.table}"):
+        with icebergErrors(f"loading Iceberg table {self.settings.table}", self.settings):
             table = openTable(self.catalog, self.settings.table)
         if table is None:
             raise IcebergTableError(
@@ -98,7 +103,8 @@ class IcebergCommitter(TableFilesCommitter):
         paths = [path for handle in handles for path in self.dataFiles(handle)]
         if not paths:
             return
-        with icebergErrors(f"the Iceberg commit of batch {batchId} to {self.settings.table}"):
+        what = f"the Iceberg commit of batch {batchId} to {self.settings.table}"
+        with icebergErrors(what, self.settings):
             table = self.table()
             done = committedBatch(table, sinkId)
             if done is not None and done >= batchId:
@@ -140,9 +146,10 @@ class IcebergCommitter(TableFilesCommitter):
 
 
 @contextmanager
-def icebergErrors(what: str) -> Iterator[None]:
+def icebergErrors(what: str, settings: IcebergSettings | None = None) -> Iterator[None]:
     """A commit conflict, a catalog that cannot be reached or an I/O error as
-    ``TransientCommitError`` (the retry reads the table again first); the rest as they are."""
+    ``TransientCommitError`` (the retry reads the table again first); the rest as they are.
+    ``settings``: the bounds a catalog on PostgreSQL waited for, named when one ran out."""
     module = pyiceberg()
     transient = (
         module.exceptions.CommitFailedException,
@@ -156,9 +163,27 @@ def icebergErrors(what: str) -> Iterator[None]:
     except transient as exc:
         raise TransientCommitError(redact(f"{what}: {exc}")) from exc
     except Exception as exc:
+        bound = _boundThatRanOut(exc, settings)
+        if bound:
+            raise TransientCommitError(
+                f"{what}: the catalog's database {bound} (a frozen, partitioned or overloaded "
+                "server); the commit is retried, and a catalog that is only slow needs the "
+                "option raised"
+            ) from exc
         if _isConnectionError(exc):
             raise TransientCommitError(redact(f"{what}: {exc}")) from exc
         raise
+
+
+def _boundThatRanOut(exc: BaseException, settings: IcebergSettings | None) -> str:
+    """What ``exc`` waited for past its bound, as the option that bounds it; ``""`` if not."""
+    if settings is None:
+        return ""
+    if timedOut(exc):
+        return f"gave no answer within socketTimeout={settings.socketTimeout} s"
+    if isinstance(getattr(exc, "orig", None), psycopg.errors.ConnectionTimeout):
+        return f"took no connection within connectTimeout={settings.connectTimeout} s"
+    return ""
 
 
 def _isConnectionError(exc: BaseException) -> bool:

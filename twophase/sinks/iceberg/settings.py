@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 from twophase.redaction import redact
+from twophase.settings import intOption
 from twophase.sinks.files.settings import SAFE_OPTIONS as FILES_SAFE_OPTIONS
 from twophase.sinks.files.settings import STORAGE_PREFIX, FilesSettings
 
@@ -44,6 +45,8 @@ SAFE_OPTIONS = frozenset(
         "stagingpath",
         "partsize",
         "retainsnapshots",
+        "connecttimeout",
+        "sockettimeout",
         *(key for key in FILES_SAFE_OPTIONS if key.startswith(STORAGE_PREFIX)),
     }
 )
@@ -85,6 +88,9 @@ class IcebergSettings:
     - ``fs.<name>``: s3fs's options for data files on S3, also given to the catalog's FileIO
       under its names (``fs.endpoint_url`` is ``s3.endpoint``...) unless ``catalog.*`` sets
       them.
+    - ``connectTimeout`` (default 10), ``socketTimeout`` (default 120, 0: none): seconds to
+      wait for a connection to a SQL catalog on PostgreSQL (``catalog.uri``), and for its answer
+      to one statement; a partitioned or frozen catalog server fails the call then, retryably.
     """
 
     table: str
@@ -101,6 +107,8 @@ class IcebergSettings:
     location: str = ""
     """The table's location when the driver has resolved it (``LOCATION_OPTION``)."""
     retainSnapshots: int = 0
+    connectTimeout: int = 10
+    socketTimeout: int = 120
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> IcebergSettings:
@@ -150,6 +158,8 @@ class IcebergSettings:
             fileOptions=fileOptions,
             location=lowered.get(LOCATION_OPTION, "").strip(),
             retainSnapshots=int(retainText),
+            connectTimeout=intOption(options, "connectTimeout", 10, minimum=1),
+            socketTimeout=intOption(options, "socketTimeout", 120, minimum=0),
         )
         settings.filesAt(settings.location or "file:///checked")  # option errors now
         return settings

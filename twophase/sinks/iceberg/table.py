@@ -13,12 +13,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from sqlalchemy.engine import make_url
 
+from twophase.clients.postgres_answers import boundAnswers
 from twophase.sinks.files.formats import utcTimestamps
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+    from twophase.sinks.iceberg.settings import IcebergSettings
 
 BATCH_PROPERTY_PREFIX = "twophase.batch."
 """Table property ``twophase.batch.<sinkId>``: the last batch this sink appended."""
@@ -62,20 +66,71 @@ def batchProperty(sinkId: str) -> str:
     return f"{BATCH_PROPERTY_PREFIX}{sinkId}"
 
 
-def loadCatalog(name: str, properties: Mapping[str, str]) -> Catalog:
+def loadCatalog(
+    name: str,
+    properties: Mapping[str, str],
+    *,
+    connectTimeout: int = 10,
+    socketTimeout: int = 120,
+) -> Catalog:
     """The catalog from ``catalog.*`` options (pyiceberg's ``load_catalog`` properties), one
     per process for the same name and properties: the driver asks before every batch, and a
-    SQL catalog keeps its connection pool."""
-    key = (name, tuple(sorted(properties.items())))
+    SQL catalog keeps its connection pool.
+
+    A SQL catalog on PostgreSQL gets bounded waits, which libpq has none of: ``connect_timeout``
+    and ``tcp_user_timeout`` in its URI (unless the URI sets them) and every statement cut after
+    ``socketTimeout`` seconds without an answer (a frozen server's kernel still acknowledges
+    TCP, so nothing else ends the wait)."""
+    key = (name, tuple(sorted(properties.items())), connectTimeout, socketTimeout)
     catalog = _CATALOGS.get(key)
     if catalog is None:
         module = pyiceberg()
-        catalog = module.catalog.load_catalog(name, **dict(properties))
+        given = dict(properties)
+        uri = given.get("uri", "")
+        onPostgres = _isPostgres(uri)
+        if onPostgres:
+            given["uri"] = _boundedUri(uri, connectTimeout)
+        catalog = module.catalog.load_catalog(name, **given)
+        engine = getattr(catalog, "engine", None)
+        if onPostgres and engine is not None:
+            boundAnswers(
+                engine,
+                socketTimeout,
+                pingOnCheckout=True,
+                what="a statement of the Iceberg catalog",
+            )
         _CATALOGS[key] = catalog
     return catalog
 
 
-_CATALOGS: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
+def catalogOf(settings: IcebergSettings) -> Catalog:
+    """The catalog the sink's options name, with their ``connectTimeout`` and ``socketTimeout``."""
+    return loadCatalog(
+        settings.catalogName,
+        settings.catalog,
+        connectTimeout=settings.connectTimeout,
+        socketTimeout=settings.socketTimeout,
+    )
+
+
+def _isPostgres(uri: str) -> bool:
+    return uri.split(":", 1)[0].split("+", 1)[0].lower() in ("postgresql", "postgres")
+
+
+def _boundedUri(uri: str, connectTimeout: int) -> str:
+    """``uri`` with libpq's connection bounds added where it sets none: a connection attempt
+    ends after ``connectTimeout`` seconds, and so does unacknowledged data (a partition)."""
+    url = make_url(uri)
+    bounds = {
+        "connect_timeout": str(connectTimeout),
+        "tcp_user_timeout": str(connectTimeout * 1000),
+        "keepalives": "1",
+    }
+    added = {k: v for k, v in bounds.items() if k not in url.query}
+    return url.update_query_dict(added).render_as_string(hide_password=False)
+
+
+_CATALOGS: dict[tuple[str, tuple[tuple[str, str], ...], int, int], Catalog] = {}
 
 
 def openTable(catalog: Catalog, identifier: str) -> Table | None:

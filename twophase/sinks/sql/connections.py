@@ -20,8 +20,8 @@ import sqlalchemy as sa
 import tenacity
 from sqlalchemy.engine import URL, Connection, Engine
 
+from twophase.clients.postgres_answers import boundAnswers, timedOut
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks.sql.answers import boundAnswers, timedOut
 from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlCode, pgState
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES

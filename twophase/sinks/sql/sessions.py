@@ -27,8 +27,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import Connection, Engine
 
+from twophase.clients.postgres_answers import pingAnswers
 from twophase.redaction import getLogger
-from twophase.sinks.sql.answers import pingAnswers
 from twophase.sinks.sql.connections import connect
 from twophase.sinks.sql.dialect import DRIVER_ERRORS
 from twophase.sinks.sql.settings import FAMILIES

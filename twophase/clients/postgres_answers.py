@@ -1,4 +1,5 @@
-"""A bound on every wait for PostgreSQL's answer through SQLAlchemy (the sql sink's engines).
+"""A bound on every wait for PostgreSQL's answer through SQLAlchemy: the sql sink's engines,
+and the engine of an Iceberg SQL catalog on PostgreSQL.
 
 libpq has no read timeout, and TCP's own timeouts never fire while a frozen server's kernel
 still acknowledges packets, so a statement sent to a stopped or paused server would wait
@@ -23,20 +24,22 @@ from twophase.clients.postgres import AnswerWatch, PostgresUnavailableError
 _WATCH = "twophase.answerWatch"
 _NO_ANSWER = "twophase_no_answer"
 _bounds: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
-WHAT = "a statement of the sql sink"
 
 
-def boundAnswers(engine: Engine, seconds: int, *, pingOnCheckout: bool) -> None:
+def boundAnswers(
+    engine: Engine, seconds: int, *, pingOnCheckout: bool, what: str = "a statement of the sql sink"
+) -> None:
     """Bound each statement of ``engine`` (PostgreSQL) by ``seconds`` (0: no bound); with
     ``pingOnCheckout`` (a pool) ping each session taken from the pool, bounded too, and let
-    the pool replace one that fails (SQLAlchemy's ``pool_pre_ping`` pings unbounded)."""
+    the pool replace one that fails (SQLAlchemy's ``pool_pre_ping`` pings unbounded).
+    ``what`` names the statements in the error a cut raises."""
     if not seconds:
         return
     _bounds[engine] = seconds
 
     def arm(conn: sa.Connection, *_: Any) -> None:
         raw: Any = conn.connection.dbapi_connection
-        conn.info[_WATCH] = AnswerWatch(seconds, lambda: raw, WHAT).__enter__()
+        conn.info[_WATCH] = AnswerWatch(seconds, lambda: raw, what).__enter__()
 
     def disarm(conn: sa.Connection, *_: Any) -> None:
         watch = conn.info.pop(_WATCH, None)
