@@ -179,14 +179,13 @@ _serversLock = threading.Lock()
 
 def startEndpoint(port: int, addr: str = "0.0.0.0", registry: Any = None) -> int:
     """Serve ``registry`` (default: the client's global one) on ``addr:port``, once per
-    process and address; returns the port (the one chosen when ``port`` is 0)."""
+    process and address; returns the port. ``port`` 0 starts a server on a free port each
+    time."""
     client = _client()
     registry = registry if registry is not None else client.REGISTRY
     with _serversLock:
-        found = _servers.get((addr, port))
+        found = _servers.get((addr, port)) if port else None
         if found is None:
-            server, _ = client.start_http_server(port, addr=addr, registry=registry)
-            found = _servers[(addr, port)] = server
-            if port == 0:
-                _servers[(addr, server.server_port)] = server
+            found, _ = client.start_http_server(port, addr=addr, registry=registry)
+            _servers[(addr, int(found.server_port))] = found
         return int(found.server_port)
