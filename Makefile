@@ -139,6 +139,7 @@ bench-sql: .venv
 # client for files, PostgreSQL and Kafka, plus commit time, latency, memory and a sweep (after
 # `make services`; PyFlink and its connector jars are cached in $(TWOPHASE_CACHE)). Writes
 # bench/results/bench.{md,csv,png}; see docs/performance.md. BENCH_ARGS=--quick: a small run.
+# Ends with bench-metrics (METRICS_ARGS), what the metrics cost a batch.
 .PHONY: bench
 bench: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
@@ -147,6 +148,16 @@ bench: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.multi
 	$(VENV)/bin/python -m bench.delta $(DELTA_ARGS)
 	$(VENV)/bin/python -m bench.iceberg $(ICEBERG_ARGS)
+	$(VENV)/bin/python -m bench.metrics $(METRICS_ARGS)
+
+# What twophase.attachMetrics (listener, log line, Prometheus endpoint) costs a batch of
+# twophase.files: alternating rounds with and without it in one run, the ratio of their median
+# batch times (local disk only, no services); bench/results/metrics.md. METRICS_ARGS=--quick:
+# a small run.
+.PHONY: bench-metrics
+bench-metrics: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	$(VENV)/bin/python -m bench.metrics $(METRICS_ARGS)
 
 # Seconds per micro-batch of every sink against Spark's own path and Spark's noop sink, with a
 # JVM source (rate-micro-batch) at 8 and 200 partitions and the Python source at 200

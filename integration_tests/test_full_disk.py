@@ -2,14 +2,16 @@
 
 One test per write the coordinator makes (the owner record, ``sink.json``, a decision, the
 committed mark, written by a commit and by recovery, the aborted mark, a rewrite record, the
-prune), named after it. Each runs a query without Spark over a size-limited tmpfs (``Disk`` of
-the chaos harness) that holds the checkpoint, the files sink's output and its staging path:
-the planning of a batch as the Spark binding runs it on every start (``beforeBatch``: claim,
-``sink.json``, recovery), tasks through the executors' ``runTask`` with the files sink's
-writer, the driver's ``commitBatch`` and, when that raises, Spark's ``abort``. The disk is
-filled right before the write; the write fails with ``DecisionLogWriteError`` naming the log,
-the record, the OS error and the fix, and leaves neither a half record nor its temporary file.
-Then the disk is freed, the query starts again, and the output holds every batch once.
+prune, the records written for their figures alone), named after it. Each runs a query without
+Spark over a size-limited tmpfs (``Disk`` of the chaos harness) that holds the checkpoint, the
+files sink's output and its staging path: the planning of a batch as the Spark binding runs it
+on every start (``beforeBatch``: claim, ``sink.json``, recovery), tasks through the executors'
+``runTask`` with the files sink's writer, the driver's ``commitBatch`` and, when that raises,
+Spark's ``abort``. The disk is filled right before the write; the write fails with
+``DecisionLogWriteError`` naming the log, the record, the OS error and the fix, and leaves
+neither a half record nor its temporary file. Then the disk is freed, the query starts again,
+and the output holds every batch once; a write made for the figures alone is refused, logged,
+and the batch goes on.
 
 Mounting a tmpfs needs root; elsewhere those tests skip. The torn-record test needs no mount.
 """
@@ -396,6 +398,28 @@ def test_full_disk_at_pruning_does_not_fail_the_batch(disk: Disk, before: Before
     query.commit(2, results)  # removing files takes no space
     assert query.log.committedBatchIds() == [2]
     disk.free()
+    query.assertExactlyOnce(range(3))
+
+
+def test_full_disk_at_the_figures_only_records_does_not_fail_the_batch(
+    disk: Disk, query: Query, before: Before
+) -> None:
+    query.runBatch(0)
+    query.start(1)
+    query.tasks(1)  # prepared, then the driver died before deciding
+    before(recordName(1, BatchStatus.RECOVERY), disk.fill)
+    query.start(1)  # the recovery aborts them; its record is refused and left out
+    disk.free()
+    assert query.log.figures(1) is None
+    query.tasks(1)  # a failed attempt: the commit's cleanup aborts it ...
+    results = query.tasks(1)
+    before(committed(1), lambda: before(committed(1), disk.fill))  # ... and its second mark
+    query.commit(1, results)
+    disk.free()
+    figures = query.log.figures(1)
+    assert figures is not None and figures.outcome == "committed" and figures.aborted == 0
+    assertNoHalfRecord(query.url)
+    query.runBatch(2)
     query.assertExactlyOnce(range(3))
 
 

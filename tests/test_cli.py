@@ -20,8 +20,9 @@ from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.settings import SinkSettings
-from twophase.spark.driver import describeSink
+from twophase.spark.driver import describeSink, openCoordinator
 from twophase.spark.files import FilesSink
+from twophase.spark.task import runTask
 
 
 def _prepareBatch(sink: FilesSink, settings: SinkSettings, batchId: int) -> list[TaskResult]:
@@ -59,6 +60,67 @@ def test_status_shows_the_decided_but_unfinished_batch(
     assert info["committedBatches"] == 0
     assert [b["batchId"] for b in info["outstanding"]] == [0]
     assert len(info["outstanding"][0]["handles"]) == 2
+
+
+def test_status_shows_the_recent_batches_and_what_is_in_doubt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint, output = tmp_path / "ckpt", tmp_path / "out"
+    sink = FilesSink({"path": str(output), "checkpointLocation": str(checkpoint)})
+    settings = SinkSettings.fromOptions(sink.options, sink.name())
+    describeSink(sink, settings)
+    coordinator = openCoordinator(sink.createCommitter(), settings)
+    tasks = [_runTask(sink, settings, 0, p) for p in range(2)]
+    coordinator.commitBatch(0, tasks)
+    coordinator.log.decide(1, [_runTask(sink, settings, 1, p) for p in range(2)])  # then died
+
+    assert cli.main(["status", "--checkpoint", str(checkpoint), "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    first, second = info["recentBatches"]
+    assert (first["batchId"], first["outcome"], first["committedBy"]) == (0, "committed", "commit")
+    assert (first["rows"], first["bytes"], first["prepared"], first["committed"]) == (20, 160, 2, 2)
+    assert first["prepareSeconds"] == round(max(t.seconds or 0 for t in tasks), 6)
+    assert first["decisionSeconds"] > 0 and first["commitSeconds"] > 0
+    assert (second["outcome"], second["committed"], second["commitSeconds"]) == (
+        "decided",
+        None,
+        None,
+    )
+    doubt = info["inDoubt"]
+    assert doubt["oldest"]["batchId"] == 1 and doubt["oldest"]["state"] == "decided"
+    assert doubt["oldest"]["ageSeconds"] >= 0 and doubt["pendingCommittables"] == 2
+
+    assert cli.main(["status", "--checkpoint", str(checkpoint), "--batches", "1"]) == 1
+    text = capsys.readouterr().out
+    assert "recent batches        the newest 1 in the log" in text
+    header, row = [line.split() for line in text.splitlines() if line.startswith("    ")][:2]
+    assert header[:4] == ["batch", "outcome", "by", "rows"] and row[:4] == [
+        "1",
+        "decided",
+        "-",
+        "20",
+    ]
+    assert "in doubt              batch 1: decided, not committed (2 handles), for " in text
+
+    coordinator.recover(2)  # the restart finishes batch 1; Spark planned batch 2
+    (checkpoint / "offsets").mkdir()
+    (checkpoint / "offsets" / "2").write_text("v1\n{}\n")
+    assert cli.main(["status", "--checkpoint", str(checkpoint), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["recentBatches"][-1]["committedBy"] == "recovery"
+    assert info["inDoubt"]["oldest"]["batchId"] == 2
+    assert info["inDoubt"]["oldest"]["state"] == "undecided"
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "commits" / "2").write_text("v1\n{}\n")
+    assert cli.main(["status", "--checkpoint", str(checkpoint)]) == 0
+    assert "in doubt              nothing" in capsys.readouterr().out
+
+
+def _runTask(sink: FilesSink, settings: SinkSettings, batchId: int, partition: int) -> TaskResult:
+    ids = pa.array(range(partition * 10, partition * 10 + 10), pa.int64())
+    ctx = TransactionContext(settings.sinkId, "q-1", batchId, partition, 0, "run1")
+    batches = [pa.RecordBatch.from_arrays([ids], names=["id"])]
+    return runTask(sink.createWriter, ctx, batches, alreadyDecided=False)
 
 
 def test_recover_dry_run_changes_nothing(

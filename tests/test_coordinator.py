@@ -220,9 +220,22 @@ class World:
                 continue
             ctx = TransactionContext(SINK, queryId, batchId, p, attempt)
             txn = participant.beginTransaction(ctx)
-            participant.write(txn, pa.record_batch({"v": mine}))
+            batch = pa.record_batch({"v": mine})
+            participant.write(txn, batch)
             handle = participant.preCommit(txn)
-            results.append(TaskResult(SINK, queryId, batchId, p, attempt, handle, len(mine)))
+            results.append(
+                TaskResult(
+                    SINK,
+                    queryId,
+                    batchId,
+                    p,
+                    attempt,
+                    handle,
+                    len(mine),
+                    bytes=batch.nbytes,
+                    seconds=0.01 * (p + 1),
+                )
+            )
         return results
 
     def runBatch(self, batchId: int, partitions: int = 3) -> list[TaskResult]:
@@ -714,3 +727,69 @@ def _noLeakedThreads() -> Iterator[None]:
         t.name.startswith("twophase-commit") for t in threading.enumerate()
     ):
         time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def test_the_records_carry_each_batchs_figures(world: World) -> None:
+    results = world.runBatch(0)
+    figures = DecisionLog(world.url).figures(0)
+    assert figures is not None and figures.outcome == "committed"
+    assert (figures.rows, figures.bytes) == (6, sum(r.bytes for r in results))
+    assert (figures.tasks, figures.prepared, figures.committed) == (3, 3, 3)
+    assert (figures.alreadyCommitted, figures.aborted, figures.retries, figures.failed) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert figures.prepareSeconds == 0.03, "the slowest task"
+    assert figures.decisionSeconds is not None and figures.decisionSeconds >= 0
+    assert figures.commitSeconds is not None and figures.committedBy == "commit"
+    assert figures.recovery is None, "an idle recovery records nothing"
+
+
+def test_a_batch_finished_by_recovery_counts_as_already_committed(
+    world: World, crashAt: CrashAt
+) -> None:
+    world.runBatch(0)
+    crashAt("driver.afterDecision", world)
+    crashAndRestart(world, 1, world.runTasks(1))
+    world.runBatch(1)  # Spark's replay: the recovery before it commits batch 1
+    figures = DecisionLog(world.url).figures(1)
+    assert figures is not None and figures.committedBy == "recovery"
+    assert (figures.committed, figures.alreadyCommitted, figures.decisionSeconds) == (0, 3, None)
+    recovery = figures.recovery
+    assert recovery is not None and recovery.runs == 1
+    assert recovery.batchesFinished == (1,) and recovery.handlesCommitted == 3
+
+    world.runTasks(2)  # prepared, then the driver died before deciding
+    world.start()
+    world.runBatch(2)
+    lingering = DecisionLog(world.url).figures(2)
+    assert lingering is not None and lingering.recovery is not None
+    assert (lingering.recovery.transactionsAborted, lingering.recovery.batchesFinished) == (3, ())
+
+
+def test_an_aborted_batch_records_what_it_aborted(world: World) -> None:
+    reported = world.runTasks(0, partitions=2)
+    world.runTasks(0, partitions=1, attempt=1)
+    world.driver.coordinator.abortBatch(0, reported)
+    figures = DecisionLog(world.url).figures(0)
+    assert figures is not None and figures.outcome == "aborted"
+    assert (figures.aborted, figures.retries, figures.rows) == (3, 0, None)
+    world.runTasks(0, partitions=2, attempt=2)  # late: prepared after the abort
+    world.driver.coordinator.sweepAbortedBatch(0)
+    late = DecisionLog(world.url).figures(0)
+    assert late is not None and late.aborted == 5
+
+
+def test_the_cleanup_after_a_commit_and_the_retries_are_counted(world: World) -> None:
+    world.runTasks(0, partitions=3, attempt=0)  # attempts Spark never reports
+    results = world.runTasks(0, partitions=3, attempt=1)
+    world.system.failures[txnOf(results[0])] = [TransientCommitError("busy")] * 2
+    world.driver.coordinator.commitBatch(0, results)
+    figures = DecisionLog(world.url).figures(0)
+    assert figures is not None
+    assert (figures.committed, figures.aborted, figures.retries) == (3, 3, 2)

@@ -19,6 +19,7 @@ from twophase.coordinator import (
     LoggedHandle,
     LogOwnershipError,
 )
+from twophase.coordinator.storage import LogStorage
 from twophase.protocol import TaskResult
 
 
@@ -316,3 +317,129 @@ def test_the_inputs_a_transaction_holds_are_kept_with_its_handle_and_its_replace
     message = TaskResult.fromJson(json.loads(json.dumps(grouped.toJson())))
     assert message == grouped
     assert "inputs" not in result(0, 1, None).toJson(), "absent when the task held its own"
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def test_records_of_an_earlier_release_read_with_their_figures_unknown(url: str) -> None:
+    storage = LogStorage(url, {})
+    handles = [
+        {"partitionId": p, "attemptNumber": 0, "rows": 5, "handle": {"txn": f"b3-p{p}"}}
+        for p in range(2)
+    ]
+    old = {"format": 1, "batchId": 3, "queryId": "q1", "decidedAt": "2025-01-02T03:04:05.000+00:00"}
+    storage.publish(
+        "batch-00000000000000000003.decided.json",
+        {**old, "state": "decided", "rows": 10, "handles": handles},
+        exclusive=True,
+        what="an old decision",
+    )
+    storage.publish(
+        "batch-00000000000000000003.committed.json",
+        {
+            "format": 1,
+            "batchId": 3,
+            "state": "committed",
+            "commitSeconds": 0.5,
+            "committedAt": "2025-01-02T03:04:06.000+00:00",
+        },  # fmt: skip
+        exclusive=False,
+        what="an old committed mark",
+    )
+    storage.publish(
+        "batch-00000000000000000004.aborted.json",
+        {"format": 1, "batchId": 4, "state": "aborted", "abortedAt": old["decidedAt"]},
+        exclusive=False,
+        what="an old aborted mark",
+    )
+    log = DecisionLog(url)
+    state = log.state(3)
+    assert state is not None and state.status is BatchStatus.COMMITTED and state.rows == 10
+    figures = log.figures(3)
+    assert figures is not None and figures.outcome == "committed"
+    assert (figures.rows, figures.prepared, figures.committed, figures.commitSeconds) == (
+        10,
+        2,
+        2,
+        0.5,
+    )
+    assert figures.bytes is None and figures.prepareSeconds is None
+    assert figures.decisionSeconds is None and figures.retries is None
+    assert figures.committedBy is None and figures.alreadyCommitted == 0
+    aborted = log.figures(4)
+    assert aborted is not None and aborted.outcome == "aborted" and aborted.aborted is None
+    assert [f.batchId for f in log.recentFigures(5)] == [3, 4]
+    assert log.figures(5) is None
+
+
+def test_a_task_result_of_an_older_executor_parses_without_its_figures() -> None:
+    old = {
+        "sinkId": "s1",
+        "queryId": "q1",
+        "batchId": 0,
+        "partitionId": 2,
+        "attemptNumber": 0,
+        "handle": {"txn": "x"},
+        "rows": 7,
+    }
+    parsed = TaskResult.fromJson(old)
+    assert (parsed.rows, parsed.bytes, parsed.seconds) == (7, 0, None)
+    assert "seconds" not in parsed.toJson() and parsed.toJson()["bytes"] == 0
+    timed = TaskResult("s1", "q1", 0, 2, 0, {"txn": "x"}, 7, bytes=56, seconds=0.25)
+    assert TaskResult.fromJson(timed.toJson()) == timed
+
+
+def test_a_decision_records_bytes_and_the_slowest_task(url: str) -> None:
+    log = DecisionLog(url)
+    given = [
+        TaskResult("s1", "q1", 0, p, 0, {"txn": f"p{p}"}, 5, bytes=100 + p, seconds=0.1 * p)
+        for p in range(3)
+    ]
+    log.decide(0, [*given, given[2], result(0, 3, None, rows=0)])  # a duplicate, an empty task
+    body = json.loads(files(url)["batch-00000000000000000000.decided.json"])
+    assert (body["rows"], body["bytes"], body["tasks"]) == (15, 303, 5)
+    assert body["prepareSeconds"] == 0.2
+    assert "bytes" not in body["handles"][0], "figures are the batch's, not each handle's"
+
+
+def test_the_recovery_record_keeps_the_newest_runs_and_is_pruned_with_its_batch(
+    url: str,
+) -> None:
+    log = DecisionLog(url)
+    for run in range(12):
+        log.recordRecovery(2, recoveryEntry([1], run, aborted=1, rewrite={"1": [0]}, seconds=0.5))
+    log.recordRecovery(0, recoveryEntry([], 0, aborted=1, rewrite={}, seconds=0.1))
+    assert log.figures(2) is None, "no state of its own: not a batch of the log yet"
+    for batchId in range(1, 6):
+        log.decide(batchId, results(batchId))
+        log.markCommitted(batchId, 0.1)
+    figures = log.figures(2)
+    assert figures is not None and figures.recovery is not None
+    recovery = figures.recovery
+    assert (recovery.runs, recovery.handlesCommitted) == (10, sum(range(2, 12)))
+    assert (recovery.transactionsAborted, recovery.partitionsToRewrite) == (10, 10)
+    assert recovery.batchesFinished == (1,) and recovery.seconds == 5.0
+    assert log.state(2) is not None and [s.batchId for s in log.outstanding()] == []
+
+    assert log.prune(2) == 3 * 2 + 1 + 1, "batches 1-3, 2's recovery, the orphan before 0"
+    left = [n for n in files(url) if n.startswith("batch-")]
+    assert not [n for n in left if int(n[6:26]) in (0, 2)], left
+
+
+def recoveryEntry(
+    finished: list[int],
+    committed: int,
+    *,
+    aborted: int,
+    rewrite: dict[str, list[int]],
+    seconds: float,
+) -> dict[str, object]:
+    return {
+        "at": None,
+        "batchesFinished": finished,
+        "handlesCommitted": committed,
+        "transactionsAborted": aborted,
+        "awaitingRewrite": rewrite,
+        "seconds": seconds,
+    }

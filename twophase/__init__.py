@@ -6,6 +6,8 @@ and a ``Committer``) for any system with a prepare/commit protocol, register it 
 it with ``twophase.foreachBatch``. ``twophase.register(spark)`` registers the built-in sources
 and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.sql``, ``twophase.kafka``,
 ``twophase.sequence``), on a classic session or a Spark Connect one (docs/spark-connect.md).
+``twophase.attachMetrics(spark, checkpointLocation)`` reports each batch's figures
+(docs/operations.md).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ if TYPE_CHECKING:
 
     from twophase.spark.datasource import TwoPhaseCommitSink, TwoPhaseDataSource
     from twophase.spark.foreach_batch import foreachBatch
+    from twophase.spark.metrics import attachMetrics
 
 _SPARK_NAMES = {
     "TwoPhaseCommitSink": "twophase.spark.datasource",
     "TwoPhaseDataSource": "twophase.spark.datasource",
     "foreachBatch": "twophase.spark.foreach_batch",
+    "attachMetrics": "twophase.spark.metrics",
 }
 """Names of the Spark binding, imported on first use so that ``twophase.sinks.*``,
 ``twophase.clients.*`` and ``twophase.verify`` import without pyspark."""
@@ -70,6 +74,7 @@ __all__ = [
     "TwoPhaseDataSource",
     "TwoPhaseParticipant",
     "__version__",
+    "attachMetrics",
     "builtinDataSources",
     "foreachBatch",
     "register",

@@ -10,6 +10,7 @@ the decision stays in the log for the next ``recover``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from twophase.coordinator.aborts import Aborts
 from twophase.coordinator.errors import CommitFailedError, RewritePendingError
 from twophase.coordinator.execution import CommitExecutor, CommitJob, JobOutcome
+from twophase.coordinator.figures import CommitFigures, CommittedBy
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
 from twophase.coordinator.records import BatchState
@@ -49,8 +51,14 @@ class BatchCommits:
         results: Sequence[TaskResult],
         started: float,
         outcome: CommitOutcome,
+        decisionSeconds: float | None = None,
     ) -> CommitReport:
-        """Commit the decided handles of ``state``, mark it committed, clean up around it."""
+        """Commit the decided handles of ``state``, mark it committed, clean up around it.
+
+        ``committed(N)`` carries the commit's figures (``decisionSeconds``: the time this call
+        took to write ``decided(N)``); when the cleanup aborted other transactions of N, the
+        mark is written once more with their count.
+        """
         batchId = state.batchId
         action = (
             self.committer.commit
@@ -80,7 +88,13 @@ class BatchCommits:
         self.complete(state, deadline=commitStart + self.settings.commitTimeoutSeconds)
         commitSeconds = time.monotonic() - commitStart
         crashPoint("driver.afterCommits", batchId)
-        self.log.markCommitted(batchId, commitSeconds)
+        figures = CommitFigures(
+            CommittedBy.COMMIT if outcome is CommitOutcome.COMMITTED else CommittedBy.ROLL_FORWARD,
+            len(live),
+            sum(o.attempts - 1 for o in outcomes),
+            decisionSeconds,
+        )
+        self.log.markCommitted(batchId, commitSeconds, figures)
         crashPoint("driver.afterCommitted", batchId)
         duplicates, abortRetries = self.aborts.abortHandles(
             batchId, results, decided=state.handleKeys
@@ -88,6 +102,10 @@ class BatchCommits:
         stragglers = self.aborts.sweepBatch(
             batchId, keep=tuple(e.handle for e in (*state.handles, *state.replacements))
         )
+        if duplicates or stragglers or abortRetries:
+            self._countAborts(
+                batchId, commitSeconds, figures, duplicates + stragglers, abortRetries
+            )
         self._prune()
         report = CommitReport(
             self.sinkId,
@@ -174,6 +192,22 @@ class BatchCommits:
         )
         log.error("%s", error)
         raise error from failed[0].error
+
+    def _countAborts(
+        self, batchId: int, commitSeconds: float, figures: CommitFigures, aborted: int, retries: int
+    ) -> None:
+        """Write ``committed(N)`` again with the cleanup's aborts; best effort (figures only)."""
+        counted = dataclasses.replace(figures, aborted=aborted, retries=figures.retries + retries)
+        try:
+            self.log.markCommitted(batchId, commitSeconds, counted)
+        except Exception as exc:
+            log.warning(
+                "twophase sink %s: batch %d: could not record the aborts after the commit (%s: %s)",
+                self.sinkId,
+                batchId,
+                type(exc).__name__,
+                exc,
+            )
 
     def _prune(self) -> None:
         try:

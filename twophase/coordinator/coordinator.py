@@ -38,6 +38,7 @@ from twophase.coordinator.aborts import Aborts
 from twophase.coordinator.commits import BatchCommits
 from twophase.coordinator.errors import CoordinatorError, LogOwnershipError
 from twophase.coordinator.execution import CommitExecutor
+from twophase.coordinator.figures import AbortFigures
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
 from twophase.coordinator.records import BatchState, BatchStatus
@@ -160,15 +161,17 @@ class Coordinator:
                 "Refusing to decide the batch without their data; Spark will retry it."
             )
         crashPoint("driver.beforeDecision", batchId)
+        decisionStart = time.monotonic()
         decided = self.log.decide(batchId, results, queryId=queryId)
+        decisionSeconds = time.monotonic() - decisionStart
         crashPoint("driver.afterDecision", batchId)
         fresh = {dumpsHandle(r.handle) for r in results if r.handle is not None}
-        outcome = (
-            CommitOutcome.COMMITTED
-            if decided.handleKeys == fresh
-            else CommitOutcome.ROLLED_FORWARD  # someone else's decision won the race
-        )
-        return self.commits.finish(decided, results, started, outcome)
+        if decided.handleKeys == fresh:
+            return self.commits.finish(
+                decided, results, started, CommitOutcome.COMMITTED, decisionSeconds
+            )
+        # Someone else's decision won the race: its handles are rolled forward.
+        return self.commits.finish(decided, results, started, CommitOutcome.ROLLED_FORWARD)
 
     def abortBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
         """Abort batch N unless it is decided; a decided N is rolled forward, never back.
@@ -216,7 +219,7 @@ class Coordinator:
         aborted, retries = self.aborts.abortHandles(batchId, results, decided=frozenset())
         abortSeconds = time.monotonic() - abortStart
         stragglers = self.aborts.sweepBatch(batchId, keep=())
-        self.log.markAborted(batchId)
+        self.log.markAborted(batchId, AbortFigures(aborted + stragglers, retries, abortSeconds))
         report = CommitReport(
             self.sinkId,
             batchId,
@@ -255,7 +258,27 @@ class Coordinator:
                 batchId,
                 late,
             )
+            self._countLateAborts(batchId, late)
         return late
+
+    def _countLateAborts(self, batchId: int, late: int) -> None:
+        """Add transactions a late sweep aborted to ``aborted(N)``'s figures; best effort."""
+        try:
+            earlier = self.log.figures(batchId)
+            figures = AbortFigures(
+                (earlier.aborted or 0) + late if earlier else late,
+                (earlier.retries or 0) if earlier else 0,
+                (earlier.abortSeconds or 0.0) if earlier else 0.0,
+            )
+            self.log.markAborted(batchId, figures)
+        except Exception as exc:  # figures only: the abort itself is done
+            log.warning(
+                "twophase sink %s: batch %d: could not record the late aborts (%s: %s)",
+                self.sinkId,
+                batchId,
+                type(exc).__name__,
+                exc,
+            )
 
     def isDecided(self, batchId: int) -> bool:
         """True if batch N is decided or committed: nothing of N may be written again."""

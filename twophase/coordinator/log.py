@@ -6,8 +6,9 @@ Layout, in one directory reached through fsspec (local disk, ``file://``, HDFS, 
     owner.json                                  sinkId, queryId, createdAt
     batch-00000000000000000007.decided.json     queryId, handles (partition, attempt, rows, handle)
     batch-00000000000000000007.rewrite.json     lost partitions, the replay's handles for them
-    batch-00000000000000000007.committed.json   commitSeconds
+    batch-00000000000000000007.committed.json   commitSeconds and the commit's figures
     batch-00000000000000000008.aborted.json
+    batch-00000000000000000008.recovery.json    what the recovery before batch 8 did, if anything
 
 One small indented JSON file per state change, each published atomically and carrying
 ``checksum`` (sha256 of its canonical body), so a torn or garbage file is never taken for a
@@ -20,6 +21,8 @@ once N is decided. The state of N is therefore: committed if a committed record 
 decided if a decided record exists, else aborted. A ``rewrite(N)`` record beside a decision
 names the partitions whose decided transactions the participant aborted by itself (Kafka's
 transaction timeout) and the replay's handles that replace them; each new one replaces the last.
+The records also carry figures for operators that the protocol never reads
+(:mod:`~twophase.coordinator.figures`), and ``recovery(N)`` holds nothing but such figures.
 
 ``DecisionLog`` owns who may write the log (``claim``) and each state change, checked against
 the state before; a batch's state is read by :mod:`~twophase.coordinator.reading`, and
@@ -36,6 +39,13 @@ from typing import Any
 
 from twophase.coordinator import scans
 from twophase.coordinator.errors import DecisionConflictError, LogOwnershipError
+from twophase.coordinator.figures import (
+    RECOVERY_RUNS_KEPT,
+    AbortFigures,
+    BatchFigures,
+    CommitFigures,
+    readFigures,
+)
 from twophase.coordinator.paths import logLocationFor
 from twophase.coordinator.reading import readState
 from twophase.coordinator.records import (
@@ -184,12 +194,17 @@ class DecisionLog:
         Exclusive: if N is already decided the existing decision holds and is returned (a
         decision is never replaced), so callers must commit the handles of the returned state.
         Results without a handle (tasks that wrote nothing) are left out; duplicates collapse.
+        The record also carries the logged handles' Arrow bytes and the slowest task's prepare
+        time (figures for operators).
         """
         entries: dict[str, LoggedHandle] = {}
+        reported: dict[str, TaskResult] = {}
         for result in results:
             if result.handle is not None:
                 entry = LoggedHandle.fromResult(result)
                 entries.setdefault(entry.key, entry)
+                reported.setdefault(entry.key, result)
+        timed = [r.seconds for r in reported.values() if r.seconds is not None]
         if queryId is None and results:
             queryId = results[0].queryId
         now = datetime.now(UTC)
@@ -200,8 +215,12 @@ class DecisionLog:
             "queryId": queryId,
             "decidedAt": isoTime(now),
             "rows": sum(e.rows for e in entries.values()),
+            "bytes": sum(r.bytes for r in reported.values()),
+            "tasks": len(results),
             "handles": [e.toJson() for e in entries.values()],
         }
+        if timed:
+            body["prepareSeconds"] = round(max(timed), 6)
         name = recordName(batchId, BatchStatus.DECIDED)
         what = f"the decision of batch {batchId}"
         try:
@@ -255,8 +274,14 @@ class DecisionLog:
             what=f"the rewrite record (lost partitions {body['lost']}) of batch {batchId}",
         )
 
-    def markCommitted(self, batchId: int, commitSeconds: float) -> None:
-        """Record that every handle of decided batch N is committed. Idempotent."""
+    def markCommitted(
+        self, batchId: int, commitSeconds: float, figures: CommitFigures | None = None
+    ) -> None:
+        """Record that every handle of decided batch N is committed. Idempotent.
+
+        ``figures`` (who committed, how many handles, retries, the decision's write time) are
+        kept in the record for operators; writing the mark again with new figures is safe.
+        """
         self._requireDecided(batchId, "mark committed")
         body = {
             "format": FORMAT,
@@ -264,6 +289,7 @@ class DecisionLog:
             "state": str(BatchStatus.COMMITTED),
             "committedAt": isoTime(datetime.now(UTC)),
             "commitSeconds": round(commitSeconds, 6),
+            **(figures.toJson() if figures is not None else {}),
         }
         self._storage.publish(
             recordName(batchId, BatchStatus.COMMITTED),
@@ -278,7 +304,7 @@ class DecisionLog:
                 f"decision log {self._url}: cannot {what} batch {batchId}, it was never decided"
             )
 
-    def markAborted(self, batchId: int) -> None:
+    def markAborted(self, batchId: int, figures: AbortFigures | None = None) -> None:
         """Record that undecided batch N was aborted; refused once N is decided. Idempotent."""
         if BatchStatus.DECIDED in self._storage.listing().records.get(batchId, {}):
             raise DecisionConflictError(
@@ -290,12 +316,40 @@ class DecisionLog:
             "batchId": batchId,
             "state": str(BatchStatus.ABORTED),
             "abortedAt": isoTime(datetime.now(UTC)),
+            **(figures.toJson() if figures is not None else {}),
         }
         self._storage.publish(
             recordName(batchId, BatchStatus.ABORTED),
             body,
             exclusive=False,
             what=f"the aborted mark of batch {batchId}",
+        )
+
+    def recordRecovery(self, batchId: int, entry: Mapping[str, Any]) -> None:
+        """Add what a recovery before batch N did to ``recovery(N)`` (figures for operators).
+
+        Called only when the recovery did something. Keeps the newest ``RECOVERY_RUNS_KEPT``
+        entries of the recoveries before N (a query that keeps failing before N runs).
+        """
+        path = self._storage.listing().records.get(batchId, {}).get(BatchStatus.RECOVERY)
+        runs: list[Any] = []
+        if path is not None:
+            try:
+                earlier = self._storage.readRecord(path).get("runs")
+                runs = list(earlier) if isinstance(earlier, list) else []
+            except (FileNotFoundError, CorruptRecord):
+                runs = []
+        body = {
+            "format": FORMAT,
+            "batchId": batchId,
+            "state": str(BatchStatus.RECOVERY),
+            "runs": [*runs, dict(entry)][-RECOVERY_RUNS_KEPT:],
+        }
+        self._storage.publish(
+            recordName(batchId, BatchStatus.RECOVERY),
+            body,
+            exclusive=False,
+            what=f"the recovery record of batch {batchId}",
         )
 
     # ------------------------------------------------------------------ queries
@@ -308,6 +362,23 @@ class DecisionLog:
         """True if N is decided or committed: its tasks must not write it again."""
         state = self.state(batchId)
         return state is not None and state.isDecided
+
+    def figures(self, batchId: int) -> BatchFigures | None:
+        """What the log recorded of batch N for operators, or ``None`` if it has no state."""
+        paths = self._storage.listing().records.get(batchId, {})
+        return readFigures(self._storage, batchId, paths)
+
+    def recentFigures(self, count: int) -> list[BatchFigures]:
+        """The figures of the newest ``count`` batches that have a state, oldest first."""
+        records = self._storage.listing().records
+        found: list[BatchFigures] = []
+        for batchId in sorted(records, reverse=True):
+            if len(found) >= count:
+                break
+            figures = readFigures(self._storage, batchId, records[batchId])
+            if figures is not None:
+                found.append(figures)
+        return found[::-1]
 
     def outstanding(self) -> list[BatchState]:
         """Decided batches not yet marked committed, oldest first (one listing)."""

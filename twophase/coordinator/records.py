@@ -21,7 +21,7 @@ from twophase.protocol import Handle, TaskResult, dumpsHandle
 FORMAT = 1
 """Version of the record layout, stored in every record."""
 
-RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted|rewrite)\.json$")
+RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted|rewrite|recovery)\.json$")
 
 
 class BatchStatus(StrEnum):
@@ -33,6 +33,9 @@ class BatchStatus(StrEnum):
     REWRITE = "rewrite"
     """Not a state of its own: the record beside ``decided(N)`` that names the partitions whose
     decided transactions the participant aborted, and the replay's handles that replace them."""
+    RECOVERY = "recovery"
+    """Not a state either: what the recovery before batch N did, written only when it did
+    something (figures for operators, never read by the protocol)."""
 
 
 @dataclass(frozen=True)

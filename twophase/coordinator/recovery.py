@@ -5,7 +5,8 @@ log of another query): the handles of decided-but-unfinished batches are committ
 ``recoverAndCommit`` and those batches marked committed, then the committer's
 ``recoverAndAbort`` aborts every prepared transaction of the sink that no outstanding decision
 keeps. A decided transaction the participant lost and the sink fingerprints is recorded for the
-replay to write again; the batch stays decided.
+replay to write again; the batch stays decided. A recovery that did something, before a known
+batch, leaves its figures in that batch's ``recovery(N)`` record.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from twophase.coordinator.commits import BatchCommits
 from twophase.coordinator.execution import CommitExecutor
+from twophase.coordinator.figures import CommitFigures, CommittedBy, recoveryEntry
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
 from twophase.coordinator.reports import RecoveryReport
@@ -85,7 +88,31 @@ class Recovery:
                 report.transactionsAborted,
                 report.seconds * 1000,
             )
+            if batchId is not None:
+                self.record(batchId, report)
         return report
+
+    def record(self, batchId: int, report: RecoveryReport) -> None:
+        """Keep what the recovery did in ``recovery(N)`` of the batch about to run; best
+        effort: these are figures for operators, and the recovery itself is done."""
+        entry = recoveryEntry(
+            datetime.now(UTC),
+            report.batchesFinished,
+            report.handlesCommitted,
+            report.transactionsAborted,
+            report.awaitingRewrite,
+            report.seconds,
+        )
+        try:
+            self.log.recordRecovery(batchId, entry)
+        except Exception as exc:
+            log.warning(
+                "twophase sink %s: could not record the recovery before batch %d (%s: %s)",
+                self.sinkId,
+                batchId,
+                type(exc).__name__,
+                exc,
+            )
 
     def rollForwardOutstanding(
         self,
@@ -133,7 +160,9 @@ class Recovery:
         ]
         for state in sorted(finished, key=lambda s: s.batchId):
             self.commits.complete(state, deadline=started + self.settings.commitTimeoutSeconds)
-            self.log.markCommitted(state.batchId, time.monotonic() - started)
+            retries = sum(o.attempts - 1 for o in outcomes if o.job.batchId == state.batchId)
+            figures = CommitFigures(CommittedBy.RECOVERY, len(state.liveHandles), retries)
+            self.log.markCommitted(state.batchId, time.monotonic() - started, figures)
             log.info(
                 "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms (recovered)",
                 self.sinkId,

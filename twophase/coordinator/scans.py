@@ -80,7 +80,9 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
     """Remove records of finished batches older than the newest ``retainBatches`` finished.
 
     Finished means committed, or aborted and not decided since; a decided batch that is not
-    committed is never touched. Temporary files older than ``tmpGraceSeconds`` go too.
+    committed is never touched. A batch with nothing but a ``recovery(N)`` record (the query
+    stopped before N was decided or aborted, and ran other batches since) goes once it is older
+    than the newest batch pruned. Temporary files older than ``tmpGraceSeconds`` go too.
     Returns the number of files removed.
     """
     finished = sorted(
@@ -93,6 +95,14 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
         reverse=True,
     )
     doomed = [path for b in finished[retainBatches:] for path in listing.records[b].values()]
+    if len(finished) > retainBatches:
+        cut = finished[retainBatches]
+        doomed += [
+            path
+            for b, p in listing.records.items()
+            if b < cut and p.keys() == {BatchStatus.RECOVERY}
+            for path in p.values()
+        ]
     doomed += [
         path for path, age in listing.temporary if age is not None and age >= tmpGraceSeconds
     ]

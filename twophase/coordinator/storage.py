@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import fsspec.core
@@ -205,15 +205,22 @@ class LogStorage:
 
 def _ageSeconds(entry: Mapping[str, Any], now: float) -> float | None:
     """Age of a listed file from whatever time its filesystem reports, or ``None``."""
+    modified = modifiedAt(entry)
+    return None if modified is None else now - modified.timestamp()
+
+
+def modifiedAt(entry: Mapping[str, Any]) -> datetime | None:
+    """When a file listed by fsspec (``ls(detail=True)``) was last written, from whatever time
+    its filesystem reports (local ``mtime``, S3 ``LastModified``, ...), or ``None``."""
     for key in ("mtime", "created", "LastModified", "last_modified", "updated"):
         value = entry.get(key)
         if isinstance(value, int | float):
-            return now - float(value)
+            return datetime.fromtimestamp(float(value), UTC)
         if isinstance(value, datetime):
-            return now - value.timestamp()
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
         if isinstance(value, str):
             try:
-                return now - datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                return datetime.fromisoformat(value.replace("Z", "+00:00"))
             except ValueError:
                 continue
     return None

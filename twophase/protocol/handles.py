@@ -86,6 +86,11 @@ class TaskResult:
     whose rows the transaction holds, when a task wrote several of them (``twophase.foreachBatch``
     with ``writerTasks``); ``None`` means the task's own partition. A replay that must write a
     lost transaction again writes exactly those inputs, however Spark groups them then.
+
+    ``bytes`` and ``seconds`` are figures for operators, never read by the protocol: the Arrow
+    size (``RecordBatch.nbytes``) of the rows the task handed to the sink's writer, and the
+    time from ``beginTransaction`` to ``preCommit`` returning. A result from an older executor
+    has neither (0 and ``None``).
     """
 
     sinkId: str
@@ -96,6 +101,8 @@ class TaskResult:
     handle: Handle | None
     rows: int = 0
     inputs: tuple[int, ...] | None = None
+    bytes: int = 0
+    seconds: float | None = None
 
     def toJson(self) -> dict[str, Any]:
         data = asdict(self)
@@ -103,6 +110,8 @@ class TaskResult:
             del data["inputs"]
         else:
             data["inputs"] = list(self.inputs)
+        if self.seconds is None:
+            del data["seconds"]
         return data
 
     @classmethod

@@ -7,6 +7,7 @@ task is bounded by one Arrow record batch plus whatever the writer buffers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,15 +48,17 @@ def runTask(
         return _result(ctx, None, 0)
 
     writer = makeWriter()
+    started = time.monotonic()
     txn = writer.beginTransaction(ctx)
     crashPoint("task.afterBegin", ctx.batchId)
-    rows = 0
+    rows = size = 0
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             writer.write(txn, batch)
             rows += batch.num_rows
+            size += batch.nbytes
             crashPoint("task.afterWrite", ctx.batchId)
         handle = checkedHandle(writer, writer.preCommit(txn))
     except BaseException:
@@ -64,11 +67,18 @@ def runTask(
         except Exception:  # the original error matters more; recovery sweeps the rest
             log.warning("could not roll back %s after a failure", ctx.transactionTag, exc_info=True)
         raise
+    seconds = time.monotonic() - started
     crashPoint("task.afterPreCommit", ctx.batchId)
-    return _result(ctx, handle, rows)
+    return _result(ctx, handle, rows, size, seconds)
 
 
-def _result(ctx: TransactionContext, handle: dict[str, object] | None, rows: int) -> TaskResult:
+def _result(
+    ctx: TransactionContext,
+    handle: dict[str, object] | None,
+    rows: int,
+    size: int = 0,
+    seconds: float | None = None,
+) -> TaskResult:
     return TaskResult(
         sinkId=ctx.sinkId,
         queryId=ctx.queryId,
@@ -77,4 +87,6 @@ def _result(ctx: TransactionContext, handle: dict[str, object] | None, rows: int
         attemptNumber=ctx.attemptNumber,
         handle=handle,
         rows=rows,
+        bytes=size,
+        seconds=seconds,
     )
