@@ -152,7 +152,7 @@ class LiveRow:
 class LiveDisplay:
     """A long run's lines on ``out`` as ever and, when ``out`` is a terminal (``isLiveTerminal``),
     a live display of rows below them (``rich``): a spinner, each row's name, a bar of its count
-    done of its total in ``unit``, its detail, the time since it began. Transient: when the run
+    done of its total in ``unit``, the time since it began, its detail. Transient: when the run
     ends the rows are erased and only the lines stay, as off a terminal.
 
     Off a terminal (a pipe, CI's log, a test's capture) it writes the lines and nothing else:
@@ -199,16 +199,23 @@ class LiveDisplay:
         from rich.console import Console
         from rich.file_proxy import FileProxy
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.table import Column
+
+        # Each row on one line: the detail takes what the other columns leave of the
+        # terminal's width, and a narrow terminal cuts it short rather than wrapping the row.
+        name = Column(no_wrap=True, overflow="ellipsis")
+        detail = Column(no_wrap=True, overflow="ellipsis", ratio=1)
 
         console = Console(file=self._file, force_terminal=True)  # type: ignore[arg-type]
         progress = self._progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}", style="bold", markup=False),
-            BarColumn(bar_width=24),
+            TextColumn("{task.description}", style="bold", markup=False, table_column=name),
+            BarColumn(bar_width=16),
             TextColumn(f"{{task.completed:.0f}}/{{task.total:.0f}} {self.unit}", markup=False),
-            TextColumn("{task.fields[detail]}", markup=False),
             TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}", markup=False, table_column=detail),
             console=console,
+            expand=True,
             transient=True,
             refresh_per_second=4,
         )

@@ -233,7 +233,7 @@ def _runDemo(plan: DemoPlan, display: LiveDisplay, progress: DemoProgress) -> in
     if code != -signal.SIGKILL:
         say(f"run 1 ended with exit code {code} instead of SIGKILL; see {sparkLog.name}\n")
         return 2
-    progress.step("run 1 killed: reading what it left")
+    progress.step("crash: reading the log")
     committedAtCrash = _committedBatches(plan)
     outstandingHandles = _outstandingHandles(plan)
     outstanding = len(outstandingHandles)
@@ -243,7 +243,7 @@ def _runDemo(plan: DemoPlan, display: LiveDisplay, progress: DemoProgress) -> in
         f"{outstanding} decided-but-unfinished transactions; {orphans} undecided staged attempts\n"
         "run 2: restarting from the checkpoint\n"
     )
-    progress.step("run 2: starting Spark from the checkpoint")
+    progress.step("run 2: restarting")
     code, _ = _follow(_startChild(plan, sparkLog, None), display, progress, "run 2")
     elapsed = time.monotonic() - started
     if code != 0:
