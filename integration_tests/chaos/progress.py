@@ -72,7 +72,7 @@ class PipelineProgress:
         self._show()
 
     def _waitForNext(self) -> None:
-        self.doing = f"next {self.waiting[0].describe()}" if self.waiting else "draining"
+        self.doing = f"next {self.waiting[0].describe()}" if self.waiting else "no event left"
         self._show()
 
     def _show(self) -> None:

@@ -48,6 +48,7 @@ def test_a_terminal_row_shows_kills_faults_batches_and_the_current_event(
         "kills 0/3, faults 0/1, batches 2/",
         "start 1: next task.afterWrite (+0 batches)",
         "start 1: now kill driver after 1 batches + 0.30s",
+        "start 1: no event left",
         "2/4 events",  # the skipped recovery point counts as passed, not as a kill
         "kills 2/3, faults 0/1",
         "start 2: now freeze of postgres after 0 batches + 0.50s, for 4.2s",
