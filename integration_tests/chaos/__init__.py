@@ -6,6 +6,7 @@
 - ``pipelines/``: one module per sink: what it writes, which servers it may kill, its check;
 - ``servers``: where the servers are, and how one is crashed and brought back;
 - ``report``: the result of a run, the soak's table and JSON;
+- ``progress``: a pipeline's live row while the soak runs, on a terminal only;
 - ``setup``: the steps of one pipeline end to end; ``__main__``: the soak (``make chaos``);
   ``test_chaos``: the bounded profile of ``make test``.
 """

@@ -33,6 +33,7 @@ from integration_tests.chaos.setup import (
     runPipeline,
     servicesFromEnvironment,
 )
+from twophase.cli.console import LiveDisplay
 
 
 def shares(total: int, parts: int) -> list[int]:
@@ -101,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
             coverPoints=args.cover_points,
             faults=faultShare,
             log=log if args.parallel > 1 else print,
+            display=display,
         )
         print(f"[chaos] {pipeline}: {result.report}", flush=True)
         return result
 
-    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+    # On a terminal a live row per pipeline under the log lines, gone before the tables.
+    with (
+        LiveDisplay(sys.stdout, "events") as display,
+        ThreadPoolExecutor(max(1, args.parallel)) as pool,
+    ):
         results = list(pool.map(runOne, pipelines, kills, faults))
     table = summaryTable(results) + "\n\n" + livenessTable(results)
     minutes = (time.monotonic() - began) / 60

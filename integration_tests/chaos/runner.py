@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from integration_tests.chaos.faultkinds import DISK, NETWORK_KINDS, Disk
+from integration_tests.chaos.progress import PipelineProgress
 from integration_tests.chaos.report import ChaosResult, Kill
 from integration_tests.chaos.schedule import UNNUMBERED, Event, Schedule
 from integration_tests.chaos.servers import Services
@@ -38,6 +39,7 @@ from integration_tests.spark_processes import (
     sessionProcesses,
 )
 from twophase import faults
+from twophase.cli.console import LiveDisplay
 
 START_TIMEOUT = 600.0
 """Seconds a start may go without committing a batch before the runner gives up on it (a hang
@@ -75,6 +77,7 @@ class ChaosRun:
         verify: Callable[[PipelineSpec], Any],
         log: Callable[[str], None] = print,
         disk: Disk | None = None,
+        display: LiveDisplay | None = None,
     ) -> None:
         self.spec = spec
         self.disk = disk
@@ -91,6 +94,7 @@ class ChaosRun:
         self.starts = 0
         self.failedStarts = 0
         self.skipped: list[Event] = []
+        self.progress = PipelineProgress(display, spec.pipeline, schedule)
 
     # -- one start ------------------------------------------------------------------------------
 
@@ -102,6 +106,7 @@ class ChaosRun:
         count = batchesDone(self.checkpoint)
         if not self.commitTimes or self.commitTimes[-1][1] != count:
             self.commitTimes.append((time.monotonic(), count))
+        self.progress.committed(count)
         return count
 
     @staticmethod
@@ -139,6 +144,7 @@ class ChaosRun:
         firstFresh = max(planned) + 1 if planned else 0
         segment = self.segment(pending)
         armed = self.arm(segment, firstFresh)
+        self.progress.started(number, segment)
         onceDir = self.workdir / f"once-{number}"
         onceDir.mkdir(parents=True, exist_ok=True)
         specPath = self.workdir / "spec.json"
@@ -174,6 +180,7 @@ class ChaosRun:
         )
         if outage:
             self.log(f"[chaos] start {number}: the query stays down {outage:.0f}s (an outage)")
+            self.progress.down(outage)
             time.sleep(outage)
         if code not in (0, -signal.SIGKILL):
             self.failedStarts += 1
@@ -208,6 +215,7 @@ class ChaosRun:
                 done.add(index)
                 marker = onceDir / f"{item.replace(':', '-')}.fired"
                 self.kills.append(Kill(segment[index], marker.stat().st_mtime - _epoch()))
+                self.progress.happened(segment[index])
                 self.log(f"[chaos] fired {hit}")
             if code is not None:
                 return code
@@ -216,6 +224,7 @@ class ChaosRun:
                     if item in UNNUMBERED and index not in done:
                         done.add(index)
                         self.skipped.append(segment[index])
+                        self.progress.happened(segment[index], delivered=False)
                         self.log(f"[chaos] {item}: nothing to recover in this start; skipped")
             if count != last:
                 last, progressed = count, time.monotonic()
@@ -240,9 +249,11 @@ class ChaosRun:
         """Deliver a timed kill or a fault (back once it heals); False when there was nothing
         to kill yet (try again)."""
         now = time.monotonic()
+        self.progress.delivering(event)
         if event.isFault:
             began = self._fault(event)
             self.kills.append(Kill(event, began, healed=time.monotonic()))
+            self.progress.happened(event)
             self.log(f"[chaos] {event.describe()}: delivered and healed")
             return True
         if event.kind == "driver":
@@ -257,6 +268,7 @@ class ChaosRun:
                 now = time.monotonic()
                 self.services.crash(event.kind, event.downSeconds)
         self.kills.append(Kill(event, now))
+        self.progress.happened(event)
         self.log(f"[chaos] {event.describe()}: delivered")
         return True
 
@@ -322,7 +334,9 @@ class ChaosRun:
             if code == 0:
                 break
         self._recoveryTimes()
+        self.progress.verifying()
         report = self.verify(self.spec)
+        self.progress.finished()
         return ChaosResult(
             seed=self.schedule.seed,
             pipeline=self.spec.pipeline,

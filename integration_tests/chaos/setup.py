@@ -19,6 +19,7 @@ from integration_tests.chaos.runner import ChaosRun
 from integration_tests.chaos.schedule import COMPLETION_POINTS, Schedule
 from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
+from twophase.cli.console import LiveDisplay
 
 BROKER_ABORT_SWEEP_SECONDS = 10
 """How often the broker aborts the transactions past their timeout (its
@@ -121,10 +122,12 @@ def runPipeline(
     faults: int = 0,
     coverFaults: bool | None = None,
     log: Any = print,
+    display: LiveDisplay | None = None,
 ) -> ChaosResult:
     """Draw the schedule, size the input to it, run it, verify. The checkpoint (and the files
     sink's output) lives on a tmpfs of its own when one can be mounted, for ``disk full``;
-    what it held is copied back to the same place when it is unmounted."""
+    what it held is copied back to the same place when it is unmounted. With ``display``, the
+    run's progress is a row of it (``progress.PipelineProgress``)."""
     workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
     workdir.mkdir(parents=True, exist_ok=True)
     disk = Disk(workdir / "disk") if Disk.possible() else None
@@ -157,7 +160,8 @@ def runPipeline(
                 live.append(liveReport(spec, reader))
             return verifyOutput(spec)
 
-        result = ChaosRun(spec, schedule, services, verifyAll, log, disk=disk).run()
+        run = ChaosRun(spec, schedule, services, verifyAll, log, disk=disk, display=display)
+        result = run.run()
         if live:
             result.liveReader = live[0]
             result.report += f"\nread_committed reader during the run: {live[0]}"

@@ -5,7 +5,8 @@ The top floor: it imports the rest of twophase and nothing below imports it;
 ``dispatch`` builds the parser and runs a command; the commands are ``demo``, ``status``,
 ``recover``, ``doctor`` and ``verify``; beside them ``checkpoint`` (a query's sinks and their
 logs, for status, recover and doctor), ``options`` (the sink options given again), ``errors``
-(a failure as one paragraph and an exit status) and ``console`` (the log lines a command shows).
+(a failure as one paragraph and an exit status) and ``console`` (the log lines a command
+shows, and a long run's live progress on a terminal).
 """
 
 from twophase.cli.dispatch import main

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from twophase import faults
+from twophase.cli.console import LiveDisplay, LiveRow
 from twophase.coordinator import DecisionLog
 from twophase.sinks.files import defaultStagingPath
 from twophase.sinks.files.layout import attemptOfStagedFile
@@ -152,17 +153,37 @@ def _outstandingHandles(plan: DemoPlan) -> list[dict[str, Any]]:
     ]
 
 
-def _follow(child: subprocess.Popen[str], out: TextIO) -> tuple[int, float]:
-    """Stream the child's progress lines to ``out``; return (exit code, seconds)."""
+class DemoProgress:
+    """The demo's live row on a terminal: the step it is at, the batches committed of the
+    plan's, the rows they hold (a batch run again after the crash counted once)."""
+
+    def __init__(self, row: LiveRow) -> None:
+        self.row = row
+        self.rowsByBatch: dict[int, int] = {}
+
+    def step(self, name: str) -> None:
+        self.row.show(name=name)
+
+    def committed(self, batchId: int, rows: int) -> None:
+        self.rowsByBatch[batchId] = rows
+        written = sum(self.rowsByBatch.values())
+        self.row.show(done=len(self.rowsByBatch), detail=f"{written:,} rows written")
+
+
+def _follow(
+    child: subprocess.Popen[str], display: LiveDisplay, progress: DemoProgress, run: str
+) -> tuple[int, float]:
+    """Stream the child's progress lines to the display; return (exit code, seconds)."""
     assert child.stdout is not None
     rows, started = 0, time.monotonic()
     for line in child.stdout:
         if not line.startswith(PROGRESS_PREFIX):
             continue
-        progress = json.loads(line[len(PROGRESS_PREFIX) :])
-        rows += int(progress.get("numInputRows", 0))
-        out.write(f"  batch {progress['batchId']:>3}: {rows:>10,} rows read by this run\n")
-        out.flush()
+        batch = json.loads(line[len(PROGRESS_PREFIX) :])
+        rows += int(batch.get("numInputRows", 0))
+        progress.step(f"{run}: writing")
+        progress.committed(int(batch["batchId"]), int(batch.get("numInputRows", 0)))
+        display.say(f"  batch {batch['batchId']:>3}: {rows:>10,} rows read by this run\n")
     return child.wait(), time.monotonic() - started
 
 
@@ -184,13 +205,23 @@ def verifyOutput(plan: DemoPlan) -> dict[str, int]:
 
 
 def runDemo(plan: DemoPlan, out: TextIO = sys.stdout) -> int:
-    """Run, crash, restart, verify; print a summary. Returns the process exit code."""
+    """Run, crash, restart, verify; print a summary. Returns the process exit code.
+
+    On a terminal a live row below the lines shows the step, the batches committed of the
+    plan's and the rows written (``LiveDisplay``); elsewhere only the lines."""
+    with LiveDisplay(out, "batches") as display:
+        progress = DemoProgress(display.row("run 1: starting Spark", total=plan.batches))
+        return _runDemo(plan, display, progress)
+
+
+def _runDemo(plan: DemoPlan, display: LiveDisplay, progress: DemoProgress) -> int:
+    say = display.say
     if plan.workdir.exists():
         shutil.rmtree(plan.workdir)
     plan.workdir.mkdir(parents=True)
     sparkLog = (plan.workdir / "spark.log").open("w")
     crashBatch = max(1, int(plan.batches * plan.killAfterFraction))
-    out.write(
+    say(
         f"twophase demo: {plan.rows:,} rows in {plan.batches} batches of {plan.rowsPerBatch:,}, "
         f"sequence -> files ({plan.output})\n"
         f"run 1: SIGKILL of the whole query (driver JVM and Python workers) in batch "
@@ -198,24 +229,27 @@ def runDemo(plan: DemoPlan, out: TextIO = sys.stdout) -> int:
     )
     started = time.monotonic()
     crashAt = f"driver.betweenCommits:{crashBatch}"
-    code, secs1 = _follow(_startChild(plan, sparkLog, crashAt), out)
+    code, secs1 = _follow(_startChild(plan, sparkLog, crashAt), display, progress, "run 1")
     if code != -signal.SIGKILL:
-        out.write(f"run 1 ended with exit code {code} instead of SIGKILL; see {sparkLog.name}\n")
+        say(f"run 1 ended with exit code {code} instead of SIGKILL; see {sparkLog.name}\n")
         return 2
+    progress.step("crash: reading the log")
     committedAtCrash = _committedBatches(plan)
     outstandingHandles = _outstandingHandles(plan)
     outstanding = len(outstandingHandles)
     orphans = len(_stagingAttempts(plan) - {h.get("staging") for h in outstandingHandles})
-    out.write(
+    say(
         f"crash after {secs1:.1f}s: the log holds {committedAtCrash} committed batches and "
         f"{outstanding} decided-but-unfinished transactions; {orphans} undecided staged attempts\n"
         "run 2: restarting from the checkpoint\n"
     )
-    code, _ = _follow(_startChild(plan, sparkLog, None), out)
+    progress.step("run 2: restarting")
+    code, _ = _follow(_startChild(plan, sparkLog, None), display, progress, "run 2")
     elapsed = time.monotonic() - started
     if code != 0:
-        out.write(f"the restarted query failed (exit {code}); see {sparkLog.name}\n")
+        say(f"the restarted query failed (exit {code}); see {sparkLog.name}\n")
         return 2
+    progress.step("checking the output")
     result = verifyOutput(plan)
     leftover = len(_stagingAttempts(plan))
     exact = (
@@ -226,7 +260,7 @@ def runDemo(plan: DemoPlan, out: TextIO = sys.stdout) -> int:
         and not result["wrongPayloads"]
         and leftover == 0
     )
-    out.write(
+    say(
         "\nsummary\n"
         f"  rows expected                  {plan.rows:>12,}\n"
         f"  rows in output                 {result['rows']:>12,}\n"
