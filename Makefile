@@ -53,8 +53,11 @@ define with_services
 	exit $$rc
 endef
 
+# The whole suite on .venv's PySpark (the newest), then the compatibility suite on the oldest
+# PySpark of each API generation: 3.5 (foreachBatch only) and 4.0 (the row-based stream writer).
+COMPAT_OLDEST ?= 3.5.9 4.0.5
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat" tests integration_tests)
+	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat" tests integration_tests && PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.
