@@ -53,6 +53,7 @@ from integration_tests.test_kafka_helpers import (
     unique,
 )
 from twophase.coordinator import DecisionLog
+from twophase.metrics.reading import transactionTimeoutSeconds
 from twophase.settings import optionOf
 from twophase.sinks.kafka import KafkaSettings, KafkaWriter
 from twophase.spark.kafka import KafkaSink
@@ -348,6 +349,10 @@ def test_down_longer_than_the_transaction_timeout_loses_nothing(tmp_path: Path) 
         lost = {r["batchId"]: (r["lost"], len(r["replacements"])) for r in rewriteRecords(h)}
         assert lost[1] == ([0, 1], 2), lost
         assert lost[2][1] == 1 and len(lost[2][0]) == 1, f"one partition of batch 2: {lost}"
+        # The timeout an operator's alert holds the oldest batch's age against is the one the
+        # sink resolved from this broker.
+        logs = [p for p in (h.checkpoint / "twophase").iterdir() if p.is_dir()]
+        assert [transactionTimeoutSeconds(str(p)) for p in logs] == [maxTimeoutMs / 1000]
 
 
 # ---------------------------------------------------------------------------------------------
