@@ -8,6 +8,7 @@ limits and replays; the last test goes through the Spark adapter itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from integration_tests.test_kafka_helpers import createTopic, unique
+from integration_tests.toxiproxy import Toxiproxy
 from twophase.sources.kafka import (
     KafkaPlanner,
     KafkaRange,
@@ -196,6 +198,42 @@ def test_deleted_records_fail_the_read_unless_told_to_skip(kafka_bootstrap: str)
     ranged = readRange(lenient.settings, KafkaRange(topic, 0, 2, 10))
     rows = [row for batch in ranged for row in batch.to_pylist()]
     assert texts(rows) == ["r6", "r7", "r8", "r9"]
+
+
+def test_offsets_the_broker_never_answered_are_asked_again_never_taken(
+    kafka_bootstrap: str, proxies: Toxiproxy
+) -> None:
+    """librdkafka answers a ListOffsets that timed out with offset -1001 and no error: taken
+    for an offset, it read as "offsets went back" and under AvailableNow as "nothing new", so
+    a run ended as if drained. Through a partitioned proxy the listing now fails naming the
+    partitions and the options that bound it; healed while asked again, it is the real one."""
+    topic = createTopic(kafka_bootstrap, partitions=2)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(10):
+        plain.produce(topic, f"r{i}".encode(), partition=i % 2)
+    plain.flush(30)
+    proxy = proxies.proxy("kafka")
+    bounds = {"requestTimeoutSeconds": "2", "fetchOffset.retryIntervalMs": "200"}
+    strict = reader(proxy.listen, topic, **bounds, **{"fetchOffset.numRetries": "1"})
+    patient = reader(proxy.listen, topic, **bounds, **{"fetchOffset.numRetries": "6"})
+    partitions = strict.topicPartitions()
+    assert strict.listOffsets(partitions, "latest") == {(topic, 0): 5, (topic, 1): 5}
+    assert patient.listOffsets(partitions, "latest") == {(topic, 0): 5, (topic, 1): 5}
+    proxy.partition()
+    started = time.monotonic()
+    with pytest.raises(
+        KafkaSourceError,
+        match=rf"cannot list latest offsets of 2 partition\(s\): no answer for {topic}-0, "
+        rf"{topic}-1 within requestTimeoutSeconds \(2 s\) \(2 tries; .*fetchOffset.numRetries",
+    ):
+        strict.listOffsets(partitions, "latest")
+    assert time.monotonic() - started < 12
+    healing = threading.Timer(3.0, proxy.heal)
+    healing.start()
+    try:
+        assert patient.listOffsets(partitions, "latest") == {(topic, 0): 5, (topic, 1): 5}
+    finally:
+        healing.join()
 
 
 def test_an_unreachable_cluster_is_a_clear_error() -> None:

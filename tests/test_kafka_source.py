@@ -38,21 +38,26 @@ def settings(**options: str) -> KafkaSourceSettings:
 
 
 class FakeCluster:
-    """Partitions and offsets the planner would get from the brokers."""
+    """Partitions and offsets the planner would get from the brokers; counts the requests."""
 
     def __init__(self, latest: dict[tuple[str, int], int], earliest: dict[Any, int] | None = None):
         self.latest = latest
         self.earliest = earliest or dict.fromkeys(latest, 0)
+        self.requests = 0
 
     def install(self, planner: KafkaPlanner, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(planner, "topicPartitions", lambda: sorted(self.latest))
-        monkeypatch.setattr(
-            planner,
-            "listOffsets",
-            lambda partitions, spec: {
+        def partitions() -> list[tuple[str, int]]:
+            self.requests += 1
+            return sorted(self.latest)
+
+        def offsets(partitions: list[tuple[str, int]], spec: str) -> dict[Any, int]:
+            self.requests += 1
+            return {
                 tp: (self.earliest if spec == "earliest" else self.latest)[tp] for tp in partitions
-            },
-        )
+            }
+
+        monkeypatch.setattr(planner, "topicPartitions", partitions)
+        monkeypatch.setattr(planner, "listOffsets", offsets)
 
 
 def planner(monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, **options: str) -> Any:
@@ -97,6 +102,8 @@ def test_exactly_one_subscription_option() -> None:
         ("kafka.value.deserializer", "x", "binary columns"),
         ("maxOffsetsPerTrigger", "-1", "at least 0"),
         ("failOnDataLoss", "maybe", "boolean"),
+        ("fetchOffset.numRetries", "-1", "at least 0"),
+        ("fetchOffset.retryIntervalMs", "soon", "not an integer"),
     ],
 )
 def test_bad_options_are_refused_by_name(option: str, value: str, message: str) -> None:
@@ -184,11 +191,52 @@ def test_offsets_that_went_back_are_reported(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_available_now_stops_at_the_offsets_of_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = FakeCluster({("a", 0): 10})
-    r = planner(monkeypatch, cluster)
+    """As in Spark's Kafka source, the offsets read when the trigger starts end every batch:
+    no batch asks the cluster again, so a late or empty answer cannot end the run early."""
+    cluster = FakeCluster({("a", 0): 10, ("a", 1): 4})
+    r = planner(monkeypatch, cluster, maxOffsetsPerTrigger="6")
     r.prepareForTriggerAvailableNow()
-    cluster.latest = {("a", 0): 50, ("a", 1): 7}  # more data and a new partition meanwhile
-    assert r.latestOffset({"a": {"0": 0}}) == {"a": {"0": 10, "1": 0}}
+    asked = cluster.requests
+    cluster.latest = {("a", 0): 50, ("a", 1): 2, ("a", 2): 7}  # meanwhile: anything at all
+    start: dict[str, Any] = {"a": {"0": 0, "1": 0}}
+    ends = []
+    while (end := r.latestOffset(start, r.settings.maxOffsetsPerTrigger)) != start:
+        assert sum(end["a"].values()) - sum(start["a"].values()) <= 6
+        ends.append(end)
+        start = end
+    assert len(ends) == 3 and start == {"a": {"0": 10, "1": 4}}
+    assert r.reportLatestOffset() == {"a": {"0": 10, "1": 4}}
+    assert cluster.requests == asked
+
+
+def test_available_now_below_its_start_is_data_loss_not_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trigger's offsets below where the query stands (the topic was recreated between
+    runs) fail the query; they never read as "nothing new", which would end it as drained."""
+    strict = planner(monkeypatch, FakeCluster({("a", 0): 5, ("a", 1): 30}))
+    strict.prepareForTriggerAvailableNow()
+    with pytest.raises(KafkaSourceError, match=r"a-0 \(10 -> 5\) went back"):
+        strict.latestOffset({"a": {"0": 10, "1": 20}})
+    lenient = planner(monkeypatch, FakeCluster({("a", 0): 5, ("a", 1): 30}), failOnDataLoss="false")
+    lenient.prepareForTriggerAvailableNow()
+    assert lenient.latestOffset({"a": {"0": 10, "1": 20}}) == {"a": {"0": 5, "1": 30}}
+    gone = planner(monkeypatch, FakeCluster({("a", 0): 5}))
+    gone.prepareForTriggerAvailableNow()
+    with pytest.raises(KafkaSourceError, match=r"a-1 no longer exist"):
+        gone.latestOffset({"a": {"0": 0, "1": 3}})
+
+
+def test_the_progress_report_is_the_last_plans_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark asks for the latest offsets after every plan, for its progress report: the plan's
+    own listing answers it, without two more requests per batch."""
+    cluster = FakeCluster({("a", 0): 120})
+    r = planner(monkeypatch, cluster)
+    assert r.reportLatestOffset() is None
+    r.latestOffset({"a": {"0": 100}}, 5)
+    asked = cluster.requests
+    assert r.reportLatestOffset() == {"a": {"0": 120}}
+    assert cluster.requests == asked
 
 
 def test_min_partitions_splits_the_largest_ranges() -> None:

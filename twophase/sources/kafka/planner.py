@@ -3,15 +3,22 @@
 The end of a micro-batch is each partition's **last stable offset** under ``read_committed``
 (its high watermark otherwise), so a batch never waits for an open transaction, capped by
 ``maxOffsetsPerTrigger``. New partitions are read from their first offset; deleted partitions
-and offsets that went back are data loss, reported or skipped (``failOnDataLoss``). Spark-free:
-``twophase.spark.kafka`` adapts it to PySpark's stream reader, verify uses it directly.
+and offsets that went back are data loss, reported or skipped (``failOnDataLoss``). Under
+``Trigger.AvailableNow`` the offsets read when the trigger starts are the end of every batch,
+as in Spark's Kafka source: no batch asks the cluster again, so no late answer can end the run
+early. A request the cluster does not answer is asked again (``fetchOffset.numRetries``), then
+fails the query by name; librdkafka answers a timed-out ``ListOffsets`` with offset -1001 and no
+error, which is never taken for an offset. Spark-free: ``twophase.spark.kafka`` adapts it to
+PySpark's stream reader, verify uses it directly.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+import tenacity
 
 from twophase.clients.kafka import adminClient, errorText
 from twophase.redaction import getLogger
@@ -32,6 +39,12 @@ from twophase.sources.kafka.settings import KafkaSourceSettings
 
 log = getLogger(__name__)
 
+T = TypeVar("T")
+
+
+class _NoAnswer(Exception):
+    """One request the cluster did not answer (in time, or at all); asked again."""
+
 
 class KafkaPlanner:
     """Driver: the partitions the options select, their offsets now, and each batch's ranges.
@@ -42,6 +55,8 @@ class KafkaPlanner:
     def __init__(self, settings: KafkaSourceSettings) -> None:
         self.settings = settings
         self.availableNowEnd: Positions | None = None
+        self.lastListed: Positions | None = None
+        """The latest offsets the last plan read: Spark's progress report, without asking again."""
         self._admin: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -58,13 +73,14 @@ class KafkaPlanner:
         """The topic partitions the options select, from the cluster's metadata now."""
         from confluent_kafka import KafkaException
 
-        try:
-            metadata = self._adminClient().list_topics(timeout=self.settings.requestTimeoutSeconds)
-        except KafkaException as exc:
-            raise KafkaSourceError(
-                f"kafka source: cannot read metadata from "
-                f"{self.settings.consumerConfig['bootstrap.servers']}: {errorText(exc)}"
-            ) from None
+        def ask() -> Any:
+            try:
+                return self._adminClient().list_topics(timeout=self.settings.requestTimeoutSeconds)
+            except KafkaException as exc:
+                raise _NoAnswer(errorText(exc)) from None
+
+        where = self.settings.consumerConfig["bootstrap.servers"]
+        metadata = self._asked(f"cannot read metadata from {where}", ask)
         existing = {
             name: sorted(t.partitions)
             for name, t in metadata.topics.items()
@@ -95,17 +111,59 @@ class KafkaPlanner:
             else IsolationLevel.READ_UNCOMMITTED
         )
         request = {TopicPartition(t, p): offsetSpec for t, p in partitions}
-        try:
-            futures = self._adminClient().list_offsets(
-                request,
-                isolation_level=isolation,
-                request_timeout=self.settings.requestTimeoutSeconds,
+
+        def ask() -> Positions:
+            try:
+                futures = self._adminClient().list_offsets(
+                    request,
+                    isolation_level=isolation,
+                    request_timeout=self.settings.requestTimeoutSeconds,
+                )
+                listed = {
+                    (tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()
+                }
+            except KafkaException as exc:
+                raise _NoAnswer(errorText(exc)) from None
+            # A timed-out request comes back as offset -1001 (OFFSET_INVALID) without an error;
+            # no partition's first or last offset is ever negative.
+            unanswered = sorted(tp for tp, offset in listed.items() if offset < 0)
+            if unanswered:
+                raise _NoAnswer(
+                    f"no answer for {', '.join(f'{t}-{p}' for t, p in unanswered)} within "
+                    f"requestTimeoutSeconds ({self.settings.requestTimeoutSeconds:g} s)"
+                )
+            return listed
+
+        return self._asked(f"cannot list {spec} offsets of {len(partitions)} partition(s)", ask)
+
+    def _asked(self, what: str, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again ``fetchOffset.numRetries`` times while the cluster does not
+        answer; then the query fails naming what was asked and the options that bound it."""
+        tries = self.settings.fetchOffsetNumRetries + 1
+
+        def again(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "kafka source: %s: %s (try %d of %d); asking again",
+                what,
+                exc,
+                state.attempt_number,
+                tries,
             )
-            return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
-        except KafkaException as exc:
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(tries),
+            wait=tenacity.wait_fixed(self.settings.fetchOffsetRetryIntervalSeconds),
+            retry=tenacity.retry_if_exception_type(_NoAnswer),
+            before_sleep=again,
+            reraise=True,
+        )
+        try:
+            return retrying(ask)
+        except _NoAnswer as exc:
             raise KafkaSourceError(
-                f"kafka source: cannot list {spec} offsets of "
-                f"{len(partitions)} partition(s): {errorText(exc)}"
+                f"kafka source: {what}: {exc} ({tries} tries; options requestTimeoutSeconds, "
+                "fetchOffset.numRetries and fetchOffset.retryIntervalMs bound the wait)"
             ) from None
 
     def initialOffset(self) -> Offsets:
@@ -138,13 +196,34 @@ class KafkaPlanner:
         """Trigger.AvailableNow: read up to the offsets available now, then stop."""
         partitions = self.topicPartitions()
         self.availableNowEnd = self.listOffsets(partitions, "latest")
+        log.info(
+            "kafka source (%s): Trigger.AvailableNow reads %d partition(s) up to their offsets "
+            "stable now",
+            self.settings.describeSubscription(),
+            len(self.availableNowEnd),
+        )
 
     def latestOffset(self, start: Offsets, maxOffsets: int | None = None) -> Offsets:
-        """The end of the next micro-batch: what is stable now, capped at ``maxOffsets``."""
+        """The end of the next micro-batch: what is stable now (under AvailableNow, what was
+        stable when the trigger started), capped at ``maxOffsets``."""
         begin = rowsOf(start)
-        partitions = self.topicPartitions()
-        current = set(partitions)
-        gone = sorted(set(begin) - current)
+        if self.availableNowEnd is not None:
+            end = self._reconciled(begin, sorted(self.availableNowEnd), self.availableNowEnd)
+        else:
+            partitions = self.topicPartitions()
+            self.lastListed = self.listOffsets(partitions, "latest")
+            end = self._reconciled(begin, partitions, self.lastListed)
+        if maxOffsets is not None:
+            end = cappedEnd(begin, end, maxOffsets)
+        return offsetsOf(end)
+
+    def _reconciled(
+        self, begin: Positions, partitions: list[tuple[str, int]], latest: Positions
+    ) -> Positions:
+        """Each partition's end, from ``begin`` (updated in place: partitions gone dropped, new
+        ones from their first offset); gone partitions and ends below their start are data
+        loss."""
+        gone = sorted(set(begin) - set(partitions))
         if gone:
             self._dataLoss(
                 "partition(s) "
@@ -158,30 +237,21 @@ class KafkaPlanner:
             if tp not in begin:
                 log.info("kafka source: new partition %s-%d, read from its first offset", *tp)
                 begin[tp] = 0
-        latest = self.listOffsets(partitions, "latest")
-        if self.availableNowEnd is not None:
-            latest = {tp: min(o, self.availableNowEnd.get(tp, 0)) for tp, o in latest.items()}
-            for tp in partitions:
-                if tp not in self.availableNowEnd:
-                    latest[tp] = begin[tp]  # appeared after the trigger started
-        end = {tp: latest.get(tp, begin[tp]) for tp in partitions}
+        end = {tp: latest[tp] for tp in partitions}
         shrunk = sorted(tp for tp in partitions if end[tp] < begin[tp])
-        if shrunk and self.availableNowEnd is None:
+        if shrunk:
             self._dataLoss(
                 "the last offsets of "
                 + ", ".join(f"{t}-{p} ({begin[(t, p)]} -> {end[(t, p)]})" for t, p in shrunk)
                 + " went back (topic recreated, or records lost in an unclean leader election)"
             )
-        for tp in shrunk:
-            if self.availableNowEnd is not None:
-                end[tp] = begin[tp]
-        if maxOffsets is not None:
-            end = cappedEnd(begin, end, maxOffsets)
-        return offsetsOf(end)
+        return end
 
-    def reportLatestOffset(self) -> Offsets:
-        """The partitions' ends now, whatever the read limit (Spark's progress report)."""
-        return offsetsOf(self.listOffsets(self.topicPartitions(), "latest"))
+    def reportLatestOffset(self) -> Offsets | None:
+        """The partitions' ends as the last plan read them, whatever the read limit (Spark's
+        progress report): under AvailableNow the trigger's end; no request of its own."""
+        known = self.availableNowEnd if self.availableNowEnd is not None else self.lastListed
+        return None if known is None else offsetsOf(known)
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaRange]:
         """One range per topic partition with new offsets, split up to ``minPartitions``."""

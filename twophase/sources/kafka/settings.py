@@ -13,6 +13,9 @@ format name:
 - ``failOnDataLoss`` (default true): fail when offsets were deleted before they were read, or a
   partition disappeared; false skips them with a warning;
 - ``includeHeaders`` (default false): add the ``headers`` column;
+- ``fetchOffset.numRetries`` (default 3) and ``fetchOffset.retryIntervalMs`` (default 1000):
+  how often, and how far apart, the driver asks again for offsets or metadata the cluster did
+  not answer within ``requestTimeoutSeconds`` before the query fails;
 - ``kafka.<name>``: librdkafka consumer properties; ``kafka.isolation.level`` defaults to
   ``read_committed`` (Spark's source defaults to ``read_uncommitted``), so a pipeline Kafka ->
   Spark -> ``twophase.kafka`` stays exactly-once.
@@ -67,6 +70,8 @@ class KafkaSourceSettings:
     includeHeaders: bool = False
     pollTimeoutSeconds: float = 120.0
     requestTimeoutSeconds: float = 30.0
+    fetchOffsetNumRetries: int = 3
+    fetchOffsetRetryIntervalSeconds: float = 1.0
     maxRecordsPerArrowBatch: int = 10000
 
     @classmethod
@@ -131,6 +136,11 @@ class KafkaSourceSettings:
             pollTimeoutSeconds=intOption(options, "kafkaConsumer.pollTimeoutMs", 120000, minimum=1)
             / 1000,
             requestTimeoutSeconds=floatOption(options, "requestTimeoutSeconds", 30.0),
+            fetchOffsetNumRetries=intOption(options, "fetchOffset.numRetries", 3, minimum=0),
+            fetchOffsetRetryIntervalSeconds=intOption(
+                options, "fetchOffset.retryIntervalMs", 1000, minimum=0
+            )
+            / 1000,
             maxRecordsPerArrowBatch=intOption(options, "maxRecordsPerArrowBatch", 10000, minimum=1),
         )
 
