@@ -88,6 +88,7 @@ def test_the_listener_hands_on_each_batchs_figures_and_prometheus_counts_them(
     finally:
         for attached in (listener, broken, other):
             spark.streams.removeListener(attached)
+            assert attached.close(10), "the listener's thread outlived close()"
 
     written = writtenRows(out)
     assert written == {b: ROWS_PER_BATCH for b in range(BATCHES)}
@@ -137,6 +138,7 @@ def test_foreach_batch_queries_report_the_same_figures(spark: Any, tmp_path: Pat
         awaitBatches(received, BATCHES, listener)
     finally:
         spark.streams.removeListener(listener)
+        listener.close()
     rows = {m.batch.batchId: m.batch.rows for m in received if m.batch is not None}
     assert rows == writtenRows(out) == {b: ROWS_PER_BATCH for b in range(BATCHES)}
 

@@ -37,6 +37,8 @@ Callback = Callable[[SinkMetrics], None]
 
 QUEUE_SIZE = 1024
 """Events waiting for the reading thread; beyond it an event is dropped (and logged)."""
+_CLOSE: tuple[str, int | None, float | None] = ("", None, None)
+"""Queued by ``close()``: the thread ends when it reads this very tuple."""
 
 
 class TwoPhaseMetricsListener(StreamingQueryListener):
@@ -56,7 +58,8 @@ class TwoPhaseMetricsListener(StreamingQueryListener):
     prometheus:
         Where to count the figures (``PrometheusMetrics.forRegistry()``), or ``None``.
 
-    Pass it to ``spark.streams.addListener``, or let ``twophase.attachMetrics`` do it.
+    Pass it to ``spark.streams.addListener``, or let ``twophase.attachMetrics`` do it; after
+    ``spark.streams.removeListener``, ``close()`` ends its thread.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class TwoPhaseMetricsListener(StreamingQueryListener):
         """The newest batch whose figures were handed on."""
         self._handed = threading.Condition()
         self._queryId: str | None = None
+        self._closed = False
         self._events: queue.Queue[tuple[str, int | None, float | None]] = queue.Queue(QUEUE_SIZE)
         self._thread = threading.Thread(target=self._run, name="twophase-metrics", daemon=True)
         self._thread.start()
@@ -126,7 +130,17 @@ class TwoPhaseMetricsListener(StreamingQueryListener):
                 lambda: self.lastBatch is not None and self.lastBatch >= batchId, timeoutSeconds
             )
 
+    def close(self, timeoutSeconds: float = 30.0) -> bool:
+        """End the reading thread once the events already queued are read; True when it
+        ended within ``timeoutSeconds``. Events that arrive afterwards are ignored."""
+        self._closed = True
+        self._events.put(_CLOSE)
+        self._thread.join(timeoutSeconds)
+        return not self._thread.is_alive()
+
     def _offer(self, item: tuple[str, int | None, float | None]) -> None:
+        if self._closed:
+            return
         try:
             self._events.put_nowait(item)
         except queue.Full:
@@ -134,7 +148,11 @@ class TwoPhaseMetricsListener(StreamingQueryListener):
 
     def _run(self) -> None:
         while True:
-            queryId, batchId, seconds = self._events.get()
+            item = self._events.get()
+            if item is _CLOSE:
+                self._events.task_done()
+                return
+            queryId, batchId, seconds = item
             try:
                 if self._ours(queryId):
                     self._read(batchId, seconds)
@@ -201,7 +219,8 @@ def attachMetrics(
     ``prometheus_client.CollectorRegistry`` of your own instead of the global one (any
     endpoint you serve it from then shows the series). Every figure is also logged on logger
     ``twophase.metrics`` (INFO, one JSON object per sink and batch) and handed to
-    ``callback``. Returns the listener (``spark.streams.removeListener`` takes it back).
+    ``callback``. Returns the listener: ``spark.streams.removeListener(listener)`` takes it
+    back, then ``listener.close()`` ends its thread.
     """
     prometheus = None
     served: int | None = None
