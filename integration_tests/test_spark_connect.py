@@ -7,7 +7,9 @@ private ``SPARK_HOME``, C1-only JVM and loopback settings as every test child
 (``integration_tests.spark_processes``). The client is this process: a Connect session, as a
 user's thin client would be. Four queries, into files, PostgreSQL and Kafka through
 ``format()`` and into files through ``twophase.foreachBatch`` (run by the server's Python), run
-side by side on one server, so one SIGKILL interrupts each at some point of its batch.
+side by side on one server, so one SIGKILL interrupts each at some point of its batch. The
+restarted server's client also runs ``twophase.attachMetrics``: events reach the client's
+listener, which reads the figures from the checkpoint.
 """
 
 from __future__ import annotations
@@ -271,10 +273,21 @@ def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
     second.start("server-2")
     spark = _connect(second, sessions)
     twophase.register(spark)
+    # The metrics listener on a Connect client: Spark sends it the events, it reads the log.
+    figures: list[Any] = []
+    listener = twophase.attachMetrics(
+        spark, str(tmp_path / "checkpoint-postgres"), callback=figures.append
+    )
     for query in _startQueries(spark, to):
         assert query.awaitTermination(QUERY_TIMEOUT), f"a query did not drain; {second.tail()}"
         assert query.exception() is None, f"{query.exception()}; {second.tail()}"
+    last = ROWS // ROWS_PER_BATCH - 1
+    assert listener.awaitBatch(last, 60), f"no figures of batch {last} reached the client"
+    spark.streams.removeListener(listener)
+    assert listener.close(10)
     spark.stop()
+    rows = {m.batch.batchId: m.batch.rows for m in figures if m.batch is not None}
+    assert rows.get(last) == ROWS_PER_BATCH, rows
 
     want = {"rows": ROWS, "duplicates": 0, "missing": 0, "unexpected": 0, "wrongPayloads": 0}
     assert exactlyOnceReport(FILES.read(tmp_path / "output"), ROWS) == want, second.tail()
