@@ -9,8 +9,9 @@
 # on 4.0, the oldest PySpark of each way of writing. COMPAT_SINKS=core (as `make test` sets it)
 # leaves out the sinks beyond files, Kafka and PostgreSQL (pytest marker `allsinks`).
 #
-# Each version gets a venv of its own, cached in $TWOPHASE_CACHE/compat/pyspark-<version> and
-# rebuilt when pyproject.toml changes. It is built the way a user installs twophase next to a
+# Each version gets a venv of its own, cached in $TWOPHASE_CACHE/compat/pyspark-<version> (with
+# the sinks' extras; pyspark-<version>-core without them, for COMPAT_SINKS=core) and rebuilt when
+# pyproject.toml changes. It is built the way a user installs twophase next to a
 # Spark they already have: PySpark first, then twophase with its dependencies, and the build
 # fails if that changed the PySpark version. The suite then runs with this tree first on
 # PYTHONPATH. `current` stands for the repository's own .venv (the newest PySpark). Prints one
@@ -20,14 +21,20 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 CACHE=${TWOPHASE_CACHE:-$HOME/.cache/twophase}/compat
 PYTHON=${PYTHON:-python3}
-EXTRAS="s3,delta,iceberg,mysql"  # what the suite's sinks need beyond twophase's dependencies
+# What the sinks beyond files, Kafka and PostgreSQL need beyond twophase's dependencies; a
+# COMPAT_SINKS=core run installs none of them, in venvs of its own.
+if [[ ${COMPAT_SINKS:-all} == core ]]; then
+    EXTRAS="" KIND="-core"
+else
+    EXTRAS="s3,delta,iceberg,mysql" KIND=""
+fi
 STAMP_OF=$( (cat pyproject.toml; echo "$EXTRAS") | sha256sum | cut -c1-16)
 read -r -a VERSIONS <<<"${*:-${COMPAT_PYSPARK:-}}"
 [[ ${#VERSIONS[@]} -gt 0 ]] || { echo "compat.sh: no PySpark version given" >&2; exit 2; }
 
 # venv_for VERSION: the venv's directory, built (or reused) for that PySpark version.
 venv_for() {
-    local version=$1 venv=$CACHE/pyspark-$1
+    local version=$1 venv=$CACHE/pyspark-$1$KIND
     if [[ $version == current ]]; then
         echo "$REPO_ROOT/.venv"
         return
@@ -36,7 +43,7 @@ venv_for() {
         rm -rf "$venv"
         "$PYTHON" -m venv "$venv"
         "$venv/bin/pip" install -q "pyspark==$version" >&2
-        "$venv/bin/pip" install -q "$REPO_ROOT[$EXTRAS]" "pytest>=8" "pytest-timeout>=2.3" >&2
+        "$venv/bin/pip" install -q "$REPO_ROOT${EXTRAS:+[$EXTRAS]}" "pytest>=8" "pytest-timeout>=2.3" >&2
         local kept
         kept=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
         if [[ $kept != "$version" ]]; then
