@@ -79,8 +79,8 @@ def held(sink: str, options: dict[str, str]) -> Callable[[Path], pa.Table]:
 
 
 def nothing(_: Path) -> list[Any]:
-    """Delta and Iceberg hold nothing prepared outside the table: staged files the log never
-    names are invisible (the exactly-once check reads through the log)."""
+    """Iceberg holds nothing prepared outside the table: a staged file the table's metadata
+    never names is invisible to its readers (the exactly-once check reads through them)."""
     return []
 
 
@@ -133,8 +133,14 @@ def sql(mariadb_url: str) -> Iterator[Target]:
 
 @pytest.fixture
 def delta(tmp_path: Path) -> Target:
-    options = {"path": str(tmp_path / "delta")}
-    return Target("twophase.spark.delta:DeltaSink", held("delta", options), nothing, options)
+    table = tmp_path / "delta"
+    options = {"path": str(table)}
+    return Target(
+        "twophase.spark.delta:DeltaSink",
+        held("delta", options),
+        lambda _: FILES.prepared(table, None),  # staged beside the table, as the files sink
+        options,
+    )
 
 
 @pytest.fixture
