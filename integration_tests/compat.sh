@@ -24,9 +24,9 @@ PYTHON=${PYTHON:-python3}
 # What the sinks beyond files, Kafka and PostgreSQL need beyond twophase's dependencies; a
 # COMPAT_SINKS=core run installs none of them, in venvs of its own.
 if [[ ${COMPAT_SINKS:-all} == core ]]; then
-    EXTRAS="" KIND="-core"
+    EXTRAS="" KIND="-core" MARKS=(-m "not allsinks")
 else
-    EXTRAS="s3,delta,iceberg,mysql" KIND=""
+    EXTRAS="s3,delta,iceberg,mysql" KIND="" MARKS=()
 fi
 STAMP_OF=$( (cat pyproject.toml; echo "$EXTRAS") | sha256sum | cut -c1-16)
 read -r -a VERSIONS <<<"${*:-${COMPAT_PYSPARK:-}}"
@@ -65,9 +65,8 @@ failed=0
 summary=()
 for item in "${VERSIONS[@]}"; do
     version=${item%%:*}
-    select=()
-    [[ $item == *:format ]] && select=(-k "not foreachBatch")
-    [[ ${COMPAT_SINKS:-all} == core ]] && select+=(-m "not allsinks")
+    select=("${MARKS[@]}")
+    [[ $item == *:format ]] && select+=(-k "not foreachBatch")
     venv=$(venv_for "$version") || { failed=1; summary+=("$version: venv not built"); continue; }
     started=$SECONDS
     rc=0

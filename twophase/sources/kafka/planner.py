@@ -42,6 +42,11 @@ log = getLogger(__name__)
 T = TypeVar("T")
 
 
+def _names(partitions: Sequence[tuple[str, int]]) -> str:
+    """``t-0, t-1``: topic partitions as errors and logs name them."""
+    return ", ".join(f"{t}-{p}" for t, p in partitions)
+
+
 class _NoAnswer(Exception):
     """One request the cluster did not answer (in time, or at all); asked again."""
 
@@ -129,7 +134,7 @@ class KafkaPlanner:
             unanswered = sorted(tp for tp, offset in listed.items() if offset < 0)
             if unanswered:
                 raise _NoAnswer(
-                    f"no answer for {', '.join(f'{t}-{p}' for t, p in unanswered)} within "
+                    f"no answer for {_names(unanswered)} within "
                     f"requestTimeoutSeconds ({self.settings.requestTimeoutSeconds:g} s)"
                 )
             return listed
@@ -180,13 +185,13 @@ class KafkaPlanner:
         if missing:
             raise TwoPhaseConfigError(
                 "option startingOffsets must give an offset for every partition the query reads"
-                f"; missing: {', '.join(f'{t}-{p}' for t, p in missing)}"
+                f"; missing: {_names(missing)}"
             )
         unknown = sorted(set(wanted) - set(partitions))
         if unknown:
             raise TwoPhaseConfigError(
                 "option startingOffsets names partitions that do not exist or are not selected: "
-                + ", ".join(f"{t}-{p}" for t, p in unknown)
+                + _names(unknown)
             )
         earliest = self.listOffsets([tp for tp, o in wanted.items() if o == EARLIEST], "earliest")
         latest = self.listOffsets([tp for tp, o in wanted.items() if o == LATEST], "latest")
@@ -227,7 +232,7 @@ class KafkaPlanner:
         if gone:
             self._dataLoss(
                 "partition(s) "
-                + ", ".join(f"{t}-{p}" for t, p in gone)
+                + _names(gone)
                 + " no longer exist (topic deleted or recreated?); their unread records are lost "
                 "to this query",
             )
