@@ -25,6 +25,7 @@ SHARED_SAFE_OPTIONS = frozenset(
         "sinkid",
         "twophase.loglocation",
         "twophase.resetlog",
+        "twophase.unfencedlogstore",
         "commitretries",
         "committimeoutseconds",
         "logretentionbatches",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from twophase.coordinator.paths import logLocationFor
 from twophase.coordinator.settings import REWRITE_MISMATCH_OPTION, CoordinatorSettings
 
+UNFENCED_LOG_STORE_OPTION = "twophase.unfencedLogStore"
+
 SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
 
 
@@ -100,6 +102,8 @@ class SinkSettings:
     - ``sinkId``: namespaces the log and every transaction id (default: derived from the
       checkpoint location, so it is stable across restarts).
     - ``twophase.resetLog``: take over a log that belongs to another query id.
+    - ``twophase.unfencedLogStore``: accept a log store without a create-if-absent, where two
+      drivers running at once could both decide a batch (``coordinator.exclusive``).
     - ``commitRetries``, ``commitTimeoutSeconds``: bounds of the driver's commit retries;
       ``logRetentionBatches``: finished batches kept in the log before pruning. Together they
       are the coordinator's settings (defaults: ``CoordinatorSettings``).
@@ -110,6 +114,7 @@ class SinkSettings:
     logLocation: str
     resetLog: bool
     coordinator: CoordinatorSettings
+    unfencedLogStore: bool = False
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str], sinkName: str) -> SinkSettings:
@@ -136,6 +141,7 @@ class SinkSettings:
             logLocation=logLocation,
             resetLog=boolOption(options, "twophase.resetLog", False),
             coordinator=coordinatorSettings(options),
+            unfencedLogStore=boolOption(options, UNFENCED_LOG_STORE_OPTION, False),
         )
 
 

@@ -3,21 +3,26 @@
 What the next start of the query would do, without Spark: each sink is rebuilt from its
 ``sink.json`` and the options given again (``twophase.cli.checkpoint``), and its coordinator
 commits the decided, unfinished batches, then aborts the sink's prepared transactions that no
-decision covers. ``--dry-run`` only says what it would do. Run it with the query stopped.
+decision covers. It claims each log first, as a new driver would, so a query still running on
+the checkpoint stops at its next batch rather than race it. ``--dry-run`` only says what it
+would do. Run it with the query stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+import uuid
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from twophase.cli.checkpoint import addCheckpointArguments, loadSink, logLocations
 from twophase.cli.errors import EXIT_LEFT_TO_DO, EXIT_OK, debugging, sayFailure
 from twophase.cli.options import addSinkOptionArguments, givenSinkOptions
-from twophase.coordinator import Coordinator, DecisionLog
-from twophase.settings import coordinatorSettings
+from twophase.coordinator import Coordinator, DecisionLog, Driver
+from twophase.settings import UNFENCED_LOG_STORE_OPTION, boolOption, coordinatorSettings
 
 RECOVER_EPILOG = """\
 Rebuilds each sink from the sink.json beside its log (its safe options only) plus the options
@@ -29,6 +34,13 @@ Run it with the query stopped. See docs/operations.md.
 exit status: 0 done, 1 something left to do or failed to finish (the decisions stay in the
 log), 2 bad input or a system that cannot be reached (nothing was done).
 """
+
+
+RECOVER_DRIVER = Driver(
+    f"recover-{uuid.uuid4().hex[:20]}", socket.gethostname(), os.getpid(), "twophase recover"
+)
+"""This command as a driver: it claims each log it recovers, so a query still running on the
+checkpoint is fenced (it stops at its next batch) instead of racing it."""
 
 
 def addRecoverParser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -83,7 +95,12 @@ def recover(
         try:
             committer, options = loadSink(url, extraOptions or {})
             settings = coordinatorSettings(options)
-            report = Coordinator(committer, decisionLog, name, settings).recover()
+            unfenced = boolOption(options, UNFENCED_LOG_STORE_OPTION, False)
+            coordinator = Coordinator(
+                committer, DecisionLog(url, unfenced=unfenced), name, settings
+            )
+            coordinator.holdLog(RECOVER_DRIVER, None)
+            report = coordinator.recover()
         except Exception as exc:
             failed = sayFailure("recover", exc, errors, debug or debugging())
             result = max(result, failed)

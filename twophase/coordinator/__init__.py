@@ -10,11 +10,14 @@ from twophase.coordinator.errors import (
     CoordinatorError,
     DecisionConflictError,
     DecisionLogWriteError,
+    DriverFencedError,
     LogOwnershipError,
+    UnfencedLogStoreError,
 )
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle, LogOwner
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
+from twophase.coordinator.runs import Driver, Run
 from twophase.coordinator.settings import CoordinatorSettings
 
 __all__ = [
@@ -29,8 +32,12 @@ __all__ = [
     "DecisionConflictError",
     "DecisionLog",
     "DecisionLogWriteError",
+    "Driver",
+    "DriverFencedError",
     "LogOwner",
     "LogOwnershipError",
     "LoggedHandle",
     "RecoveryReport",
+    "Run",
+    "UnfencedLogStoreError",
 ]

@@ -36,15 +36,18 @@ from typing import Any
 
 from twophase.coordinator.aborts import Aborts
 from twophase.coordinator.commits import BatchCommits
-from twophase.coordinator.errors import CoordinatorError, LogOwnershipError
+from twophase.coordinator.errors import CoordinatorError, DriverFencedError, LogOwnershipError
 from twophase.coordinator.execution import CommitExecutor
 from twophase.coordinator.figures import AbortFigures
+from twophase.coordinator.holding import Holding
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
 from twophase.coordinator.records import BatchState, BatchStatus
 from twophase.coordinator.recovery import Recovery
 from twophase.coordinator.reports import CommitOutcome, CommitReport, RecoveryReport
+from twophase.coordinator.runs import Driver
 from twophase.coordinator.settings import CoordinatorSettings
+from twophase.coordinator.slots import SlotFenced
 from twophase.faults import crashPoint
 from twophase.protocol import Committer, Handle, TaskResult, dumpsHandle
 from twophase.protocol.checks import checkedDescription
@@ -68,8 +71,13 @@ class Coordinator:
     settings:
         Retry bounds, time budget and log retention (``CoordinatorSettings``' defaults when
         omitted).
+    epoch:
+        The run of this driver (``holdLog`` claims one); the coordinator decides, sweeps and
+        marks only while it is the newest run. ``None``: no run, which holds the log only
+        while no driver ever claimed it.
 
-    No state is kept between calls beyond the settings: any process may make any call.
+    No state is kept between calls beyond the settings and the run: any process of the driver
+    may make any call.
     """
 
     def __init__(
@@ -78,23 +86,57 @@ class Coordinator:
         log: DecisionLog,
         sinkId: str,
         settings: CoordinatorSettings | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.committer = committer
         self.log = log
         self.sinkId = sinkId
         self.settings = settings or CoordinatorSettings()
+        self.epoch = epoch
+        self.holding = Holding(log, sinkId)
         describe = self._describe
         self.executor = CommitExecutor(sinkId, self.settings, describe)
-        self.lost = LostPartitions(committer, log, sinkId, self.settings, describe)
+        self.lost = LostPartitions(committer, log, sinkId, self.settings, describe, self._guard)
         self.aborts = Aborts(committer, sinkId, self.settings, self.executor, describe)
         self.commits = BatchCommits(
             committer, log, sinkId, self.settings, self.executor, self.lost, self.aborts, describe
         )
         self.recovery = Recovery(
-            committer, log, sinkId, self.settings, self.executor, self.lost, self.commits, describe
+            committer,
+            log,
+            sinkId,
+            self.settings,
+            self.executor,
+            self.lost,
+            self.commits,
+            describe,
+            self._check,
         )
 
     # ------------------------------------------------------------------ public API
+
+    def holdLog(
+        self,
+        driver: Driver,
+        remembered: int | None,
+        batchId: int | None = None,
+        queryId: str | None = None,
+    ) -> int:
+        """Make this driver's run the one that holds the log; returns its epoch.
+
+        ``remembered`` is the run this driver claimed before, if any: kept while it is the
+        newest, ``DriverFencedError`` once a newer driver claimed the log. A driver without
+        one claims a new run and fences the batches an older driver may still be deciding
+        (``holding``), up to ``batchId``, the batch about to run. Call before ``recover``.
+        """
+        self.epoch = self.holding.claim(driver, remembered, batchId, queryId)
+        return self.epoch
+
+    def _guard(self, doing: str) -> None:
+        self.holding.require(self.epoch, doing)
+
+    def _check(self, doing: str, newest: int | None) -> None:
+        self.holding.check(self.epoch, newest, doing)
 
     def claim(self, queryId: str, *, reset: bool = False) -> None:
         """Make the log this query's; refuses a log of another query unless ``reset``.
@@ -161,8 +203,15 @@ class Coordinator:
                 "Refusing to decide the batch without their data; Spark will retry it."
             )
         crashPoint("driver.beforeDecision", batchId)
+        self._guard(f"decides batch {batchId}")
         decisionStart = time.monotonic()
-        decided = self.log.decide(batchId, results, queryId=queryId)
+        try:
+            decided = self.log.decide(batchId, results, queryId=queryId, epoch=self.epoch)
+        except SlotFenced as exc:
+            # A newer driver fenced the batch after the check above (this one was slow or
+            # frozen in between): its transactions are not this driver's to decide or sweep.
+            self.aborts.abortHandles(batchId, results, decided=frozenset())
+            raise self.holding.fenced(self.epoch, exc.epoch, f"decides batch {batchId}") from None
         decisionSeconds = time.monotonic() - decisionStart
         crashPoint("driver.afterDecision", batchId)
         fresh = {dumpsHandle(r.handle) for r in results if r.handle is not None}
@@ -188,6 +237,14 @@ class Coordinator:
             self.aborts.abortHandles(batchId, results, decided=frozenset())
             raise
         state = self.log.state(batchId)
+        try:
+            self._guard(f"aborts batch {batchId}")
+        except DriverFencedError:
+            # Its own handles only (never what a decision names); the sweep is the newer
+            # driver's, whose batch in flight may be this one.
+            decided = state.handleKeys if state is not None else frozenset()
+            self.aborts.abortHandles(batchId, results, decided=decided)
+            raise
         if state is not None and state.status is BatchStatus.COMMITTED:
             return self._skipCommitted(state, results, started)
         if state is not None and state.status is BatchStatus.DECIDED:
@@ -244,12 +301,13 @@ class Coordinator:
     def sweepAbortedBatch(self, batchId: int) -> int:
         """Abort what tasks of batch N prepared after ``abortBatch`` swept it; only if aborted.
 
-        A decided or committed batch is left alone (its transactions are the decision's);
-        returns how many transactions were aborted.
+        A decided or committed batch is left alone (its transactions are the decision's), and
+        so is every batch once another driver holds the log; returns how many were aborted.
         """
         state = self.log.state(batchId)
         if state is None or state.status is not BatchStatus.ABORTED:
             return 0
+        self._guard(f"sweeps batch {batchId} again")
         late = self.aborts.sweepBatch(batchId, keep=())
         if late:
             log.info(

@@ -37,6 +37,58 @@ class LogOwnershipError(CoordinatorError):
         super().__init__(f"{message} {detail}".rstrip())
 
 
+class UnfencedLogStoreError(CoordinatorError):
+    """The decision log's store cannot create a record only where none exists, in one step.
+
+    Without that, two drivers running at once on one checkpoint (a retried application master,
+    a replaced pod whose node is only partitioned, a job started twice) could both decide the
+    same batch and both commit it. Refused before anything is written, unless the user accepts
+    that risk by name.
+    """
+
+    def __init__(self, store: str, path: str) -> None:
+        self.store = store
+        self.path = path
+        super().__init__(
+            f"twophase decision log at {store}://{path.rsplit('/', 1)[0]}: the {store!r} store "
+            "has no create-if-absent that twophase knows (a hard link on local disk, S3's "
+            "If-None-Match: * PUT), so two drivers running at once on this checkpoint could both "
+            "decide the same batch and write it twice. Put the checkpoint (or "
+            "twophase.logLocation) on local disk or S3, or, if only one driver can ever run "
+            "this query at a time, accept the risk with option twophase.unfencedLogStore=true."
+        )
+
+    def __reduce__(self) -> tuple[type[UnfencedLogStoreError], tuple[str, str]]:
+        return type(self), (self.store, self.path)
+
+
+class DriverFencedError(CoordinatorError):
+    """A newer driver holds the decision log: this one must not decide, sweep or mark anything.
+
+    Raised to a driver whose run is older than the newest run of the log (a replacement started
+    while it still runs, or while it was frozen), before it writes anything of its own. What was
+    decided stays decided; the newer driver finishes it.
+    """
+
+    def __init__(self, url: str, sinkId: str, epoch: int | None, newer: str, doing: str) -> None:
+        self.url = url
+        self.sinkId = sinkId
+        self.epoch = epoch
+        self.newer = newer
+        self.doing = doing
+        mine = "this driver holds no run of it" if epoch is None else f"this driver is run {epoch}"
+        super().__init__(
+            f"twophase sink {sinkId}: another driver took the decision log at {url}: {newer}; "
+            f"{mine}. Two drivers on one checkpoint would write batches twice, so this driver "
+            f"stops before it {doing}; nothing of its own was committed, and the other driver "
+            "goes on from the log. If that driver should not be running, stop it first, then "
+            "start this query again: a new start claims the log back."
+        )
+
+    def __reduce__(self) -> tuple[type[DriverFencedError], tuple[str, str, int | None, str, str]]:
+        return type(self), (self.url, self.sinkId, self.epoch, self.newer, self.doing)
+
+
 class DecisionLogWriteError(CoordinatorError, OSError):
     """A record could not be written to the decision log: a full or read-only disk, no access.
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from twophase.coordinator import scans
+from twophase.coordinator import scans, slots
 from twophase.coordinator.errors import DecisionConflictError, LogOwnershipError
 from twophase.coordinator.figures import (
     RECOVERY_RUNS_KEPT,
@@ -58,6 +58,7 @@ from twophase.coordinator.records import (
     parseTime,
     recordName,
 )
+from twophase.coordinator.runs import RunRecords
 from twophase.coordinator.storage import CorruptRecord, LogStorage
 from twophase.protocol import TaskResult
 from twophase.redaction import getLogger
@@ -82,10 +83,19 @@ class DecisionLog:
     The object pickles as its URL and options, so it can travel to executors.
     """
 
-    def __init__(self, url: str, storageOptions: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storageOptions: Mapping[str, Any] | None = None,
+        *,
+        unfenced: bool = False,
+    ) -> None:
         self._url = url
         self._storageOptions = dict(storageOptions or {})
-        self._storage = LogStorage(url, self._storageOptions)
+        self._unfenced = unfenced
+        self._storage = LogStorage(url, self._storageOptions, unfenced=unfenced)
+        self.runs = RunRecords(self._storage)
+        """The runs that claimed the log (:mod:`~twophase.coordinator.runs`)."""
 
     @classmethod
     def forCheckpoint(
@@ -101,10 +111,16 @@ class DecisionLog:
         return cls(logLocationFor(checkpointLocation, sinkId), storageOptions)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self._url, "storageOptions": self._storageOptions}
+        return {
+            "url": self._url,
+            "storageOptions": self._storageOptions,
+            "unfenced": self._unfenced,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["storageOptions"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["url"], state["storageOptions"], unfenced=state.get("unfenced", False)
+        )
 
     def __repr__(self) -> str:
         return f"DecisionLog({self._url!r})"
@@ -125,6 +141,12 @@ class DecisionLog:
             log.warning("decision log %s: ignoring %s: %s", self._url, OWNER_FILE, exc)
             return None
         return LogOwner(str(body["sinkId"]), str(body["queryId"]), parseTime(body["createdAt"]))
+
+    def refuseOtherQuery(self, sinkId: str, queryId: str) -> None:
+        """Raise ``LogOwnershipError`` if another query owns the log; writes nothing."""
+        current = self.owner()
+        if current is not None and (current.queryId, current.sinkId) != (queryId, sinkId):
+            raise LogOwnershipError(self._url, sinkId, current.queryId, queryId)
 
     def claim(self, sinkId: str, queryId: str, reset: bool = False) -> LogOwner:
         """Make ``queryId`` the owner of the log; refuses a log owned by another query.
@@ -187,15 +209,21 @@ class DecisionLog:
     # ------------------------------------------------------------------ state changes
 
     def decide(
-        self, batchId: int, results: Sequence[TaskResult], *, queryId: str | None = None
+        self,
+        batchId: int,
+        results: Sequence[TaskResult],
+        *,
+        queryId: str | None = None,
+        epoch: int | None = None,
     ) -> BatchState:
         """Durably decide to commit batch N with the handles of ``results``; the commit point.
 
         Exclusive: if N is already decided the existing decision holds and is returned (a
         decision is never replaced), so callers must commit the handles of the returned state.
-        Results without a handle (tasks that wrote nothing) are left out; duplicates collapse.
-        The record also carries the logged handles' Arrow bytes and the slowest task's prepare
-        time (figures for operators).
+        ``epoch`` is the deciding run (:mod:`~twophase.coordinator.runs`): a fence or decision
+        of a newer run in N's slot raises ``SlotFenced`` instead. Results without a handle
+        (tasks that wrote nothing) are left out; duplicates collapse. The record also carries
+        the logged handles' Arrow bytes and the slowest task's prepare time (figures).
         """
         entries: dict[str, LoggedHandle] = {}
         reported: dict[str, TaskResult] = {}
@@ -221,11 +249,15 @@ class DecisionLog:
         }
         if timed:
             body["prepareSeconds"] = round(max(timed), 6)
-        name = recordName(batchId, BatchStatus.DECIDED)
-        what = f"the decision of batch {batchId}"
-        try:
-            self._storage.publish(name, body, exclusive=True, what=what)
-        except FileExistsError:
+        if epoch is not None:
+            body["epoch"] = epoch
+        first = slots.decide(
+            self._storage, batchId, body, epoch, what=f"the decision of batch {batchId}"
+        )
+        if first is not None:
+            other = first.get("epoch")
+            if isinstance(other, int) and other > (epoch or 0):
+                raise slots.SlotFenced(batchId, other)
             existing = self.state(batchId)
             if existing is not None and existing.isDecided:
                 if existing.handleKeys != frozenset(entries):
@@ -236,19 +268,19 @@ class DecisionLog:
                         batchId,
                     )
                 return existing
-            log.warning(
-                "decision log %s: replacing an unreadable decision record of batch %d",
-                self._url,
-                batchId,
-            )
-            self._storage.publish(name, body, exclusive=False, what=what)
         return BatchState(
             batchId,
             BatchStatus.DECIDED,
             tuple(entries.values()),
             queryId=queryId,
+            epoch=epoch,
             decidedAt=now,
         )
+
+    def fence(self, batchId: int, epoch: int) -> bool:
+        """Stop every run older than ``epoch`` from deciding batch N (``slots.fence``); False
+        when N was decided first."""
+        return slots.fence(self._storage, batchId, epoch)
 
     def recordRewrite(
         self, batchId: int, lost: Sequence[int], replacements: Sequence[LoggedHandle]
@@ -306,7 +338,9 @@ class DecisionLog:
 
     def markAborted(self, batchId: int, figures: AbortFigures | None = None) -> None:
         """Record that undecided batch N was aborted; refused once N is decided. Idempotent."""
-        if BatchStatus.DECIDED in self._storage.listing().records.get(batchId, {}):
+        paths = self._storage.listing().records.get(batchId, {})
+        state = readState(self._storage, batchId, paths) if BatchStatus.DECIDED in paths else None
+        if state is not None and state.isDecided:  # a fence alone decides nothing
             raise DecisionConflictError(
                 f"decision log {self._url}: batch {batchId} is decided; a decided batch is "
                 "rolled forward, never aborted"
@@ -383,6 +417,11 @@ class DecisionLog:
     def outstanding(self) -> list[BatchState]:
         """Decided batches not yet marked committed, oldest first (one listing)."""
         return scans.outstanding(self._storage, self._storage.listing())
+
+    def pending(self) -> tuple[list[BatchState], int | None]:
+        """``outstanding()`` and the newest run's epoch, from one listing."""
+        listing = self._storage.listing()
+        return scans.outstanding(self._storage, listing), max(listing.runs, default=None)
 
     def committedBatchIds(self) -> list[int]:
         """Ids of the committed batches still in the log (not pruned), ascending; one listing."""

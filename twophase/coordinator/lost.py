@@ -36,12 +36,15 @@ class LostPartitions:
         sinkId: str,
         settings: CoordinatorSettings,
         describe: Callable[[Handle], str],
+        guard: Callable[[str], None] = lambda doing: None,
     ) -> None:
         self.committer = committer
         self.log = decisionLog
         self.sinkId = sinkId
         self.settings = settings
         self.describe = describe
+        self.guard = guard
+        """Raises unless this driver still holds the log (``Holding.require``)."""
 
     def isRewritable(self, outcome: JobOutcome) -> bool:
         """A decided transaction the participant aborted, in a sink that fingerprints it."""
@@ -69,6 +72,7 @@ class LostPartitions:
         """Record the partitions of ``lost`` as awaiting their rewrite; returns the new state."""
         partitions = tuple(sorted(set(state.lostPartitions) | set(lost)))
         replacements = tuple(r for r in state.replacements if r.partitionId not in lost)
+        self.guard(f"records the lost partitions of batch {state.batchId}")
         self.log.recordRewrite(state.batchId, partitions, replacements)
         for outcome in lost.values():
             log.warning(
@@ -149,6 +153,7 @@ class LostPartitions:
                 REWRITE_MISMATCH_OPTION,
                 "; ".join(f"partition {p}: {what}" for p, what in differences),
             )
+        self.guard(f"records the rewrite of batch {batchId}")
         self.log.recordRewrite(batchId, state.lostPartitions, replacements)
         log.info(
             "twophase sink %s: batch %d: the replay rewrites lost partitions %s",

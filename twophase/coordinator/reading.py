@@ -1,11 +1,12 @@
 """Reading one batch's state from its records: the last complete one wins, torn ones are skipped.
 
-The state of batch N is committed if a readable committed record exists, else decided if a
-decided record does, else aborted; a later ``decided(N)`` thus overrides ``aborted(N)`` (Spark
-may replay an aborted batch). A record that is torn, garbage or names another batch is ignored
-with a WARNING, never taken for a record. The ``rewrite(N)`` record beside a decision is the
-exception: losing its list of lost partitions must not pass for "nothing lost", so an unreadable
-one raises ``DecisionConflictError``.
+The state of batch N is committed if a readable committed record exists, else decided if its
+decision slot ends in a readable decision (:mod:`~twophase.coordinator.slots`), else aborted;
+a later ``decided(N)`` thus overrides ``aborted(N)`` (Spark may replay an aborted batch). A
+record that is torn, garbage or names another batch is ignored with a WARNING, never taken for
+a record. The ``rewrite(N)`` record beside a decision is the exception: losing its list of lost
+partitions must not pass for "nothing lost", so an unreadable one raises
+``DecisionConflictError``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from twophase.coordinator import slots
 from twophase.coordinator.errors import DecisionConflictError
 from twophase.coordinator.records import BatchState, BatchStatus, LoggedHandle, parseTimeOrNone
 from twophase.coordinator.storage import CorruptRecord, LogStorage
@@ -30,7 +32,13 @@ def readState(
         if status not in paths or (status is BatchStatus.ABORTED and bodies):
             continue
         try:
-            body = storage.readRecord(paths[status])
+            if status is BatchStatus.DECIDED:
+                found = slots.decision(storage, batchId, paths[status])
+                if found is None:  # a fence with no decision after it yet, or unreadable
+                    continue
+                body = found
+            else:
+                body = storage.readRecord(paths[status])
             if body.get("batchId") != batchId or body.get("state") != str(status):
                 raise CorruptRecord("its content names another batch or state")
             handles = tuple(LoggedHandle.fromJson(h) for h in body.get("handles", ()))
@@ -53,6 +61,7 @@ def readState(
         status,
         decided.get("_handles", ()),
         queryId=decided.get("queryId"),
+        epoch=_epochOf(decided),
         decidedAt=parseTimeOrNone(decided.get("decidedAt")),
         committedAt=parseTimeOrNone(committed.get("committedAt")),
         abortedAt=parseTimeOrNone(aborted.get("abortedAt")),
@@ -61,6 +70,11 @@ def readState(
         lostPartitions=rewrite.get("lost", ()),
         replacements=rewrite.get("replacements", ()),
     )
+
+
+def _epochOf(body: Mapping[str, Any]) -> int | None:
+    epoch = body.get("epoch")
+    return int(epoch) if isinstance(epoch, int) else None
 
 
 def _readRewrite(

@@ -2,7 +2,9 @@
 
 One record is one small JSON file named ``batch-<20-digit id>.<status>.json`` (or
 ``owner.json``), carrying ``format`` and a ``checksum`` of its canonical body, so a torn or
-foreign file is never taken for a record.
+foreign file is never taken for a record. A batch's decision slot may go on in links named
+``batch-<id>.decided-<10-digit epoch>.json`` (:mod:`~twophase.coordinator.slots`), and the runs
+that held the log are ``run-<10-digit epoch>.json`` (:mod:`~twophase.coordinator.runs`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ FORMAT = 1
 """Version of the record layout, stored in every record."""
 
 RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted|rewrite|recovery)\.json$")
+LINK_NAME = re.compile(r"^batch-(\d{20})\.decided-(\d{10})\.json$")
+RUN_NAME = re.compile(r"^run-(\d{10})\.json$")
+
+FENCED = "fenced"
+"""The ``state`` of a fence: a record in a decision slot that only a run that new passes."""
 
 
 class BatchStatus(StrEnum):
@@ -101,6 +108,8 @@ class BatchState:
     status: BatchStatus
     handles: tuple[LoggedHandle, ...] = ()
     queryId: str | None = None
+    epoch: int | None = None
+    """The run that decided the batch (``None``: a log without runs, or an earlier release)."""
     decidedAt: datetime | None = None
     committedAt: datetime | None = None
     abortedAt: datetime | None = None
@@ -178,6 +187,17 @@ def recordName(batchId: int, status: BatchStatus) -> str:
     if batchId < 0:
         raise ValueError(f"batch id must be >= 0, got {batchId}")
     return f"batch-{batchId:020d}.{status}.json"
+
+
+def linkName(batchId: int, epoch: int) -> str:
+    """The link of batch N's decision slot that a fence of run ``epoch`` points to."""
+    return f"batch-{batchId:020d}.decided-{epoch:010d}.json"
+
+
+def runName(epoch: int) -> str:
+    if epoch < 1:
+        raise ValueError(f"a run's epoch must be >= 1, got {epoch}")
+    return f"run-{epoch:010d}.json"
 
 
 def checksum(body: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ from twophase.coordinator.execution import CommitExecutor
 from twophase.coordinator.figures import CommitFigures, CommittedBy, recoveryEntry
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
+from twophase.coordinator.records import BatchState
 from twophase.coordinator.reports import RecoveryReport
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import crashPoint
@@ -42,12 +43,22 @@ class Recovery:
     lost: LostPartitions
     commits: BatchCommits
     describe: Callable[[Handle], str]
+    check: Callable[[str, int | None], None]
+    """Raises unless this driver's run is the newest run given (``Holding.check``)."""
 
     def recover(self, batchId: int | None) -> RecoveryReport:
-        """Roll forward, then abort the sink's prepared transactions no decision keeps."""
+        """Roll forward, then abort the sink's prepared transactions no decision keeps.
+
+        Only the driver that holds the log sweeps: what no decision keeps may be the newer
+        driver's batch in flight. It checks just before, from the same listing when there was
+        nothing to roll forward."""
         started = time.monotonic()
-        finished, committedHandles, keep, awaiting = self.rollForwardOutstanding()
+        outstanding, newest = self.log.pending()
+        finished, committedHandles, keep, awaiting = self.rollForward(outstanding)
         crashPoint("driver.duringRecovery", batchId)
+        if outstanding:
+            newest = self.log.runs.newest()
+        self.check("aborts the transactions no decision keeps", newest)
         aborted = self.executor.retrying(
             lambda: checkedAborted(
                 self.committer,
@@ -117,13 +128,19 @@ class Recovery:
     def rollForwardOutstanding(
         self,
     ) -> tuple[list[int], int, tuple[Handle, ...], dict[int, tuple[int, ...]]]:
-        """Commit every live handle of every decided-but-unfinished batch; mark those committed.
+        """``rollForward`` of the decided batches the log holds unfinished now."""
+        return self.rollForward(self.log.outstanding())
+
+    def rollForward(
+        self, outstanding: list[BatchState]
+    ) -> tuple[list[int], int, tuple[Handle, ...], dict[int, tuple[int, ...]]]:
+        """Commit every live handle of the decided-but-unfinished batches ``outstanding``;
+        mark those committed.
 
         Returns the batches finished, the number of handles committed, every handle of the
         outstanding decisions (the ``keep`` of the sweep that follows), and the batches left
         with partitions awaiting their rewrite (lost transactions the sink fingerprints).
         """
-        outstanding = self.log.outstanding()
         if not outstanding:
             return [], 0, (), {}
         keep = tuple(

@@ -11,6 +11,7 @@ from typing import Any
 
 from twophase.coordinator.reading import readState
 from twophase.coordinator.records import BatchState, BatchStatus, LogOwner, isoTime
+from twophase.coordinator.runs import RUNS_KEPT
 from twophase.coordinator.storage import Listing, LogStorage
 from twophase.redaction import getLogger
 
@@ -69,9 +70,8 @@ def status(storage: LogStorage, listing: Listing, owner: LogOwner | None) -> dic
         "committedBatches": len(committed),
         "lastCommitted": committed[-1] if committed else None,
         "abortedBatches": len(aborted),
-        "lastDecided": max(
-            (b for b, p in records.items() if p.keys() & DECIDED_OR_COMMITTED), default=None
-        ),
+        "lastDecided": lastDecided(storage, listing),
+        "run": max(listing.runs, default=None),
         "outstanding": [s.toJson() for s in outstanding(storage, listing)],
     }
 
@@ -82,7 +82,8 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
     Finished means committed, or aborted and not decided since; a decided batch that is not
     committed is never touched. A batch with nothing but a ``recovery(N)`` record (the query
     stopped before N was decided or aborted, and ran other batches since) goes once it is older
-    than the newest batch pruned. Temporary files older than ``tmpGraceSeconds`` go too.
+    than the newest batch pruned. Runs beyond the newest ``RUNS_KEPT`` go, and temporary files
+    older than ``tmpGraceSeconds``.
     Returns the number of files removed.
     """
     finished = sorted(
@@ -94,7 +95,7 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
         ),
         reverse=True,
     )
-    doomed = [path for b in finished[retainBatches:] for path in listing.records[b].values()]
+    doomed = [path for b in finished[retainBatches:] for path in listing.pathsOf(b)]
     if len(finished) > retainBatches:
         cut = finished[retainBatches]
         doomed += [
@@ -103,6 +104,7 @@ def prune(storage: LogStorage, listing: Listing, retainBatches: int, tmpGraceSec
             if b < cut and p.keys() == {BatchStatus.RECOVERY}
             for path in p.values()
         ]
+    doomed += [listing.runs[e] for e in sorted(listing.runs, reverse=True)[RUNS_KEPT:]]
     doomed += [
         path for path, age in listing.temporary if age is not None and age >= tmpGraceSeconds
     ]

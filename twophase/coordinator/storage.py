@@ -1,15 +1,18 @@
 """The decision log's storage: one directory through fsspec, records published atomically.
 
-Every record is one small indented JSON file, published atomically: written under a
-``_tmp-<uuid>.json`` name in the same directory, flushed (and fsynced on local disk), then
-renamed to its final name (a hard link, which fails instead of overwriting, where a decision
-must not replace another). A write the filesystem refuses (a full or read-only disk) raises
+Every record is one small indented JSON file, published atomically: on local disk written
+under a ``_tmp-<uuid>.json`` name in the same directory, fsynced, then renamed to its final name;
+on an object store put whole in one request. Where a record must not replace another (a
+decision, a run's claim, a fence), the store's own create-if-absent makes it
+(:mod:`~twophase.coordinator.exclusive`: a hard link, S3's conditional PUT), so of two writers
+exactly one wins. A write the filesystem refuses (a full or read-only disk) raises
 :class:`~twophase.coordinator.errors.DecisionLogWriteError` naming the record, after removing its
 own temporary file, so nothing half written is left under a final name. Reading a record
 verifies its ``checksum``
 (:func:`~twophase.coordinator.records.checksum`): a torn or garbage file raises
 :class:`CorruptRecord`, never passes for a record. A listing sorts the directory into records by
-batch and status, and temporary files with their age, which ``prune`` removes once they are old.
+batch and status, the links of fenced decision slots, the runs, and temporary files with their
+age, which ``prune`` removes once they are old.
 No cache: several processes (Spark's driver-side Python workers, executors) read the same log.
 """
 
@@ -29,8 +32,14 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from twophase.coordinator.errors import DecisionLogWriteError
-from twophase.coordinator.records import RECORD_NAME, BatchStatus, checksum
+from twophase.coordinator.errors import DecisionLogWriteError, UnfencedLogStoreError
+from twophase.coordinator.exclusive import (
+    createRemote,
+    exclusiveCreateOf,
+    isObjectStore,
+    protocolOf,
+)
+from twophase.coordinator.records import LINK_NAME, RECORD_NAME, RUN_NAME, BatchStatus, checksum
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
@@ -49,23 +58,41 @@ class Listing:
     temporary files with their age in seconds (``None`` where the filesystem gives no time)."""
 
     records: dict[int, dict[BatchStatus, str]] = field(default_factory=dict)
+    links: dict[int, dict[int, str]] = field(default_factory=dict)
+    """Per batch, the links of its decision slot by the epoch of the fence that points to each
+    (:mod:`~twophase.coordinator.slots`)."""
+    runs: dict[int, str] = field(default_factory=dict)
+    """The runs' records by epoch (:mod:`~twophase.coordinator.runs`)."""
     temporary: list[tuple[str, float | None]] = field(default_factory=list)
+
+    def pathsOf(self, batchId: int) -> list[str]:
+        """Every file of batch N: its records and its slot's links."""
+        return [*self.records.get(batchId, {}).values(), *self.links.get(batchId, {}).values()]
 
 
 class LogStorage:
     """The log's directory on any fsspec filesystem: publish, list, read and remove records.
 
     ``url`` is a local path or any fsspec URL; the directory is created on the first publish,
-    so read-only users (executors) never create it.
+    so read-only users (executors) never create it. ``unfenced`` accepts a store without a
+    create-if-absent (``exclusive``): its exclusive publishes then check, then move.
     """
 
-    def __init__(self, url: str, storageOptions: Mapping[str, Any]) -> None:
+    def __init__(
+        self, url: str, storageOptions: Mapping[str, Any], *, unfenced: bool = False
+    ) -> None:
         self.url = url
         fs, root = fsspec.core.url_to_fs(url, **storageOptions)
         self.fs: AbstractFileSystem = fs
         self.root: str = root.rstrip("/") or root
         self._local = isinstance(fs, LocalFileSystem)
+        self._unfenced = unfenced
         self._madeRoot = False
+
+    @property
+    def exclusiveCreate(self) -> str | None:
+        """How this store creates a record only where none exists, or ``None``."""
+        return exclusiveCreateOf(self.fs)
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -89,6 +116,7 @@ class LogStorage:
                 continue
             match = RECORD_NAME.match(name)
             if match is None:
+                self._listOther(listing, name, path)
                 continue
             if entry.get("size") == 0:
                 log.warning("decision log %s: ignoring empty record %s", self.url, name)
@@ -96,6 +124,17 @@ class LogStorage:
             batchId, status = int(match.group(1)), BatchStatus(match.group(2))
             listing.records.setdefault(batchId, {})[status] = path
         return listing
+
+    @staticmethod
+    def _listOther(listing: Listing, name: str, path: str) -> None:
+        """File a slot's link or a run's record in ``listing``; anything else is not the log's."""
+        link = LINK_NAME.match(name)
+        if link is not None:
+            listing.links.setdefault(int(link.group(1)), {})[int(link.group(2))] = path
+            return
+        run = RUN_NAME.match(name)
+        if run is not None:
+            listing.runs[int(run.group(1))] = path
 
     def readRecord(self, path: str) -> dict[str, Any]:
         """The body of the record at ``path``, its checksum verified; ``CorruptRecord`` if not
@@ -120,9 +159,11 @@ class LogStorage:
             raise DecisionLogWriteError(self.url, what, exc, verb="remove") from exc
 
     def clear(self, *, what: str) -> int:
-        """Remove every record and temporary file; returns how many."""
+        """Remove every batch's files and every temporary file; returns how many. The runs stay:
+        their epochs only ever grow, so a driver fenced before stays fenced."""
         listing = self.listing()
-        doomed = [p for paths in listing.records.values() for p in paths.values()]
+        batches = {*listing.records, *listing.links}
+        doomed = [p for batchId in batches for p in listing.pathsOf(batchId)]
         doomed += [p for p, _ in listing.temporary]
         if doomed:
             self.remove(doomed, what=what)
@@ -146,6 +187,12 @@ class LogStorage:
                 self._madeRoot = True
             if self._local:
                 self._publishLocal(tmp, final, data, exclusive)
+            elif exclusive and self.exclusiveCreate is not None:
+                createRemote(self.fs, final, data)
+            elif exclusive and not self._unfenced:
+                raise UnfencedLogStoreError(protocolOf(self.fs), final)
+            elif not exclusive and isObjectStore(self.fs):
+                self.fs.pipe_file(final, data)  # one PUT: the object appears whole
             else:
                 self._publishRemote(tmp, final, data, exclusive)
         except FileExistsError:
@@ -154,6 +201,9 @@ class LogStorage:
             raise DecisionLogWriteError(self.url, what, exc) from exc
 
     def _publishRemote(self, tmp: str, final: str, data: bytes, exclusive: bool) -> None:
+        """Write ``tmp``, then move it to ``final``: atomic where the store's move is; an
+        exclusive publish checks first, which two writers can both pass (accepted by the user
+        with ``twophase.unfencedLogStore``)."""
         try:
             self.fs.pipe_file(tmp, data)
             if exclusive and self.fs.exists(final):
@@ -182,7 +232,11 @@ class LogStorage:
                     os.link(tmp, final)  # atomic, and never replaces an existing record
                 except FileExistsError:
                     raise
-                except OSError:  # no hard links here (some FUSE / network mounts)
+                except OSError as exc:  # no hard links here (some FUSE / network mounts)
+                    if exc.errno not in _NO_LINKS or not self._unfenced:
+                        if exc.errno in _NO_LINKS:
+                            raise UnfencedLogStoreError("file", final) from exc
+                        raise
                     if os.path.exists(final):
                         raise FileExistsError(errno.EEXIST, "log record exists", final) from None
                     os.replace(tmp, final)
@@ -201,6 +255,10 @@ class LogStorage:
             os.fsync(dirfd)
         finally:
             os.close(dirfd)
+
+
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS})
+"""What ``link`` answers on a filesystem without hard links (some FUSE and network mounts)."""
 
 
 def _ageSeconds(entry: Mapping[str, Any], now: float) -> float | None:

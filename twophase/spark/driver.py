@@ -1,4 +1,4 @@
-"""The driver's steps around a micro-batch: open the coordinator, claim the log, recover.
+"""The driver's steps around a micro-batch: open the coordinator, hold the log, recover.
 
 The data source's stream writer and the ``foreachBatch`` adapter both call ``beforeBatch``
 once per micro-batch, before any task runs, and ``openCoordinator`` to commit or abort it.
@@ -7,15 +7,23 @@ once per micro-batch, before any task runs, and ``openCoordinator`` to commit or
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from twophase.coordinator import CommitOutcome, CommitReport, Coordinator, DecisionLog
+from twophase.coordinator import (
+    CommitOutcome,
+    CommitReport,
+    Coordinator,
+    DecisionLog,
+    DriverFencedError,
+)
 from twophase.coordinator.description import SinkDescription, writeSinkDescription
 from twophase.protocol import Committer, TaskResult
 from twophase.redaction import getLogger, isSafeOption, publicOptions
 from twophase.settings import SinkSettings
+from twophase.spark import driver_runs
 from twophase.spark.worker import ensureLogging
 
 log = getLogger(__name__)
@@ -34,6 +42,8 @@ class BatchPlan:
 
     lastDecided: int | None = None
     rewrite: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    epoch: int | None = None
+    """The run of this driver that planned the batch (``twophase.spark.driver_runs``)."""
 
     def writes(self, batchId: int, partitionId: int) -> bool:
         """True when the task of ``partitionId`` in ``batchId`` must write its input."""
@@ -48,11 +58,31 @@ class BatchPlan:
         return bool(self.rewrite.get(batchId))
 
 
-def openCoordinator(committer: Committer, settings: SinkSettings) -> Coordinator:
-    """A coordinator over the sink's decision log, with the sink's retry bounds."""
+def openCoordinator(
+    committer: Committer, settings: SinkSettings, epoch: int | None = None
+) -> Coordinator:
+    """A coordinator over the sink's decision log, with the sink's retry bounds, acting as run
+    ``epoch`` (``None``: the run this driver claimed, if any)."""
+    if epoch is None:
+        epoch = driver_runs.rememberedRun(settings.logLocation)
     return Coordinator(
-        committer, DecisionLog(settings.logLocation), settings.sinkId, settings.coordinator
+        committer,
+        DecisionLog(settings.logLocation, unfenced=settings.unfencedLogStore),
+        settings.sinkId,
+        settings.coordinator,
+        epoch,
     )
+
+
+@contextmanager
+def forgottenIfFenced(settings: SinkSettings) -> Iterator[None]:
+    """A driver fenced by a newer one forgets its run: its query stops, and a new start of it
+    in the same application claims the log again."""
+    try:
+        yield
+    except DriverFencedError:
+        driver_runs.forgetRun(settings.logLocation)
+        raise
 
 
 def abortFailedBatch(
@@ -108,17 +138,29 @@ def beforeBatch(
     queryId: str | None,
     batchId: int | None = None,
 ) -> BatchPlan:
-    """Claim the log for this query, finish or abort what earlier runs left, and say what the
-    tasks of the planned batch write (``BatchPlan``)."""
+    """Hold the log for this driver and query, finish or abort what earlier runs left, and say
+    what the tasks of the planned batch write (``BatchPlan``).
+
+    Another query's log is refused before anything is written; a driver that is not the
+    newest to claim the log stops with ``DriverFencedError`` (``coordinator.holding``).
+    """
     ensureLogging()
     coordinator = openCoordinator(committer, settings)
-    if queryId:
-        coordinator.claim(queryId, reset=settings.resetLog)
-    describeSink(sink, settings)
-    report = coordinator.recover(batchId)
+    if queryId and not settings.resetLog:
+        coordinator.log.refuseOtherQuery(settings.sinkId, queryId)
+    with forgottenIfFenced(settings):
+        epoch = coordinator.holdLog(
+            driver_runs.currentDriver(), coordinator.epoch, batchId, queryId
+        )
+        driver_runs.rememberRun(settings.logLocation, epoch)
+        if queryId:
+            coordinator.claim(queryId, reset=settings.resetLog)
+        describeSink(sink, settings)
+        report = coordinator.recover(batchId)
     if not report.idle:
         log.info("twophase sink %s: recovery %s", settings.sinkId, report)
     return BatchPlan(
         coordinator.log.lastDecided(),
         {b: frozenset(partitions) for b, partitions in report.awaitingRewrite.items()},
+        epoch,
     )

@@ -35,7 +35,12 @@ from twophase.spark import connect, grouping
 from twophase.spark.builtins import builtinSink
 from twophase.spark.checkpoint import checkpointQueryId
 from twophase.spark.datasource import TwoPhaseDataSource
-from twophase.spark.driver import abortFailedBatch, beforeBatch, openCoordinator
+from twophase.spark.driver import (
+    abortFailedBatch,
+    beforeBatch,
+    forgottenIfFenced,
+    openCoordinator,
+)
 from twophase.spark.task import runTask
 
 log = getLogger(__name__)
@@ -84,7 +89,7 @@ class _ForeachBatchWriter:
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
         plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
-        coordinator = openCoordinator(committer, self.settings)
+        coordinator = openCoordinator(committer, self.settings, plan.epoch)
         if not plan.writesAny(batchId):
             return  # a replay of a batch the log holds: recovery above has finished it
         lost = sorted(plan.rewrite.get(batchId, ()))
@@ -111,14 +116,15 @@ class _ForeachBatchWriter:
             uuid.uuid4().hex[:8],
             rewrite=list(zip(lost, inputs, strict=True)),
         )
-        try:
-            rows = frame.mapInArrow(taskFn, _RESULT_SCHEMA).collect()
-        except BaseException:
-            # Any task may still be preparing: abort the batch, then sweep once more.
-            abortFailedBatch(coordinator, batchId, [], unreported=True)
-            raise
-        results = [TaskResult.fromJson(json.loads(row["result"])) for row in rows]
-        coordinator.commitBatch(batchId, results)
+        with forgottenIfFenced(self.settings):
+            try:
+                rows = frame.mapInArrow(taskFn, _RESULT_SCHEMA).collect()
+            except BaseException:
+                # Any task may still be preparing: abort the batch, then sweep once more.
+                abortFailedBatch(coordinator, batchId, [], unreported=True)
+                raise
+            results = [TaskResult.fromJson(json.loads(row["result"])) for row in rows]
+            coordinator.commitBatch(batchId, results)
 
     def _writerTasks(self, spark: object) -> int:
         """The tasks to write a batch with: as asked, else one per slot (0: as the input is)."""

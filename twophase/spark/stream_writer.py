@@ -28,7 +28,13 @@ from twophase.protocol import Committer, TaskResult, TransactionContext, Transac
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
-from twophase.spark.driver import BatchPlan, abortFailedBatch, beforeBatch, openCoordinator
+from twophase.spark.driver import (
+    BatchPlan,
+    abortFailedBatch,
+    beforeBatch,
+    forgottenIfFenced,
+    openCoordinator,
+)
 from twophase.spark.grouping import refuseWriterTasks
 from twophase.spark.schema import arrowSchemaOf
 from twophase.spark.task import runTask
@@ -150,7 +156,8 @@ class TwoPhaseStreamWriter(StreamWriterBase):
         ensureLogging()
         self._checkUnplanned()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-        coordinator.commitBatch(batchId, _results(messages))
+        with forgottenIfFenced(self.settings):
+            coordinator.commitBatch(batchId, _results(messages))
         reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
         if reported:
             adviseOncePerRun(
@@ -167,9 +174,13 @@ class TwoPhaseStreamWriter(StreamWriterBase):
         ensureLogging()
         self._checkUnplanned()
         coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-        abortFailedBatch(
-            coordinator, batchId, _results(messages), unreported=any(m is None for m in messages)
-        )
+        with forgottenIfFenced(self.settings):
+            abortFailedBatch(
+                coordinator,
+                batchId,
+                _results(messages),
+                unreported=any(m is None for m in messages),
+            )
 
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
