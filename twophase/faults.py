@@ -15,12 +15,18 @@ Points (see PROTOCOL.md section 5): ``task.afterBegin``, ``task.afterWrite``,
 
 ``TWOPHASE_CRASH_ONCE_DIR`` instead makes every armed item fire once on its own (a marker per
 item in that directory): several task points armed in one query start each kill one attempt.
+
+``TWOPHASE_CRASH_ACTION=pause:<dir>`` makes the point stand still instead of killing: the
+process writes ``<dir>/paused-<pid>`` and waits until ``<dir>/release`` exists, so a test can
+freeze the whole driver there (SIGSTOP), start a second driver on the same checkpoint, and let
+the first go on afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 from twophase.redaction import getLogger
 
@@ -30,6 +36,9 @@ ENV = "TWOPHASE_CRASH_AT"
 ONCE_ENV = "TWOPHASE_CRASH_ONCE_FILE"
 ONCE_DIR_ENV = "TWOPHASE_CRASH_ONCE_DIR"
 GROUP_ENV = "TWOPHASE_CRASH_PGID"
+ACTION_ENV = "TWOPHASE_CRASH_ACTION"
+PAUSE_LIMIT_SECONDS = 900.0
+"""How long a paused point waits for its release before it goes on by itself."""
 
 POINTS = (
     "task.afterBegin",
@@ -104,6 +113,10 @@ def crashPoint(point: str, batchId: int | None = None) -> None:
     item = _armedItem(point, batchId)
     if item is None:
         return
+    action = os.environ.get(ACTION_ENV, "kill")
+    if action.startswith("pause:"):
+        _pause(point, batchId, action[len("pause:") :])
+        return
     onceDir = os.environ.get(ONCE_DIR_ENV)
     marker = os.path.join(onceDir, _markerName(item)) if onceDir else os.environ.get(ONCE_ENV)
     if marker:
@@ -118,3 +131,17 @@ def crashPoint(point: str, batchId: int | None = None) -> None:
     if point.startswith("driver."):
         os.killpg(int(os.environ.get(GROUP_ENV) or os.getpgid(0)), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(point: str, batchId: int | None, directory: str) -> None:
+    """Stand still at ``point``: say so in ``<directory>/paused-<pid>``, then wait for
+    ``<directory>/release``."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"paused-{os.getpid()}"), "w") as f:
+        f.write(f"{point}:{batchId}\n")
+    log.warning("fault injection: paused at %s (batch %s)", point, batchId)
+    release = os.path.join(directory, "release")
+    deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log.warning("fault injection: going on from %s (batch %s)", point, batchId)

@@ -32,6 +32,11 @@ from twophase.redaction import getLogger
 log = getLogger(__name__)
 
 
+WALK_LIMIT = 100
+"""Steps a walk along a slot may take: each follows a fence of a newer run, or asks again after
+the store said a record exists and then that it does not (a reset in between)."""
+
+
 class SlotFenced(Exception):
     """A newer run fenced (or decided) the slot: the caller may not decide the batch."""
 
@@ -60,7 +65,7 @@ def decide(
     """
     mine = epoch or 0
     name = recordName(batchId, BatchStatus.DECIDED)
-    while True:
+    for _ in range(WALK_LIMIT):
         try:
             storage.publish(name, body, exclusive=True, what=what)
             return None
@@ -85,6 +90,7 @@ def decide(
         if fencer > mine:
             raise SlotFenced(batchId, fencer)
         name = linkName(batchId, fencer)
+    raise _endless(storage, batchId)
 
 
 def fence(storage: LogStorage, batchId: int, epoch: int) -> bool:
@@ -98,7 +104,7 @@ def fence(storage: LogStorage, batchId: int, epoch: int) -> bool:
         "epoch": epoch,
         "fencedAt": isoTime(datetime.now(UTC)),
     }
-    while True:
+    for _ in range(WALK_LIMIT):
         try:
             storage.publish(name, body, exclusive=True, what=f"the fence of batch {batchId}")
             return True
@@ -121,6 +127,15 @@ def fence(storage: LogStorage, batchId: int, epoch: int) -> bool:
         if fencer > epoch:
             raise SlotFenced(batchId, fencer)
         name = linkName(batchId, fencer)
+    raise _endless(storage, batchId)
+
+
+def _endless(storage: LogStorage, batchId: int) -> CorruptRecord:
+    return CorruptRecord(
+        f"decision log {storage.url}: the decision slot of batch {batchId} did not settle in "
+        f"{WALK_LIMIT} steps (the store kept saying a record exists and then that it does not); "
+        "is another process resetting the log?"
+    )
 
 
 def decision(storage: LogStorage, batchId: int, path: str) -> dict[str, Any] | None:

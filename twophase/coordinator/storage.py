@@ -138,7 +138,9 @@ class LogStorage:
 
     def readRecord(self, path: str) -> dict[str, Any]:
         """The body of the record at ``path``, its checksum verified; ``CorruptRecord`` if not
-        a complete record, ``FileNotFoundError`` if gone."""
+        a complete record, ``FileNotFoundError`` if gone. Never from a cached listing: a
+        record another driver created since must be found."""
+        self.fs.invalidate_cache(path)
         data = self.fs.cat_file(path)
         try:
             body = json.loads(data.decode("utf-8"))
