@@ -9,6 +9,7 @@ test_two_drivers.py runs the same on the S3 server and under Spark.
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -47,6 +48,7 @@ class Pipeline:
 
     output: str
     logUrl: str
+    sinkId: str = SINK
 
     def settings(self) -> FilesSettings:
         return FilesSettings.fromOptions({"path": self.output})
@@ -56,11 +58,12 @@ class Pipeline:
         writer = FilesWriter(self.settings())
         results = []
         for p in range(partitions):
-            ctx = TransactionContext(SINK, QUERY, batchId, p, 0, runId=tag)
+            ctx = TransactionContext(self.sinkId, QUERY, batchId, p, 0, runId=tag)
             txn = writer.beginTransaction(ctx)
             ids = np.arange(ROWS, dtype=np.int64) + batchId * 100 + p * ROWS
             writer.write(txn, pa.record_batch({"id": ids}))
-            results.append(TaskResult(SINK, QUERY, batchId, p, 0, writer.preCommit(txn), ROWS))
+            handle = writer.preCommit(txn)
+            results.append(TaskResult(self.sinkId, QUERY, batchId, p, 0, handle, ROWS))
         return results
 
     def visible(self) -> list[int]:
@@ -83,7 +86,8 @@ class DriverSide:
 
     def coordinator(self) -> Coordinator:
         committer = FilesCommitter(self.pipeline.settings())
-        return Coordinator(committer, DecisionLog(self.pipeline.logUrl), SINK, SETTINGS, self.epoch)
+        log = DecisionLog(self.pipeline.logUrl)
+        return Coordinator(committer, log, self.pipeline.sinkId, SETTINGS, self.epoch)
 
     def plan(self, batchId: int) -> Coordinator:
         """What the planning of batch N does: hold the log, then recover."""
@@ -277,6 +281,30 @@ def test_the_log_keeps_the_newest_runs(pipeline: Pipeline) -> None:
     assert len(runs) == RUNS_KEPT and runs[-1] == f"run-{RUNS_KEPT + 3:010d}.json"
     with pytest.raises(DriverFencedError):
         DriverSide(pipeline, "d0").coordinator().recover(0)  # no run: fenced all the same
+
+
+def test_the_documented_error_is_what_a_fenced_driver_says(tmp_path: Path) -> None:
+    """docs/operations.md, "Two drivers on one checkpoint": the example is real output (the
+    document's sink ``orders``, its log on S3, driver B on host-b with pid 4242)."""
+    log = str(tmp_path / "ckpt/orders/twophase/orders")
+    pipeline = Pipeline(str(tmp_path / "out"), log, "orders")
+    a, b = DriverSide(pipeline, "a"), DriverSide(pipeline, "b")
+    b.identity = Driver("driver-b", "host-b", 4242, "Spark driver")
+    a.plan(7)
+    prepared = pipeline.tasks(7, "a")
+    b.plan(7)
+    with pytest.raises(DriverFencedError) as fenced:
+        a.coordinator().commitBatch(7, prepared)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = doc.split("### 4. Two drivers on one checkpoint\n", 1)[1].split("\n#", 1)[0]
+    documented = [" ".join(b.split()) for b in re.findall(r"```text\n(.*?)```", section, re.S)]
+    claimed = re.search(r"claimed the log at (\S+);", documented[0])
+    assert claimed is not None
+    actual = " ".join(str(fenced.value).split()).replace(
+        pipeline.logUrl, "s3://bucket/ckpt/orders/twophase/orders"
+    )
+    actual = re.sub(r"claimed the log at \S+;", f"claimed the log at {claimed.group(1)};", actual)
+    assert [actual] == documented
 
 
 # ---------------------------------------------------------------------------- the stores

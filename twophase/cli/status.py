@@ -98,6 +98,8 @@ def status(
         out.write(f"sink {name}  ({url})\n")
         owner = info["owner"]
         out.write(f"  query id              {owner['queryId'] if owner else '-'}\n")
+        run = info.get("run") or {}
+        out.write(f"  held by               {run.get('description', '-')}\n")
         out.write(f"  committed batches     {info['committedBatches']} (still in the log)\n")
         out.write(f"  last committed batch  {info['lastCommitted']}\n")
         out.write(f"  aborted batches       {info['abortedBatches']}\n")

@@ -4,7 +4,10 @@ Layout, in one directory reached through fsspec (local disk, ``file://``, HDFS, 
 ``memory://``), by default ``<checkpointLocation>/twophase/<sinkId>/``::
 
     owner.json                                  sinkId, queryId, createdAt
-    batch-00000000000000000007.decided.json     queryId, handles (partition, attempt, rows, handle)
+    run-0000000003.json                         a driver's claim: epoch, driver, claimedAt
+    batch-00000000000000000007.decided.json     queryId, epoch, handles (partition, attempt, ...)
+    batch-00000000000000000008.decided.json     or a fence: a newer run took the log here ...
+    batch-00000000000000000008.decided-0000000003.json   ... and decided one link further
     batch-00000000000000000007.rewrite.json     lost partitions, the replay's handles for them
     batch-00000000000000000007.committed.json   commitSeconds and the commit's figures
     batch-00000000000000000008.aborted.json
@@ -18,7 +21,8 @@ ignored and removed by ``prune`` once they are old.
 States of batch N: ``decided(N, handles) -> committed(N)``, or ``aborted(N)``; Spark may replay
 an aborted batch, so a later ``decided(N)`` overrides ``aborted(N)``. ``aborted(N)`` is refused
 once N is decided. The state of N is therefore: committed if a committed record exists, else
-decided if a decided record exists, else aborted. A ``rewrite(N)`` record beside a decision
+decided if its decision slot ends in a decision (:mod:`~twophase.coordinator.slots`), else
+aborted. A ``rewrite(N)`` record beside a decision
 names the partitions whose decided transactions the participant aborted by itself (Kafka's
 transaction timeout) and the replay's handles that replace them; each new one replaces the last.
 The records also carry figures for operators that the protocol never reads
@@ -37,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from twophase.coordinator import scans, slots
+from twophase.coordinator import ownership, scans, slots
 from twophase.coordinator.errors import DecisionConflictError, LogOwnershipError
 from twophase.coordinator.figures import (
     RECOVERY_RUNS_KEPT,
@@ -55,7 +59,6 @@ from twophase.coordinator.records import (
     LoggedHandle,
     LogOwner,
     isoTime,
-    parseTime,
     recordName,
 )
 from twophase.coordinator.runs import RunRecords
@@ -64,8 +67,6 @@ from twophase.protocol import TaskResult
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
-
-OWNER_FILE = "owner.json"
 
 
 class DecisionLog:
@@ -133,14 +134,7 @@ class DecisionLog:
 
     def owner(self) -> LogOwner | None:
         """The query that owns the log, or ``None`` (new log, or unreadable ``owner.json``)."""
-        try:
-            body = self._storage.readRecord(self._storage.path(OWNER_FILE))
-        except FileNotFoundError:
-            return None
-        except CorruptRecord as exc:
-            log.warning("decision log %s: ignoring %s: %s", self._url, OWNER_FILE, exc)
-            return None
-        return LogOwner(str(body["sinkId"]), str(body["queryId"]), parseTime(body["createdAt"]))
+        return ownership.readOwner(self._storage)
 
     def refuseOtherQuery(self, sinkId: str, queryId: str) -> None:
         """Raise ``LogOwnershipError`` if another query owns the log; writes nothing."""
@@ -156,55 +150,7 @@ class DecisionLog:
         coordinator's ``claim`` commits those first); ``reset`` does nothing to a log the query
         already owns, so leaving the option on is harmless.
         """
-        current = self.owner()
-        if current is not None and (current.queryId, current.sinkId) == (queryId, sinkId):
-            return current
-        if current is not None and not reset:
-            raise LogOwnershipError(self._url, sinkId, current.queryId, queryId)
-        if current is not None:
-            waiting = self.outstanding()
-            if waiting:
-                raise LogOwnershipError(
-                    self._url,
-                    sinkId,
-                    current.queryId,
-                    queryId,
-                    detail="Cannot reset yet: batches "
-                    f"{', '.join(str(s.batchId) for s in waiting)} are decided but not "
-                    "committed; the coordinator commits them before a reset.",
-                )
-            removed = self._storage.clear(
-                what=f"the records of query {current.queryId} (twophase.resetLog)"
-            )
-            log.warning(
-                "twophase sink %s: reset decision log %s of query %s for query %s "
-                "(%d records removed)",
-                sinkId,
-                self._url,
-                current.queryId,
-                queryId,
-                removed,
-            )
-        owner = LogOwner(sinkId, queryId, datetime.now(UTC))
-        body = {
-            "format": FORMAT,
-            "sinkId": sinkId,
-            "queryId": queryId,
-            "createdAt": isoTime(owner.createdAt),
-        }
-        what = f"the owner record ({OWNER_FILE}) of query {queryId}"
-        try:
-            # Exclusive only for a fresh log: two first starts racing must not both win.
-            self._storage.publish(OWNER_FILE, body, exclusive=current is None, what=what)
-        except FileExistsError:
-            winner = self.owner()
-            if winner is None:  # an unreadable owner.json: nobody can own the log through it
-                self._storage.publish(OWNER_FILE, body, exclusive=False, what=what)
-                return owner
-            if (winner.queryId, winner.sinkId) != (queryId, sinkId):
-                raise LogOwnershipError(self._url, sinkId, winner.queryId, queryId) from None
-            return winner
-        return owner
+        return ownership.claim(self._storage, sinkId, queryId, reset, self.outstanding)
 
     # ------------------------------------------------------------------ state changes
 
@@ -436,8 +382,17 @@ class DecisionLog:
         return scans.lastDecided(self._storage, self._storage.listing())
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready summary for ``twophase status``: counts, last batches, outstanding."""
-        return scans.status(self._storage, self._storage.listing(), self.owner())
+        """A JSON-ready summary for ``twophase status``: counts, last batches, outstanding, and
+        the run that holds the log."""
+        listing = self._storage.listing()
+        summary = scans.status(self._storage, listing, self.owner())
+        newest = max(listing.runs, default=None)
+        run = None if newest is None else self.runs.read(newest)
+        if run is not None:
+            summary["run"] = run.toJson()
+        else:  # no run yet, or its record unreadable
+            summary["run"] = None if newest is None else {"epoch": newest}
+        return summary
 
     # ------------------------------------------------------------------ housekeeping
 

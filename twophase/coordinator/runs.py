@@ -59,6 +59,14 @@ class Run:
     claimedAt: datetime
     queryId: str | None = None
 
+    def toJson(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "driver": self.driver.toJson(),
+            "claimedAt": isoTime(self.claimedAt),
+            "description": self.describe(),
+        }
+
     def describe(self) -> str:
         """One line for an operator: which run, which driver, where and since when."""
         pid = f", pid {self.driver.pid}" if self.driver.pid is not None else ""

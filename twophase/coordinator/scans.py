@@ -71,7 +71,6 @@ def status(storage: LogStorage, listing: Listing, owner: LogOwner | None) -> dic
         "lastCommitted": committed[-1] if committed else None,
         "abortedBatches": len(aborted),
         "lastDecided": lastDecided(storage, listing),
-        "run": max(listing.runs, default=None),
         "outstanding": [s.toJson() for s in outstanding(storage, listing)],
     }
 
