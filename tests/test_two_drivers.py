@@ -213,6 +213,8 @@ def test_a_third_driver_takes_over_a_batch_the_second_fenced(pipeline: Pipeline)
     state = decisionLog.state(1)
     assert state is not None and state.isDecided and state.epoch == 3
     assert decisionLog.lastDecided() == 1 and decisionLog.outstanding() == []
+    figures = decisionLog.figures(1)
+    assert figures is not None and figures.outcome == "committed" and figures.rows == 8
     c.runBatch(2)
     assert pipeline.visible() == pipeline.expected(range(3))
 

@@ -25,6 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from twophase.coordinator import slots
 from twophase.coordinator.records import BatchStatus, isoTimeOrNone, parseTimeOrNone
 from twophase.coordinator.storage import CorruptRecord, LogStorage
 from twophase.redaction import getLogger
@@ -224,7 +225,13 @@ def _body(
     storage: LogStorage, batchId: int, status: BatchStatus, paths: Mapping[BatchStatus, str]
 ) -> dict[str, Any] | None:
     try:
-        body = storage.readRecord(paths[status])
+        if status is BatchStatus.DECIDED:  # at the end of the slot, past a takeover's fence
+            found = slots.decision(storage, batchId, paths[status])
+            if found is None:
+                return None
+            body = found
+        else:
+            body = storage.readRecord(paths[status])
         if body.get("batchId") != batchId or body.get("state") != str(status):
             raise CorruptRecord("its content names another batch or state")
     except FileNotFoundError:
