@@ -8,7 +8,8 @@ the error it ended with. Exit status 0 when every query drained, 3 when one fail
 connector (hadoop-aws of PySpark's own Hadoop version, by its Maven coordinates, cached under
 ``TWOPHASE_CACHE``); twophase's logs live under it, reached through s3fs with the ``AWS_*``
 variables the test gives the child. The test runs two of these on one spec: the first paused
-at a protocol step (``twophase.faults``), the second started while it stands still.
+at a protocol step (``twophase.faults``), the second started while it stands still (its
+Spark session may be made earlier: ``startWhen`` names a file it waits for before the queries).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,10 @@ def main(specPath: str) -> int:
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if spec.get("startWhen"):  # started early, so its JVM is up when the test wants it
+        go = Path(spec["startWhen"])
+        while not go.exists():
+            time.sleep(0.1)
     from twophase.spark.sequence import SequenceSource
 
     spark.dataSource.register(SequenceSource)

@@ -5,14 +5,14 @@
    transaction. Every round has one winner, and every driver that goes on to commit commits
    that winner's decision.
 2. Under Spark, with the Kafka, PostgreSQL and files sinks (three queries in one application,
-   ``integration_tests.driver_child``): driver A stands still at batch 1's decision with its
-   transactions prepared (``TWOPHASE_CRASH_ACTION=pause``); driver B is started on the same
-   checkpoints, claims every log and drains the source; then A goes on and must stop, fenced,
-   without committing anything of its own. Once on local disk with A running beside B (a
-   second driver started mid-batch; A goes on while B still writes), once with A frozen by
-   SIGSTOP and thawed after B finished, with Spark's checkpoint on ``s3a://`` and the logs and
-   the files sink's output on the S3 server, so the whole query lives on the store.
-   Afterwards every row is in every sink exactly once and nothing is left prepared.
+   ``integration_tests.driver_child``), the whole query on the store: Spark's checkpoint on
+   ``s3a://``, the logs and the files sink's output on the S3 server. Driver A stands still at
+   batch 1's decision with its transactions prepared (``TWOPHASE_CRASH_ACTION=pause``); driver
+   B is started on the same checkpoints while A runs (a second driver mid-batch) and claims
+   every log; A is then frozen by SIGSTOP while B drains the source, thawed, and let go on: it
+   must stop, fenced, without committing anything of its own. Every row is then in every sink
+   exactly once and nothing is left prepared. The same interleavings on local disk, without
+   Spark, are tests/test_two_drivers.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import pyarrow as pa
 import pytest
 
 from integration_tests.conftest import S3Service
-from integration_tests.sink_outputs import FILES, FILES_SINK, exactlyOnceReport, readFilesOutput
+from integration_tests.sink_outputs import FILES_SINK, exactlyOnceReport
 from integration_tests.spark_processes import (
     QUERY_FAILED,
     REPO_ROOT,
@@ -56,7 +56,7 @@ pytestmark = pytest.mark.timeout(900)
 
 ROUNDS = 40
 RACERS = 4
-ROWS = 200
+ROWS = 150
 ROWS_PER_BATCH = 50
 PAUSED_AT = "driver.beforeDecision:1"
 """Where driver A stands still: batch 1's transactions prepared, nothing decided."""
@@ -220,15 +220,6 @@ def postgresSink(pg_url: str, pg_table: str) -> Sink:
     return Sink("twophase.spark.postgres:PostgresSink", options, read, prepared)
 
 
-def localFilesSink(output: Path) -> Sink:
-    return Sink(
-        FILES_SINK,
-        {"path": str(output)},
-        lambda: readFilesOutput(output),
-        lambda: FILES.prepared(output, None),
-    )
-
-
 def s3FilesSink(s3: S3Service, prefix: str) -> Sink:
     from twophase.sinks.files.s3 import S3Calls
 
@@ -258,8 +249,16 @@ class Drivers:
         self.pauses = workdir / "pauses"
         self.home = makeSparkHome(workdir / "spark-home")
 
-    def start(self, name: str, *, paused: bool, s3a: dict[str, str] | None = None) -> Any:
+    def start(
+        self,
+        name: str,
+        *,
+        paused: bool,
+        s3a: dict[str, str] | None = None,
+        startWhen: Path | None = None,
+    ) -> Any:
         spec = {
+            "startWhen": None if startWhen is None else str(startWhen),
             "checkpointRoot": self.root,
             "rows": ROWS,
             "rowsPerBatch": ROWS_PER_BATCH,
@@ -337,46 +336,32 @@ def signalSession(child: Any, signum: int) -> None:
             pass
 
 
-def test_a_second_driver_started_mid_batch_fences_the_first(
-    tmp_path: Path, kafkaSink: Sink, postgresSink: Sink
-) -> None:
-    sinks = {
-        "kafka": kafkaSink,
-        "postgres": postgresSink,
-        "files": localFilesSink(tmp_path / "out"),
-    }
-    drivers = Drivers(tmp_path, sinks, str(tmp_path / "checkpoints"), {})
-    a = drivers.start("a", paused=True)
-    try:
-        drivers.awaitPaused(a)
-        b = drivers.start("b", paused=False)
-        claimed = tmp_path / "checkpoints"
-        deadline = time.monotonic() + 300
-        while len(list(claimed.glob("*/twophase/*/run-0000000002.json"))) < len(sinks):
-            assert b.poll() is None, drivers.tail("b")
-            assert time.monotonic() < deadline, drivers.tail("b")
-            time.sleep(0.2)
-        drivers.release()  # A goes on while B writes
-        codeA = drivers.wait(a, "a")
-        codeB = drivers.wait(b, "b")
-    finally:
-        killSession(a.pid)
-    drivers.check(codeA, codeB)
-
-
-def test_a_frozen_driver_thawed_after_a_replacement_commits_nothing_on_s3(
+def test_a_second_driver_mid_batch_then_the_first_frozen_and_thawed_on_s3(
     tmp_path: Path, s3: S3Service, kafkaSink: Sink, postgresSink: Sink
 ) -> None:
+    """The whole query on the store: Spark's checkpoint on ``s3a://``, the logs and the files
+    sink's output on the S3 server. B starts while A is mid-batch and running; once B holds
+    every log, A is frozen by SIGSTOP while B drains, then thawed and let go on."""
     prefix = f"it-drivers/{uuid.uuid4().hex[:10]}"
     sinks = {"kafka": kafkaSink, "postgres": postgresSink, "files": s3FilesSink(s3, prefix)}
     root = f"s3a://{s3.bucket}/{prefix}/checkpoints"
     drivers = Drivers(tmp_path, sinks, root, s3Environment(s3))
     s3a = {"endpoint": s3.endpoint, "key": s3.accessKey, "secret": s3.secretKey}
+    fs = s3.filesystem()
+    go = tmp_path / "b-go"
     a = drivers.start("a", paused=True, s3a=s3a)
+    b = drivers.start("b", paused=False, s3a=s3a, startWhen=go)  # its session only, for now
     try:
         drivers.awaitPaused(a)
+        go.touch()  # B's queries start while A is mid-batch
+        deadline = time.monotonic() + 300
+        claims = f"{s3.bucket}/{prefix}/checkpoints/*/twophase/*/run-0000000002.json"
+        while len(fs.glob(claims)) < len(sinks):  # B holds every log, A still running
+            assert b.poll() is None, drivers.tail("b")
+            assert time.monotonic() < deadline, drivers.tail("b")
+            time.sleep(0.3)
+            fs.invalidate_cache()
         signalSession(a, signal.SIGSTOP)  # the whole driver: JVM, workers, the paused commits
-        b = drivers.start("b", paused=False, s3a=s3a)
         codeB = drivers.wait(b, "b")
         signalSession(a, signal.SIGCONT)
         drivers.release()
@@ -384,8 +369,6 @@ def test_a_frozen_driver_thawed_after_a_replacement_commits_nothing_on_s3(
     finally:
         signalSession(a, signal.SIGCONT)
         killSession(a.pid)
+        killSession(b.pid)
     drivers.check(codeA, codeB)
-    fs = s3.filesystem()
-    logs = fs.glob(f"{s3.bucket}/{prefix}/checkpoints/*/twophase/*/run-*.json")
-    assert len(logs) == 2 * len(sinks), logs
     fs.rm(f"{s3.bucket}/{prefix}", recursive=True)
