@@ -9,6 +9,7 @@
 #   make demo           the end-to-end demo
 #   make services       start PostgreSQL, Kafka, MariaDB and S3, write .services.env
 #   make services-down  stop them and delete their state
+#   make compose-up     the same servers and a Spark cluster under docker compose (compose-down)
 #   make lint           ruff format check, ruff lint, mypy
 #   make chaos KILLS=200 FAULTS=200  the random chaos soak: kills, and faults beyond kills
 #                         (starts and stops the servers itself)
@@ -59,7 +60,7 @@ endef
 # every built-in sink.
 COMPAT_OLDEST ?= 3.5.9 4.0.5:format
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat" tests integration_tests && COMPAT_SINKS=core PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
+	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.
@@ -99,6 +100,26 @@ services-down:
 
 services-status:
 	services/services.sh status
+
+# The same servers and a Spark standalone cluster (a master, two workers) under docker compose,
+# every image built here from docker/ on a Debian base (docs/deploying.md). Installs and starts
+# the Docker engine when it is missing (root on Debian).
+.PHONY: compose-up compose-down compose-build
+compose-up:
+	docker/compose.sh up
+
+compose-down:
+	docker/compose.sh down
+
+compose-build:
+	docker/compose.sh build
+
+# The tests against the compose cluster (marker `cluster`); brings it up when it is not, and
+# leaves it running (`make compose-down` stops it).
+.PHONY: test-cluster
+test-cluster: .venv
+	docker/compose.sh up
+	set -a; . services/docker.env; set +a; $(VENV)/bin/pytest -m cluster integration_tests
 
 lint: .venv
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check . && $(VENV)/bin/mypy

@@ -1,7 +1,7 @@
-"""docker-compose.yml must start the same Kafka and PostgreSQL as services/*.sh.
+"""docker-compose.yml must start the same servers as services/*.sh, from images built here.
 
 The scripts take their settings from services/settings.env; this test holds docker-compose.yml,
-services/docker.env and the Kafka pom to that file.
+services/docker.env and the Kafka pom to that file, and every image to a Dockerfile of docker/.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ COMPOSE_LAYOUT_PROPERTIES = {
     "inter.broker.listener.name",
     "listener.security.protocol.map",
 }
-# Variables of the apache/kafka image that are not broker properties.
+# Variables of the Kafka image (docker/kafka/entrypoint.sh) that are not broker properties.
 KAFKA_IMAGE_NON_PROPERTIES = {"CLUSTER_ID", "KAFKA_HEAP_OPTS"}
 
 
@@ -89,7 +89,9 @@ def test_kafka_version_is_the_same_everywhere(
     settings: dict[str, str], compose: dict[str, Any]
 ) -> None:
     version = settings["TWOPHASE_KAFKA_VERSION"]
-    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{version}"
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"] == f"twophase/kafka:{version}"
+    assert kafka["build"]["args"]["KAFKA_VERSION"] == version
 
     pom = ET.parse(SERVICES / "kafka" / "pom.xml").getroot()
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
@@ -120,7 +122,10 @@ def test_kafka_is_a_single_kraft_node_on_the_published_port(
     assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert kafka_env["KAFKA_NODE_ID"] == "1"
     assert kafka_env["KAFKA_CONTROLLER_QUORUM_VOTERS"].startswith("1@")
-    assert kafka_env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://127.0.0.1:9092"
+    advertised = kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    # The host's clients on the published port; the other containers by the service's name.
+    assert "PLAINTEXT://127.0.0.1:9092" in advertised
+    assert "INTERNAL://kafka:19092" in advertised
     assert "127.0.0.1:9092:9092" in compose["services"]["kafka"]["ports"]
 
 
@@ -128,7 +133,8 @@ def test_postgres_settings_match_the_script(
     settings: dict[str, str], compose: dict[str, Any]
 ) -> None:
     pg = compose["services"]["postgres"]
-    assert pg["image"] == f"postgres:{settings['TWOPHASE_POSTGRES_MAJOR']}"
+    assert pg["image"] == f"twophase/postgres:{settings['TWOPHASE_POSTGRES_MAJOR']}"
+    assert pg["build"]["args"]["POSTGRES_MAJOR"] == settings["TWOPHASE_POSTGRES_MAJOR"]
     command = pg["command"]
     assert command[0] == "postgres"
     options = dict(command[i + 1].split("=", 1) for i, word in enumerate(command) if word == "-c")
@@ -159,14 +165,16 @@ def test_docker_env_points_at_the_compose_services(settings: dict[str, str]) -> 
 
 def test_s3_settings_match_the_script(settings: dict[str, str], compose: dict[str, Any]) -> None:
     s3 = compose["services"]["s3"]
-    assert s3["image"] == f"versity/versitygw:v{settings['TWOPHASE_VERSITYGW_VERSION']}"
+    version = settings["TWOPHASE_VERSITYGW_VERSION"]
+    assert s3["image"] == f"twophase/versitygw:{version}"
+    assert s3["build"]["args"]["VERSION"] == version
+    assert s3["build"]["args"]["MODULE"] in (SERVICES / "s3.sh").read_text()
     assert s3["environment"] == {
         "ROOT_ACCESS_KEY": settings["TWOPHASE_DEFAULT_S3_ACCESS_KEY"],
         "ROOT_SECRET_KEY": settings["TWOPHASE_DEFAULT_S3_SECRET_KEY"],
+        "BUCKETS": settings["TWOPHASE_DEFAULT_S3_BUCKET"],
     }
     assert "127.0.0.1:7070:7070" in s3["ports"]
-    bucket = compose["services"]["s3-bucket"]
-    assert bucket["command"][-1] == settings["TWOPHASE_DEFAULT_S3_BUCKET"]
     env = read_env_file(SERVICES / "docker.env")
     assert env["TWOPHASE_S3_ENDPOINT"] == "http://127.0.0.1:7070"
     assert env["TWOPHASE_S3_ACCESS_KEY"] == settings["TWOPHASE_DEFAULT_S3_ACCESS_KEY"]
@@ -179,7 +187,8 @@ def test_mariadb_settings_match_the_script(
     settings: dict[str, str], compose: dict[str, Any]
 ) -> None:
     db = compose["services"]["mariadb"]
-    assert db["image"] == f"mariadb:{settings['TWOPHASE_MARIADB_VERSION']}"
+    # Debian 12's mariadb-server is the version services/settings.env names.
+    assert db["image"] == f"twophase/mariadb:{settings['TWOPHASE_MARIADB_VERSION']}"
     assert f"--max-connections={settings['TWOPHASE_MARIADB_MAX_CONNECTIONS']}" in db["command"]
     env = {key: as_text(value) for key, value in db["environment"].items()}
     assert env["MARIADB_USER"] == settings["TWOPHASE_MARIADB_USER"]
@@ -213,3 +222,76 @@ def test_scripts_take_their_settings_from_settings_env() -> None:
         assert name in kafka, name
     for name in ("TWOPHASE_PG_MAX_PREPARED_TRANSACTIONS", "TWOPHASE_PG_MAX_CONNECTIONS"):
         assert name in postgres, name
+
+
+def test_every_image_is_built_here_from_docker(compose: dict[str, Any]) -> None:
+    """No image comes from a registry: each service builds from a Dockerfile of docker/ on the
+    base image the build arg names, and the builds trust the CA bundle as a secret only."""
+    assert compose["secrets"]["ca-bundle"]["file"].startswith("${TWOPHASE_CA_BUNDLE")
+    builds = {name: s for name, s in compose["services"].items() if "build" in s}
+    built = {s["image"] for s in builds.values()}
+    for name, service in compose["services"].items():
+        if "build" not in service:
+            # A node of the Spark image another service builds, never pulled.
+            assert service["image"] in built and service["pull_policy"] == "never", name
+            continue
+        build = service["build"]
+        dockerfile = ROOT / build["dockerfile"]
+        assert dockerfile.is_file() and dockerfile.parent.parent == ROOT / "docker", name
+        assert build["context"] == "."
+        assert build["args"]["BASE"] == "${TWOPHASE_BASE_IMAGE:-twophase/debian:bookworm}", name
+        assert build["secrets"] == ["ca-bundle"], name
+        text = dockerfile.read_text()
+        assert "ARG BASE=twophase/debian:bookworm" in text, name
+        assert all(
+            line.split()[1].startswith(("${BASE}", "python", "jars", "build"))
+            for line in text.splitlines()
+            if line.startswith("FROM ")
+        ), name
+
+
+def test_dockerignore_lets_through_what_the_dockerfiles_copy() -> None:
+    """The build context is the repository with .dockerignore's allow-list: every COPY source
+    of every Dockerfile must exist and be let through."""
+    allowed = [
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    for dockerfile in (ROOT / "docker").glob("*/Dockerfile"):
+        for line in dockerfile.read_text().splitlines():
+            words = line.split()
+            if not words or words[0] != "COPY" or any(w.startswith("--from") for w in words):
+                continue
+            for source in words[1:-1]:
+                assert (ROOT / source).exists(), f"{dockerfile}: {source} does not exist"
+                assert any(source == a or source.startswith(a + "/") for a in allowed), (
+                    f"{dockerfile}: {source} is not let through by .dockerignore"
+                )
+
+
+def test_toxiproxy_has_the_scripts_proxies_on_published_ports(
+    settings: dict[str, str], compose: dict[str, Any]
+) -> None:
+    import json
+
+    toxi = compose["services"]["toxiproxy"]
+    version = settings["TWOPHASE_TOXIPROXY_VERSION"]
+    assert toxi["image"] == f"twophase/toxiproxy:{version}"
+    assert toxi["build"]["args"]["VERSION"] == version
+    assert toxi["build"]["args"]["MODULE"] in (SERVICES / "toxiproxy.sh").read_text()
+    proxies = json.loads(compose["configs"]["toxiproxy-proxies"]["content"])
+    # The proxies services/services.sh makes (integration_tests/toxiproxy.py, PROXY_NAMES).
+    assert sorted(p["name"] for p in proxies) == ["kafka", "mariadb", "postgres", "s3"]
+    for proxy in proxies:
+        port = proxy["listen"].rsplit(":", 1)[1]
+        assert f"127.0.0.1:{port}:{port}" in toxi["ports"], proxy["name"]
+        host = proxy["upstream"].split(":")[0]
+        assert host in compose["services"], proxy["name"]
+    kafka = next(p for p in proxies if p["name"] == "kafka")
+    advertised = compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    # Clients that bootstrap at the proxy are told to stay on it.
+    assert f"PROXIED://127.0.0.1:{kafka['listen'].rsplit(':', 1)[1]}" in advertised.split(",")
+    env = read_env_file(SERVICES / "docker.env")
+    assert env["TWOPHASE_TOXIPROXY_URL"] == "http://127.0.0.1:8474"
+    assert env["TWOPHASE_SERVICES"] == "compose"
