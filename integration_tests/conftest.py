@@ -227,8 +227,49 @@ def failedWithin(
     return error
 
 
+@dataclass
+class ComposeControl(ServiceControl):
+    """Stops and starts one server of docker-compose.yml (`make compose-up`): a stop, a kill,
+    a start that waits until the server is healthy, and a freeze as `docker compose pause`."""
+
+    service: str = ""
+
+    def _run(self, verb: str) -> None:
+        words = {
+            "stop": ["stop", self.service],
+            "kill": ["kill", self.service],
+            "start": ["up", "-d", "--no-deps", "--wait", self.service],
+            "freeze": ["pause", self.service],
+            "thaw": ["unpause", self.service],
+        }[verb]
+        result = subprocess.run(
+            [str(self.script), "compose", *words], capture_output=True, text=True, timeout=300
+        )
+        # unpause of a container that is not paused is the script verbs' "nothing to thaw".
+        if result.returncode != 0 and verb != "thaw":
+            raise RuntimeError(
+                f"docker compose {' '.join(words)} failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )
+
+
+def _compose_managed() -> bool:
+    """The servers are docker-compose.yml's (services/docker.env says so)."""
+    return service_setting("TWOPHASE_SERVICES") == "compose"
+
+
+def _control(script: Path, noun: str, service: str) -> ServiceControl:
+    """The control of one server, by the scripts or by docker compose, as it was started."""
+    if _compose_managed():
+        return ComposeControl(REPO_ROOT / "docker" / "compose.sh", noun, service)
+    return ServiceControl(script, noun)
+
+
 def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
-    """True when `script query` (the running service's address) matches what the tests use."""
+    """True when `script query` (the running service's address) matches what the tests use,
+    or the servers are docker compose's."""
+    if _compose_managed():
+        return True
     env = dict(os.environ)
     cache = service_setting("TWOPHASE_CACHE")
     if cache:
@@ -249,7 +290,7 @@ def kafka_broker(kafka_bootstrap: str, services_dir: Path) -> Iterator[ServiceCo
             "test cannot restart it; run it after `make services`",
             pytrace=False,
         )
-    control = ServiceControl(script, "broker")
+    control = _control(script, "broker", "kafka")
     yield control
     control.thaw()
     control.start()
@@ -265,7 +306,7 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
             "cannot restart it; run it after `make services`",
             pytrace=False,
         )
-    control = ServiceControl(script, "server")
+    control = _control(script, "server", "postgres")
     yield control
     control.thaw()
     control.start()
@@ -304,7 +345,7 @@ def mariadb_server(mariadb_url: str, services_dir: Path) -> Iterator[ServiceCont
             "restart it; run it after `make services`",
             pytrace=False,
         )
-    control = ServiceControl(script, "server")
+    control = _control(script, "server", "mariadb")
     yield control
     control.thaw()
     control.start()
@@ -372,7 +413,7 @@ def s3_server(s3: S3Service, services_dir: Path) -> Iterator[ServiceControl]:
             "cannot restart it; run it after `make services`",
             pytrace=False,
         )
-    control = ServiceControl(script, "server")
+    control = _control(script, "server", "s3")
     yield control
     control.thaw()
     control.start()
@@ -446,7 +487,7 @@ def toxiproxy() -> Toxiproxy:
     if not url:
         pytest.fail(
             f"Toxiproxy is not configured: TWOPHASE_TOXIPROXY_URL is unset and {SERVICES_ENV} "
-            "has none; start it with `make services` (docker compose runs no proxies)",
+            "has none; start it with `make services` or `make compose-up`",
             pytrace=False,
         )
     client = Toxiproxy(url)

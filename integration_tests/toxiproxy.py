@@ -120,7 +120,13 @@ class Proxy:
 
     @classmethod
     def _of(cls, toxiproxy: Toxiproxy, info: dict[str, Any]) -> Proxy:
-        return cls(toxiproxy, str(info["name"]), str(info["listen"]), str(info["upstream"]))
+        listen = str(info["listen"])
+        host, _, port = listen.rpartition(":")
+        # A proxy listening on every address (docker-compose.yml's, inside its container) is
+        # reached on the host's loopback, where its port is published.
+        if host in ("0.0.0.0", "[::]", "::"):
+            listen = f"127.0.0.1:{port}"
+        return cls(toxiproxy, str(info["name"]), listen, str(info["upstream"]))
 
     def __repr__(self) -> str:
         return f"Proxy({self.name!r}, listen={self.listen!r}, upstream={self.upstream!r})"
