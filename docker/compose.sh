@@ -53,13 +53,15 @@ as_root_on_debian() {
     [[ $(id -u) == 0 && -f /etc/debian_version ]] && command -v apt-get >/dev/null
 }
 
+# apt_install WHAT PACKAGE: PACKAGE from Debian's packages, because WHAT is missing.
 apt_install() {
-    as_root_on_debian || die "$1 is missing and cannot be installed here (not root on Debian): install $2 yourself"
-    log "installing $2 from Debian's packages"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${@:2}" >"$DOCKER_CACHE/apt.log" 2>&1 ||
-        { DEBIAN_FRONTEND=noninteractive apt-get update -q >>"$DOCKER_CACHE/apt.log" 2>&1 &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${@:2}" >>"$DOCKER_CACHE/apt.log" 2>&1; } ||
-        { tail -20 "$DOCKER_CACHE/apt.log" >&2; die "apt-get could not install $2 (log: $DOCKER_CACHE/apt.log)"; }
+    local what=$1 package=$2 apt=$DOCKER_CACHE/apt.log
+    as_root_on_debian || die "$what is missing and cannot be installed here (not root on Debian): install $package yourself"
+    log "installing $package from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends "$package" >"$apt" 2>&1 ||
+        { apt-get update -q >>"$apt" 2>&1 && apt-get install -y -q --no-install-recommends "$package" >>"$apt" 2>&1; } ||
+        { tail -20 "$apt" >&2; die "apt-get could not install $package (log: $apt)"; }
 }
 
 # plugin NAME MODULE PACKAGE VERSION VERSIONVAR: a docker CLI plugin, built once from the
@@ -95,11 +97,11 @@ plugin() {
 engine() {
     mkdir -p "$DOCKER_CACHE" "$PLUGINS"
     if ! command -v docker >/dev/null; then
-        apt_install docker docker.io docker.io
+        apt_install docker docker.io
     fi
     if ! docker info >/dev/null 2>&1; then
         if ! command -v dockerd >/dev/null; then
-            apt_install dockerd docker.io docker.io
+            apt_install dockerd docker.io
         fi
         as_root_on_debian || die "the Docker engine is not running and cannot be started here (not root): start dockerd"
         log "starting dockerd (log: $ENGINE_LOG)"
@@ -125,7 +127,7 @@ base() {
         { log "pulling $BASE_IMAGE"; docker pull "$BASE_IMAGE" && return 0; die "could not pull $BASE_IMAGE: unset TWOPHASE_BASE_IMAGE to make the base here with debootstrap"; }
     local tarball=$DOCKER_CACHE/debian-$SUITE.tar.gz
     if [[ ! -s $tarball ]]; then
-        command -v debootstrap >/dev/null || apt_install debootstrap debootstrap debootstrap
+        command -v debootstrap >/dev/null || apt_install debootstrap debootstrap
         local rootfs=$DOCKER_CACHE/rootfs.partial
         rm -rf "$rootfs"
         log "making the $SUITE base with debootstrap from $MIRROR (first run only)"

@@ -258,18 +258,24 @@ def _compose_managed() -> bool:
     return service_setting("TWOPHASE_SERVICES") == "compose"
 
 
-def _control(script: Path, noun: str, service: str) -> ServiceControl:
-    """The control of one server, by the scripts or by docker compose, as it was started."""
+def _control(
+    script: Path, noun: str, service: str, query: list[str], address: str, what: str
+) -> ServiceControl:
+    """The control of one server, by docker compose or by its script, as it was started; a
+    server the script did not start (`script query` prints another address) fails the test."""
     if _compose_managed():
         return ComposeControl(REPO_ROOT / "docker" / "compose.sh", noun, service)
+    if not _managed_by_scripts(script, query, address):
+        pytest.fail(
+            f"{what} was not started by services/{script.name}, so this test cannot restart "
+            "it; run it after `make services`",
+            pytrace=False,
+        )
     return ServiceControl(script, noun)
 
 
 def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
-    """True when `script query` (the running service's address) matches what the tests use,
-    or the servers are docker compose's."""
-    if _compose_managed():
-        return True
+    """True when `script query` (the running service's address) matches what the tests use."""
     env = dict(os.environ)
     cache = service_setting("TWOPHASE_CACHE")
     if cache:
@@ -283,14 +289,14 @@ def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
 @pytest.fixture
 def kafka_broker(kafka_bootstrap: str, services_dir: Path) -> Iterator[ServiceControl]:
     """Control of the Kafka broker; it is running again after the test, whatever happened."""
-    script = services_dir / "kafka.sh"
-    if not _managed_by_scripts(script, ["bootstrap"], kafka_bootstrap):
-        pytest.fail(
-            f"the broker at {kafka_bootstrap} was not started by services/kafka.sh, so this "
-            "test cannot restart it; run it after `make services`",
-            pytrace=False,
-        )
-    control = _control(script, "broker", "kafka")
+    control = _control(
+        services_dir / "kafka.sh",
+        "broker",
+        "kafka",
+        ["bootstrap"],
+        kafka_bootstrap,
+        f"the broker at {kafka_bootstrap}",
+    )
     yield control
     control.thaw()
     control.start()
@@ -299,14 +305,14 @@ def kafka_broker(kafka_bootstrap: str, services_dir: Path) -> Iterator[ServiceCo
 @pytest.fixture
 def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]:
     """Control of the PostgreSQL server; it is running again after the test, whatever happened."""
-    script = services_dir / "postgres.sh"
-    if not _managed_by_scripts(script, ["url"], pg_url):
-        pytest.fail(
-            f"the server at {pg_url} was not started by services/postgres.sh, so this test "
-            "cannot restart it; run it after `make services`",
-            pytrace=False,
-        )
-    control = _control(script, "server", "postgres")
+    control = _control(
+        services_dir / "postgres.sh",
+        "server",
+        "postgres",
+        ["url"],
+        pg_url,
+        f"the server at {pg_url}",
+    )
     yield control
     control.thaw()
     control.start()
@@ -338,14 +344,9 @@ def mariadb_url() -> str:
 @pytest.fixture
 def mariadb_server(mariadb_url: str, services_dir: Path) -> Iterator[ServiceControl]:
     """Control of the MariaDB server; it is running again after the test, whatever happened."""
-    script = services_dir / "mariadb.sh"
-    if not _managed_by_scripts(script, ["url"], mariadb_url):
-        pytest.fail(
-            "the MariaDB server was not started by services/mariadb.sh, so this test cannot "
-            "restart it; run it after `make services`",
-            pytrace=False,
-        )
-    control = _control(script, "server", "mariadb")
+    control = _control(
+        services_dir / "mariadb.sh", "server", "mariadb", ["url"], mariadb_url, "the MariaDB server"
+    )
     yield control
     control.thaw()
     control.start()
@@ -406,14 +407,14 @@ def s3() -> S3Service:
 @pytest.fixture
 def s3_server(s3: S3Service, services_dir: Path) -> Iterator[ServiceControl]:
     """Control of the S3 server; it is running again after the test, whatever happened."""
-    script = services_dir / "s3.sh"
-    if not _managed_by_scripts(script, ["endpoint"], s3.endpoint):
-        pytest.fail(
-            f"the S3 server at {s3.endpoint} was not started by services/s3.sh, so this test "
-            "cannot restart it; run it after `make services`",
-            pytrace=False,
-        )
-    control = _control(script, "server", "s3")
+    control = _control(
+        services_dir / "s3.sh",
+        "server",
+        "s3",
+        ["endpoint"],
+        s3.endpoint,
+        f"the S3 server at {s3.endpoint}",
+    )
     yield control
     control.thaw()
     control.start()
