@@ -16,90 +16,48 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.sql.committer import SqlCommitter
-from twophase.sinks.sql.connections import engineFor, isTimeout, isUnavailable, noAnswer
+from twophase.sinks.sql.connections import engineFor
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
     badRecordsTable,
     beginTwoPhase,
-    errorMessage,
     insertParts,
     insertStatement,
     isDriverError,
     markerTable,
-    mysqlCode,
-    pgState,
     prepareTwoPhase,
     rollbackTwoPhase,
     rowsOf,
     tableText,
     valuesText,
 )
-from twophase.sinks.sql.errors import RowRejectedError, SqlSinkError, SqlUnavailableError
+from twophase.sinks.sql.errors import RowRejectedError
 from twophase.sinks.sql.handles import KIND, taskHandle
 from twophase.sinks.sql.rejections import (
-    Rejection,
     describe,
-    fixFor,
     isRejection,
-    locate,
     rejectionOf,
     withoutRowData,
 )
 from twophase.sinks.sql.sessions import TASK_SESSIONS, end
 from twophase.sinks.sql.settings import SqlSettings
+from twophase.sinks.sql.taskerrors import taskError
+from twophase.sinks.sql.transaction import SentRows, SqlTransaction
 from twophase.sinks.sql.xid import SqlXid
 
 log = getLogger(__name__)
 
 MAX_STATEMENT_BYTES = 4 << 20
 """Largest multi-row ``INSERT`` sent at once (MariaDB's ``max_allowed_packet`` is 16 MiB)."""
-
-
-@dataclass(frozen=True)
-class SentRows:
-    """The rows of the ``INSERT`` running: the task's row of its first, how many, and how to
-    send rows ``start:stop`` of them again on their own (to find the one refused)."""
-
-    first: int
-    count: int
-    send: Callable[[int, int], None]
-
-
-@dataclass(eq=False)
-class SqlTransaction:
-    """One task attempt's transaction: its xid, connection and insert statement.
-
-    Lives in one executor task only (holds a connection); never pickled. The connection is
-    taken at the first non-empty record batch, so an empty partition costs nothing; ``begun``
-    while the two-phase transaction is open (neither prepared nor rolled back).
-    """
-
-    ctx: TransactionContext
-    xid: str
-    conn: Connection | None = None
-    engine: Engine | None = None
-    begun: bool = False
-    schema: pa.Schema | None = None
-    statement: str = ""
-    parts: tuple[str, str] = ("", "")
-    backslashEscapes: bool = True
-    rows: int = 0
-    state: str = "open"
-    handle: Handle | None = None
-    batch: pa.RecordBatch | None = None
-    """The record batch being written (its first row is the task's row ``rows``)."""
-    sent: SentRows | None = None
 
 
 class SqlWriter(TransactionWriter[SqlTransaction]):
@@ -331,71 +289,10 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         except Exception as exc:
             if not isDriverError(exc):
                 raise
-            errorType, message = self._taskError(txn, exc)
+            errorType, message = taskError(self.settings, txn, exc)
             if errorType is RowRejectedError:
                 raise errorType(redact(message)) from withoutRowData(exc)
             raise errorType(redact(message)) from None
-
-    def _taskError(self, txn: SqlTransaction, exc: Exception) -> tuple[type[SqlSinkError], str]:
-        s = self.settings
-        ctx = txn.ctx
-        where = (
-            f"sql sink {ctx.sinkId}, batch {ctx.batchId}, partition {ctx.partitionId} "
-            f"(attempt {ctx.attemptNumber}), table {s.qualifiedName} at {s.describe()}"
-        )
-        text = errorMessage(exc)
-        if isTimeout(exc):
-            return SqlUnavailableError, (
-                f"{where}: {noAnswer(s.socketTimeout)}: {text}. Nothing of this task is visible; "
-                "Spark retries the task, and a failed batch is written again when the query "
-                "restarts. If statements take that long on a healthy server, raise the option "
-                "socketTimeout."
-            )
-        if isUnavailable(exc):
-            return SqlUnavailableError, (
-                f"{where}: lost the connection: {text}. Nothing of this task is visible; Spark "
-                "retries the task, and a failed batch is written again when the query restarts."
-            )
-        if pgState(exc) == "53200" or (
-            pgState(exc) == "55000" and "prepared transactions are disabled" in text
-        ):
-            return SqlSinkError, (
-                f"{where}: PostgreSQL refused PREPARE TRANSACTION: {text}. Each partition holds "
-                "one prepared transaction until the driver commits: set "
-                "max_prepared_transactions in postgresql.conf above the number of partitions "
-                "(and restart the server), or write fewer partitions (df.coalesce(n))."
-            )
-        if isinstance(exc, sa.exc.IntegrityError | sa.exc.DataError) or isRejection(exc):
-            rejection = self._placed(txn, exc)
-            return RowRejectedError, (
-                f"{where}: the database rejected {describe(rejection, ctx.partitionId)}. "
-                f"Nothing of batch {ctx.batchId} becomes visible: the task's transaction is "
-                f"rolled back and the query fails. Fix: {fixFor(rejection, s.qualifiedName)}; "
-                "then restart the query: the batch is written again."
-            )
-        return SqlSinkError, f"{where}: {text}"
-
-    def _placed(self, txn: SqlTransaction, exc: Exception) -> Rejection:
-        """The refused row's position in the task: as the server says it, else found by
-        sending the statement's rows again in halves (MySQL/MariaDB), else the statement's
-        rows; for a value too long, its length and the column's type."""
-        sent, txn.sent = txn.sent, None
-        rejection = rejectionOf(exc, sent.first if sent is not None else txn.rows)
-        code = mysqlCode(exc)
-        if rejection.row is None and sent is not None:
-            index = None
-            if code is not None and self.settings.family == "mysql":
-                index = locate(sent.send, sent.count, code)
-            if index is None:
-                last = sent.first + sent.count - 1
-                rejection = replace(rejection, rows=f"rows {sent.first} to {last}")
-            else:
-                rejection = replace(rejection, row=sent.first + index)
-        if code == 1406 and rejection.row is not None and rejection.column:
-            s = self.settings
-            length = _tooLong(txn, rejection.row, rejection.column, s.schema, s.table)
-            rejection = replace(rejection, length=length)
-        return rejection
 
 
 def _sendText(txn: SqlTransaction, rows: pa.Array) -> None:
@@ -432,32 +329,6 @@ def _recordJson(txn: SqlTransaction, position: int) -> str:
         return "null"
     row = batch.slice(index, 1).to_pylist()[0]
     return json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
-
-
-def _tooLong(txn: SqlTransaction, row: int, column: str, schema: str | None, table: str) -> str:
-    """``the value has 12 characters; the column is varchar(5)``, as far as known."""
-    facts = []
-    batch = txn.batch
-    index = row - txn.rows
-    if batch is not None and column in batch.schema.names and 0 <= index < batch.num_rows:
-        value = batch.column(column)[index].as_py()
-        if isinstance(value, str | bytes):
-            unit = "characters" if isinstance(value, str) else "bytes"
-            facts.append(f"the value has {len(value)} {unit}")
-    try:
-        assert txn.conn is not None
-        with txn.conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.execute(
-                "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-                "COALESCE(%s, DATABASE()) AND TABLE_NAME = %s AND COLUMN_NAME = %s",
-                (schema, table, column),
-            )
-            found = cursor.fetchone()
-        if found:
-            facts.append(f"the column is {found[0]}")
-    except Exception:  # best effort: the message stands without it
-        log.debug("sql: reading the type of column %s failed", column, exc_info=True)
-    return "; ".join(facts)
 
 
 def _release(txn: SqlTransaction) -> None:
