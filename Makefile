@@ -57,10 +57,11 @@ endef
 # The whole suite on .venv's PySpark (the newest), then the compatibility suite on the oldest
 # PySpark of each way of writing: foreachBatch on 3.5, format() on 4.0 (its row-based stream
 # writer), with files, Kafka and PostgreSQL; `make test-compat` runs both ways on all five, with
-# every built-in sink.
+# every built-in sink. Spark's JVMs in the tests map their classes from an archive made once per
+# PySpark (integration_tests/jvm_archive.py); the short compatibility run uses one when cached.
 COMPAT_OLDEST ?= 3.5.9 4.0.5:format
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
+	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core TWOPHASE_JVM_ARCHIVE=existing PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.

@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from integration_tests import jvm_archive
 from integration_tests.toxiproxy import PROXY_NAMES, Toxiproxy, ToxiproxyError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,20 @@ SERVICES_ENV = REPO_ROOT / ".services.env"
 HOW_TO_START = (
     "start it with `make services` (or `docker compose up -d` and `set -a; . services/docker.env`)"
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every Spark JVM the tests start maps Spark's classes from one archive
+    (``integration_tests.jvm_archive``), made first when missing; ``TWOPHASE_JVM_ARCHIVE=0``
+    runs without it, ``=existing`` uses it only when made already."""
+    setting = os.environ.get("TWOPHASE_JVM_ARCHIVE", "")
+    if setting == "0":
+        return
+    cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
+    path = jvm_archive.archive(cache, make=setting != "existing")
+    if path is not None:
+        existing = os.environ.get(jvm_archive.SUBMIT_ARGS)
+        os.environ[jvm_archive.SUBMIT_ARGS] = jvm_archive.submitArgs(path, existing)
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
