@@ -27,6 +27,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 WARM_UP_TIMEOUT = 300.0
+KEPT = 4
+"""Archives kept in the cache (one per PySpark install: a venv made again needs a new one)."""
 SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
 
 _WARM_UP = """
@@ -103,6 +105,8 @@ def archive(cacheDir: Path, *, make: bool = True) -> Path | None:
             return None
         partial.replace(path)
         shutil.rmtree(partial.parent, ignore_errors=True)
+        for old in sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime)[:-KEPT]:
+            old.unlink(missing_ok=True)  # a JVM that mapped it keeps its mapping
         return path
 
 
