@@ -40,17 +40,37 @@ HOW_TO_START = (
 )
 
 
+ARCHIVE = pytest.StashKey[jvm_archive.Archive]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Every Spark JVM the tests start maps Spark's classes from one archive
-    (``integration_tests.jvm_archive``), made first when missing; ``TWOPHASE_JVM_ARCHIVE=0``
-    runs without it, ``=existing`` uses it only when made already."""
+    (``integration_tests.jvm_archive``), made in the background when missing while the unit
+    tests run; ``TWOPHASE_JVM_ARCHIVE=0`` runs without it, ``=existing`` uses it only when
+    made already."""
     setting = os.environ.get("TWOPHASE_JVM_ARCHIVE", "")
     if setting == "0":
         return
     cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
-    path = jvm_archive.archive(cache, make=setting != "existing")
-    if path is not None:
-        existing = os.environ.get(jvm_archive.SUBMIT_ARGS)
+    archive = jvm_archive.Archive(cache, make=setting != "existing")
+    archive.start()
+    config.stash[ARCHIVE] = archive
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if ARCHIVE in config.stash:
+        config.stash[ARCHIVE].ready()  # no warm-up left running, no lock left held
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jvm_class_archive(pytestconfig: pytest.Config) -> None:
+    """Before the first integration test: wait for the archive and hand it to every Spark JVM
+    started from here on, in this process or a child (``PYSPARK_SUBMIT_ARGS``)."""
+    if ARCHIVE not in pytestconfig.stash:
+        return
+    path = pytestconfig.stash[ARCHIVE].ready()
+    existing = os.environ.get(jvm_archive.SUBMIT_ARGS)
+    if path is not None and str(path) not in (existing or ""):
         os.environ[jvm_archive.SUBMIT_ARGS] = jvm_archive.submitArgs(path, existing)
 
 

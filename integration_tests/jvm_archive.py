@@ -3,7 +3,7 @@
 A Spark driver or executor spends most of its start loading and verifying some ten thousand
 classes from PySpark's jars. The JVM can map classes it loaded once from an archive instead
 (Java's dynamic class-data sharing: ``-XX:ArchiveClassesAtExit`` writes one at exit,
-``-XX:SharedArchiveFile`` maps it); a session starts in about half the time. The archive is
+``-XX:SharedArchiveFile`` maps it), which is much quicker. The archive is
 made once per PySpark jars and Java (a warm-up query, under ``$TWOPHASE_CACHE/cds``), and
 handed to every Spark JVM the tests start, in process or in a child, through
 ``PYSPARK_SUBMIT_ARGS`` (``spark.driver.defaultJavaOptions`` and
@@ -22,7 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import IO
+
+from integration_tests.spark_processes import killSession, sessionProcesses
 
 log = logging.getLogger(__name__)
 
@@ -69,45 +73,81 @@ def _fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def archive(cacheDir: Path, *, make: bool = True) -> Path | None:
-    """The archive for this PySpark and Java, made by a warm-up query when missing (unless not
-    ``make``: a short run would spend more on the warm-up than it saves); ``None`` (logged)
-    when there is none: the tests then run without it."""
-    import pyspark
+class Archive:
+    """The archive of this PySpark and Java under ``cacheDir``: found, or made by a warm-up
+    query that :meth:`start` begins in the background (the unit tests run meanwhile) and
+    :meth:`ready` waits for. Without ``make`` only a cached archive is used: a short run would
+    spend more on the warm-up than it saves."""
 
-    folder = cacheDir / "cds"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"spark-{pyspark.__version__}-{_fingerprint()}.jsa"
-    with (folder / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one maker; the others wait and use its archive
-        if path.is_file() or not make:
-            return path if path.is_file() else None
-        partial = Path(tempfile.mkdtemp(dir=folder)) / path.name
-        options = f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial} -Xlog:cds=off"
+    def __init__(self, cacheDir: Path, *, make: bool = True) -> None:
+        import pyspark
+
+        self.folder = cacheDir / "cds"
+        self.path = self.folder / f"spark-{pyspark.__version__}-{_fingerprint()}.jsa"
+        self.make = make
+        self._lock: IO[str] | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self._partial: Path | None = None
+
+    def start(self) -> None:
+        """Begin the warm-up when the archive is missing (one maker at a time: another waits
+        for the first's lock, then finds its archive)."""
+        if self.path.is_file() or not self.make:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = (self.folder / ".lock").open("w")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        if self.path.is_file():
+            self._release()
+            return
+        self._partial = Path(tempfile.mkdtemp(dir=self.folder)) / self.path.name
+        options = f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={self._partial} -Xlog:cds=off"
         env = {k: v for k, v in os.environ.items() if k != SUBMIT_ARGS}
-        try:
-            done = subprocess.run(
+        with (self._partial.parent / "warm-up.log").open("wb") as out:
+            self._child = subprocess.Popen(
                 [sys.executable, "-c", _WARM_UP, options],
                 env=env,
-                capture_output=True,
-                text=True,
-                timeout=WARM_UP_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired:
-            log.warning("no JVM class archive: the warm-up query took over %ss", WARM_UP_TIMEOUT)
-            return None
-        finally:
-            if not partial.is_file():
-                shutil.rmtree(partial.parent, ignore_errors=True)
-        if done.returncode != 0 or not partial.is_file():
-            log.warning("no JVM class archive: the warm-up failed:\n%s", done.stderr[-2000:])
+
+    def ready(self) -> Path | None:
+        """The archive once the warm-up is over; ``None`` (logged) when there is none: the
+        tests then run without it."""
+        child, partial = self._child, self._partial
+        if child is not None and partial is not None:
+            self._child = None
+            deadline = time.monotonic() + WARM_UP_TIMEOUT
+            try:
+                code: int | None = child.wait(timeout=WARM_UP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
+            # The JVM writes the archive as it exits, after the Python that started it.
+            while sessionProcesses(child.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if sessionProcesses(child.pid):
+                killSession(child.pid)
+                code = None
+            child.wait()
+            if code == 0 and partial.is_file():
+                partial.replace(self.path)
+                for old in sorted(self.folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime)[
+                    :-KEPT
+                ]:
+                    old.unlink(missing_ok=True)  # a JVM that mapped it keeps its mapping
+            else:
+                tail = (partial.parent / "warm-up.log").read_text(errors="replace")[-2000:]
+                log.warning("no JVM class archive: the warm-up ended with %s:\n%s", code, tail)
             shutil.rmtree(partial.parent, ignore_errors=True)
-            return None
-        partial.replace(path)
-        shutil.rmtree(partial.parent, ignore_errors=True)
-        for old in sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime)[:-KEPT]:
-            old.unlink(missing_ok=True)  # a JVM that mapped it keeps its mapping
-        return path
+        self._release()
+        return self.path if self.path.is_file() else None
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops the lock
+            self._lock = None
 
 
 def submitArgs(path: Path, existing: str | None) -> str:

@@ -88,7 +88,7 @@ def builtinDataSources() -> list[type]:
     return classes()
 
 
-def register(spark: SparkSession, *, checkServer: bool = True) -> None:
+def register(spark: SparkSession, *, checkServer: bool = True, checkExecutors: bool = True) -> None:
     """Register the built-in twophase sources and sinks that this PySpark runs with ``spark``.
 
     PySpark 4.2 and later run all of them; 4.0 and 4.1 the sinks only (one log line says what
@@ -99,11 +99,17 @@ def register(spark: SparkSession, *, checkServer: bool = True) -> None:
     workers must import the same twophase: unless ``checkServer`` is false, one small job
     (``twophase.probe``) checks that at once and raises
     ``twophase.spark.connect.ConnectServerError``, saying what to install where, if not.
+
+    On a cluster (a master that is not ``local``), unless ``checkExecutors`` is false, the
+    same probe checks once per application that the cluster's Python workers import this
+    twophase, and raises ``twophase.spark.executors.ExecutorsError`` if not.
     """
-    from twophase.spark import connect
+    from twophase.spark import connect, executors
     from twophase.spark.builtins import registerBuiltins
 
     registerBuiltins(spark)
 
     if checkServer and connect.isConnectSession(spark):
         connect.checkServer(spark)
+    elif checkExecutors and executors.isCluster(spark):
+        executors.checkExecutors(spark)

@@ -69,11 +69,15 @@ class ProbePartition(InputPartition):
 
 
 class ProbeReader(DataSourceReader):
-    """Plans one partition on the driver's side and reads one row on an executor."""
+    """Plans ``count`` partitions on the driver's side (one by default) and reads one row in
+    each, on an executor: more partitions reach more of a cluster's executors."""
+
+    def __init__(self, count: int = 1) -> None:
+        self.count = count
 
     def partitions(self) -> Sequence[InputPartition]:
         version, python = _here()
-        return [ProbePartition(version, python)]
+        return [ProbePartition(version, python) for _ in range(self.count)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[str, str, str, str]]:
         assert isinstance(partition, ProbePartition)
@@ -92,7 +96,7 @@ class ProbeSource(DataSource):
         return PROBE_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return ProbeReader()
+        return ProbeReader(int(self.options.get("partitions", "1")))
 
 
 def _installHint(client: str) -> str:
@@ -148,4 +152,11 @@ def checkServer(spark: Any) -> dict[str, str]:
     return seen
 
 
-__all__ = ["ConnectServerError", "ProbeSource", "checkServer", "isConnectSession"]
+__all__ = [
+    "MISSING_MODULE",
+    "PROBE_NAME",
+    "ConnectServerError",
+    "ProbeSource",
+    "checkServer",
+    "isConnectSession",
+]
