@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -209,3 +210,27 @@ def killExecutorJvmOnce(onceFile: str, note: str = "") -> None:
         stat = Path(f"/proc/{pid}/stat").read_text()
         pid = int(stat[stat.rindex(")") + 2 :].split()[1])
     raise RuntimeError("no executor JVM above this Python worker (not local-cluster?)")
+
+
+def pythonWithoutTwophase(venv: Path) -> Path:
+    """A venv whose Python imports pyspark, pyarrow and pandas (this venv's site-packages as a
+    plain path, so its ``.pth`` files, among them the editable install of twophase, are not
+    run) but not twophase."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = next(p for p in sys.path if p.endswith("site-packages") and "pyspark" in os.listdir(p))
+    Path(site, "spark-only.pth").write_text(ours + "\n")
+    check = subprocess.run(
+        [str(python), "-c", "import pyspark, pyarrow\nimport twophase"],
+        cwd=venv,
+        capture_output=True,
+        text=True,
+    )
+    assert "No module named 'twophase'" in check.stderr, check.stderr
+    return python

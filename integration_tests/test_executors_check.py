@@ -1,11 +1,12 @@
 """``twophase.register`` on a standalone cluster checks that its Python workers import twophase.
 
 The cluster (``integration_tests.spark_cluster``: a master and a worker JVM) runs the Python
-workers with the interpreter ``spark.pyspark.python`` names. One run names an interpreter that
-has PySpark and every dependency but not twophase (a venv seeing this venv's packages through
-a directory of links, without twophase's own entries), as a worker host someone forgot would:
-``register`` raises at once, before any query, saying what to install where. The other names
-this venv's interpreter: the check passes and reports the version and interpreter it found.
+workers with the interpreter ``spark.pyspark.python`` (``PYSPARK_PYTHON``) names. One run names
+a script that, like one path on two hosts, runs this venv's Python on the driver's side and, in
+the worker's directories, a Python with PySpark and every dependency but not twophase
+(``pythonWithoutTwophase``), as a worker host someone forgot would: ``register`` raises at
+once, before any query, saying what to install where. The other names this venv's Python: the
+check passes and reports the version and interpreter it found.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 import twophase
 from integration_tests.spark_cluster import StandaloneCluster
+from integration_tests.spark_processes import pythonWithoutTwophase
 
 CHILD = """
 import json, sys
@@ -46,39 +47,20 @@ spark.stop()
 """
 
 
-def pythonWithoutTwophase(where: Path) -> Path:
-    """A venv that sees this venv's packages but not twophase (no ``.pth`` of theirs runs)."""
-    links = where / "packages"
-    links.mkdir(parents=True)
-    site = Path(sysconfig.get_paths()["purelib"])
-    for entry in site.iterdir():
-        name = entry.name.lower()
-        if name.startswith(("twophase", "__editable__")) or name.endswith(".pth"):
-            continue
-        (links / entry.name).symlink_to(entry)
-    venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(purelib, "packages.pth").write_text(f"{links}\n")
-    return python
-
-
 @pytest.mark.timeout(300)
 def test_a_cluster_whose_python_lacks_twophase_is_refused_at_register(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PYTHONPATH", raising=False)  # the repository must not reach a worker
-    bare = pythonWithoutTwophase(tmp_path / "bare")
-    missing = subprocess.run([str(bare), "-c", "import twophase"], capture_output=True)
-    assert missing.returncode != 0, "the bare interpreter imports twophase"
-    assert subprocess.run([str(bare), "-c", "import pyspark"]).returncode == 0
+    bare = pythonWithoutTwophase(tmp_path / "bare")  # checks it lacks twophase, not pyspark
     cluster = StandaloneCluster(tmp_path, workers=1).start()
+    perHost = tmp_path / "python"
+    perHost.write_text(
+        "#!/bin/sh\n"
+        f'case "$PWD" in {cluster.workdir}/*) exec {bare} "$@";; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    perHost.chmod(0o755)
     work = tmp_path / "driver"
     work.mkdir()
     try:
@@ -89,20 +71,22 @@ def test_a_cluster_whose_python_lacks_twophase_is_refused_at_register(
                 capture_output=True,
                 text=True,
                 cwd=work,  # not the repository: a worker started here must not find twophase
-                env={k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"},
+                env=dict(os.environ, PYSPARK_PYTHON=str(python)),
                 timeout=180,
             )
             assert done.returncode == 0, done.stdout + done.stderr[-3000:]
             return done.stdout
 
-        refused = run(bare, "register")
+        refused = run(perHost, "register")
         passed = run(Path(sys.executable), "check")
     finally:
         cluster.stop()
     assert "REFUSED the cluster's Python workers cannot import twophase" in refused, refused
+    assert "an executor's Python lacks it" in refused, refused
     assert f"install twophase=={twophase.__version__}" in refused, refused
     assert "spark.pyspark.python (PYSPARK_PYTHON)" in refused, refused
     assert "checkExecutors=False" in refused and "REGISTERED" not in refused, refused
-    [line] = [ln for ln in passed.splitlines() if ln.startswith("SEEN ")]
-    seen = json.loads(line.removeprefix("SEEN "))
+    lines = [ln for ln in passed.splitlines() if ln.startswith("SEEN ")]
+    assert len(lines) == 1, passed
+    seen = json.loads(lines[0].removeprefix("SEEN "))
     assert seen["workers"] == f"{twophase.__version__} ({sys.executable})", seen

@@ -36,6 +36,7 @@ from integration_tests.spark_processes import (
     freePort,
     killSession,
     makeSparkHome,
+    pythonWithoutTwophase,
 )
 from integration_tests.test_kafka_helpers import createTopic, readTopic
 from integration_tests.test_multi import pgIds
@@ -306,30 +307,6 @@ def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
     assert not leftovers, leftovers
 
 
-def _pythonWithoutTwophase(venv: Path) -> Path:
-    """A venv whose Python imports pyspark, pyarrow and pandas (this venv's site-packages as a
-    plain path, so its ``.pth`` files, among them the editable install of twophase, are not
-    run) but not twophase."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    ours = next(p for p in sys.path if p.endswith("site-packages") and "pyspark" in os.listdir(p))
-    Path(site, "spark-only.pth").write_text(ours + "\n")
-    check = subprocess.run(
-        [str(python), "-c", "import pyspark, pyarrow\nimport twophase"],
-        cwd=venv,
-        capture_output=True,
-        text=True,
-    )
-    assert "No module named 'twophase'" in check.stderr, check.stderr
-    return python
-
-
 def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(
     tmp_path: Path, servers: list[ConnectServer], sessions: list[Any]
 ) -> None:
@@ -337,7 +314,7 @@ def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(
     version and where to install it, not later at writeStream.start()."""
     from twophase.spark.connect import ConnectServerError
 
-    python = _pythonWithoutTwophase(tmp_path / "bare")
+    python = pythonWithoutTwophase(tmp_path / "bare")
     server = ConnectServer(tmp_path, str(python), {"PYTHONPATH": ""})
     servers.append(server)
     server.start("server")

@@ -23,6 +23,9 @@ log = getLogger(__name__)
 MAX_PARTITIONS = 64
 """The probe reads one partition per task slot, up to this many."""
 
+PLANNING_MARKS = ("PYTHON_DATA_SOURCE_ERROR", "create_data_source", "plan_data_source")
+"""What the error of a planning worker on the driver's host holds, and a task's does not."""
+
 _checked: set[str] = set()
 """Applications already checked: registering twice runs one job."""
 
@@ -83,10 +86,11 @@ def checkExecutors(spark: Any) -> dict[str, str]:
         text = str(exc)
         if MISSING_MODULE not in text:
             raise
-        # Planning (a Python worker on the driver's host) fails before any task starts; a task
-        # failure means the planning worker imported twophase and an executor's did not.
-        task = "Task" in text and "stage" in text
-        raise ExecutorsError(missingMessage(task, driver, sys.executable), seen) from None
+        # Planning (a Python worker on the driver's host) fails creating the data source
+        # before any task starts; otherwise the planning worker imported twophase and an
+        # executor's did not.
+        planning = any(mark in text for mark in PLANNING_MARKS)
+        raise ExecutorsError(missingMessage(not planning, driver, sys.executable), seen) from None
     found = {(row["executorVersion"], row["executorPython"]) for row in rows}
     found.add((rows[0]["driverVersion"], rows[0]["driverPython"]))
     other = sorted(f"{version} ({python})" for version, python in found if version != driver)
