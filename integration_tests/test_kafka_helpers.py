@@ -176,7 +176,13 @@ def privateBroker(tmp: Path, **env: str) -> Iterator[PrivateBroker]:
         link = cache / entry.name
         if not link.exists():
             link.symlink_to(entry, target_is_directory=True)
-    childEnv = dict(os.environ, TWOPHASE_CACHE=str(cache), PYTHON=sys.executable, **env)
+    childEnv = dict(
+        os.environ,
+        TWOPHASE_CACHE=str(cache),
+        TWOPHASE_SERVICES_SET="1",  # its state under cache/run, whichever set the tests use
+        PYTHON=sys.executable,
+        **env,
+    )
     broker = PrivateBroker(cache, childEnv)
     try:
         broker.run("up")

@@ -37,8 +37,13 @@ REPO_ROOT=$(dirname "$SERVICES_DIR")
 
 # Downloads (Kafka jars) are cached here; running servers keep their state under $RUN_DIR.
 CACHE=${TWOPHASE_CACHE:-${HOME:?HOME is not set}/.cache/twophase}
+# TWOPHASE_SERVICES_SET=<n> (n > 1) names another set of the five servers, with state and
+# ports of its own, beside the first: `make test` gives each of its pytest workers one.
+SERVICES_SET=${TWOPHASE_SERVICES_SET:-1}
+[[ $SERVICES_SET =~ ^[1-9][0-9]*$ ]] ||
+    { echo "TWOPHASE_SERVICES_SET=$SERVICES_SET: want a number from 1 (the default set)" >&2; exit 2; }
 # shellcheck disable=SC2034  # used by the scripts that source this file
-RUN_DIR=$CACHE/run
+if [[ $SERVICES_SET == 1 ]]; then RUN_DIR=$CACHE/run; else RUN_DIR=$CACHE/run-$SERVICES_SET; fi
 
 # log MESSAGE...: one line on stderr, prefixed with the service's name.
 log() { printf '[%s] %s\n' "${SERVICE:-services}" "$*" >&2; }

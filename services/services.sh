@@ -20,7 +20,8 @@ SERVICE=services
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ENV_FILE=$REPO_ROOT/.services.env
+# Set n > 1 (TWOPHASE_SERVICES_SET, lib.sh) writes .services-<n>.env instead.
+if [[ $SERVICES_SET == 1 ]]; then ENV_FILE=$REPO_ROOT/.services.env; else ENV_FILE=$REPO_ROOT/.services-$SERVICES_SET.env; fi
 
 # host_port URL: the host:port of a URL (scheme, user, password and path dropped).
 host_port() {
@@ -59,6 +60,7 @@ cmd_up() {
 export TWOPHASE_PG_URL=$pg_url
 export TWOPHASE_KAFKA_BOOTSTRAP=$bootstrap
 export TWOPHASE_CACHE=$CACHE
+export TWOPHASE_SERVICES_SET=$SERVICES_SET
 export TWOPHASE_MARIADB_URL=$mariadb_url
 export TWOPHASE_S3_ENDPOINT=$s3_endpoint
 export TWOPHASE_S3_ACCESS_KEY=${TWOPHASE_S3_ACCESS_KEY:-$TWOPHASE_DEFAULT_S3_ACCESS_KEY}
