@@ -41,18 +41,28 @@ demo: .venv
 unit: .venv
 	$(VENV)/bin/pytest tests
 
-# $(call with_services,COMMAND): start the servers (services/services.sh), run COMMAND with
-# their addresses, stop them whatever happens (also on Ctrl-C), and exit with COMMAND's status.
-# Variables in .services.env win over stale ones in the environment.
+# $(call with_services,COMMAND[,SETS]): start the servers (services/services.sh; SETS, default
+# 1, lists the sets of servers to start, TWOPHASE_SERVICES_SET), run COMMAND with the first
+# set's addresses, stop them all whatever happens (also on Ctrl-C), and exit with COMMAND's
+# status. Variables in .services.env win over stale ones in the environment.
 define with_services
-	@rc=0; \
-	trap 'services/services.sh down || true' EXIT; \
+	@rc=0; sets="$(or $(2),1)"; \
+	trap 'for n in $$sets; do TWOPHASE_SERVICES_SET=$$n services/services.sh down || true; done' EXIT; \
 	trap 'exit 130' INT TERM; \
-	PYTHON=$(VENV_PY) services/services.sh up || exit $$?; \
+	for n in $$sets; do TWOPHASE_SERVICES_SET=$$n PYTHON=$(VENV_PY) services/services.sh up || exit $$?; done; \
 	set -a; . ./.services.env; set +a; \
 	$(1) || rc=$$?; \
 	exit $$rc
 endef
+
+# `make test` runs the suite in TEST_WORKERS pytest-xdist workers, a test file to a worker, each
+# worker on a set of servers of its own (worker gw<n> on set n+1, integration_tests/conftest.py):
+# a test that kills, freezes or cuts off a server reaches only its own worker's tests, and no
+# test sees another's tables, topics or prepared transactions. Most tests leave a core idle
+# much of the time (a Spark start, a wait for a server); two workers fill it. Workers take the
+# files in collection order, the longest first (integration_tests/conftest.py LONGEST_FIRST).
+# The compatibility runs then go side by side (COMPAT_PARALLEL=1).
+TEST_WORKERS ?= 2
 
 # The whole suite on .venv's PySpark (the newest), then the compatibility suite on the oldest
 # PySpark of each way of writing: foreachBatch on 3.5, format() on 4.0 (its row-based stream
@@ -61,7 +71,7 @@ endef
 # PySpark (integration_tests/jvm_archive.py); the short compatibility run uses one when cached.
 COMPAT_OLDEST ?= 3.5.9 4.0.5:format
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core TWOPHASE_JVM_ARCHIVE=existing PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST))
+	$(call with_services,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core COMPAT_PARALLEL=1 TWOPHASE_JVM_ARCHIVE=existing PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST),$(shell seq 1 $(TEST_WORKERS)))
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.

@@ -61,21 +61,46 @@ if [[ -f .services.env ]]; then
     . ./.services.env
     set +a
 fi
-failed=0
-summary=()
-for item in "${VERSIONS[@]}"; do
-    version=${item%%:*}
-    select=("${MARKS[@]}")
+# run_version ITEM: ITEM's venv built and its suite run; the last line of the output is ITEM's
+# summary line; exits non-zero when either failed.
+run_version() {
+    local item=$1 version=${1%%:*} venv started rc=0 spark
+    local select=("${MARKS[@]}")
     [[ $item == *:format ]] && select+=(-k "not foreachBatch")
-    venv=$(venv_for "$version") || { failed=1; summary+=("$version: venv not built"); continue; }
+    venv=$(venv_for "$version") || { echo "$version: venv not built"; return 1; }
     started=$SECONDS
-    rc=0
     PYSPARK_PYTHON=$venv/bin/python PYTHONPATH=$REPO_ROOT \
         "$venv/bin/pytest" -p no:cacheprovider "${select[@]}" integration_tests/test_compat.py \
         tests/test_spark_versions.py || rc=$?
     spark=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
-    summary+=("PySpark $spark: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $((SECONDS - started)) s")
-    [[ $rc == 0 ]] || failed=1
-done
+    echo "PySpark $spark: $([[ $rc == 0 ]] && echo passed || echo "FAILED ($rc)") in $((SECONDS - started)) s"
+    return "$rc"
+}
+
+failed=0
+summary=()
+if [[ ${COMPAT_PARALLEL:-0} == 1 ]]; then
+    # Side by side (`make test`: a Spark start leaves a core idle much of the time), each
+    # version's output shown whole once all are done.
+    logs=() pids=()
+    for item in "${VERSIONS[@]}"; do
+        logs+=("$(mktemp)")
+        run_version "$item" >"${logs[-1]}" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || failed=1
+        cat "${logs[$i]}"
+        summary+=("$(tail -n 1 "${logs[$i]}")")
+        rm -f "${logs[$i]}"
+    done
+else
+    for item in "${VERSIONS[@]}"; do
+        out=$(mktemp)
+        run_version "$item" | tee "$out" || failed=1
+        summary+=("$(tail -n 1 "$out")")
+        rm -f "$out"
+    done
+fi
 printf '%s\n' "${summary[@]}"
 exit $failed

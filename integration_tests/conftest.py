@@ -44,12 +44,14 @@ ARCHIVE = pytest.StashKey[jvm_archive.Archive]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every Spark JVM the tests start maps Spark's classes from one archive
-    (``integration_tests.jvm_archive``), made in the background when missing while the unit
-    tests run; ``TWOPHASE_JVM_ARCHIVE=0`` runs without it, ``=existing`` uses it only when
-    made already."""
+    """A pytest-xdist worker other than the first takes its own set of servers; every Spark JVM
+    the tests start maps Spark's classes from one archive (``integration_tests.jvm_archive``),
+    made in the background when missing while the unit tests run (by the process that runs
+    the session, not by each worker); ``TWOPHASE_JVM_ARCHIVE=0`` runs without it,
+    ``=existing`` uses it only when made already."""
+    useWorkersServers()
     setting = os.environ.get("TWOPHASE_JVM_ARCHIVE", "")
-    if setting == "0":
+    if setting == "0" or hasattr(config, "workerinput"):
         return
     cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
     archive = jvm_archive.Archive(cache, make=setting != "existing")
@@ -57,21 +59,82 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[ARCHIVE] = archive
 
 
+LONGEST_FIRST = (
+    "chaos/test_chaos.py",
+    "test_docs_example.py",
+    "test_secrets.py",
+    "test_spark_connect.py",
+    "test_spark_crash_windows.py",
+    "test_spark_attempts.py",
+    "test_spark_binding.py",
+    "test_kafka_spark.py",
+    "test_two_drivers.py",
+    "test_postgres_spark.py",
+    "test_rescale.py",
+    "test_packaging.py",
+    "test_executors_check.py",
+    "test_multi.py",
+)
+"""The test files that take longest, longest first. ``make test``'s workers take a file at a
+time in collection order (``--no-loadscope-reorder``), so these start early and the short
+ones fill in at the end, instead of one long file running alone after everything else."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration test files after the unit tests (which run while the JVM class archive is
+    made), the longest first (``LONGEST_FIRST``); the order within a file is kept."""
+    here = Path(__file__).parent
+    rank = {here / name: index for index, name in enumerate(LONGEST_FIRST)}
+    gone = [name for name in LONGEST_FIRST if not (here / name).is_file()]
+    if gone:
+        raise pytest.UsageError(f"LONGEST_FIRST names files that are gone: {gone}")
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        path = Path(item.path)
+        if here not in path.parents:
+            return (0, 0)
+        return (1, rank.get(path, len(rank)))
+
+    items[:] = sorted(items, key=key)  # stable: collection order within each rank
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if ARCHIVE in config.stash:
-        config.stash[ARCHIVE].ready()  # no warm-up left running, no lock left held
+        config.stash[ARCHIVE].finish()  # no warm-up left running, no lock left held
 
 
 @pytest.fixture(scope="session", autouse=True)
-def jvm_class_archive(pytestconfig: pytest.Config) -> None:
+def jvm_class_archive() -> None:
     """Before the first integration test: wait for the archive and hand it to every Spark JVM
     started from here on, in this process or a child (``PYSPARK_SUBMIT_ARGS``)."""
-    if ARCHIVE not in pytestconfig.stash:
+    if os.environ.get("TWOPHASE_JVM_ARCHIVE", "") == "0":
         return
-    path = pytestconfig.stash[ARCHIVE].ready()
+    cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
+    path = jvm_archive.waitForArchive(cache)
     existing = os.environ.get(jvm_archive.SUBMIT_ARGS)
     if path is not None and str(path) not in (existing or ""):
         os.environ[jvm_archive.SUBMIT_ARGS] = jvm_archive.submitArgs(path, existing)
+
+
+def useWorkersServers() -> None:
+    """On pytest-xdist's worker ``gw<n>`` (n > 0): the servers of set n + 1
+    (``TWOPHASE_SERVICES_SET``, ``.services-<n+1>.env``) in this process's environment, so
+    that a test's kills, freezes and partitions never reach another worker's tests, nor do
+    its tables, topics and prepared transactions. Worker ``gw0`` keeps set 1."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or worker == "gw0":
+        return
+    number = int(worker[2:]) + 1
+    path = REPO_ROOT / f".services-{number}.env"
+    values = _read_env_file(path)
+    if not values:
+        raise pytest.UsageError(
+            f"pytest worker {worker} has no servers of its own: {path} is missing. Start set "
+            f"{number} with `TWOPHASE_SERVICES_SET={number} services/services.sh up` (`make "
+            "test` starts one set per worker), or run without -n"
+        )
+    os.environ.update(values)
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -92,6 +155,17 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def service_setting(name: str) -> str | None:
     """The environment first, then .services.env."""
     return os.environ.get(name) or _read_env_file(SERVICES_ENV).get(name)
+
+
+def scriptEnvironment() -> dict[str, str]:
+    """The environment for services/*.sh: the state lives under the TWOPHASE_CACHE and in the
+    TWOPHASE_SERVICES_SET the servers were started with."""
+    env = dict(os.environ)
+    for name in ("TWOPHASE_CACHE", "TWOPHASE_SERVICES_SET"):
+        value = service_setting(name)
+        if value:
+            env[name] = value
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -161,14 +235,9 @@ class ServiceControl:
     noun: str  # "broker" or "server": the scripts' verbs are stop-<noun>, start-<noun>, ...
 
     def _run(self, verb: str) -> None:
-        env = dict(os.environ)
-        # The state lives under the TWOPHASE_CACHE the services were started with.
-        cache = service_setting("TWOPHASE_CACHE")
-        if cache:
-            env["TWOPHASE_CACHE"] = cache
         result = subprocess.run(
             [str(self.script), f"{verb}-{self.noun}"],
-            env=env,
+            env=scriptEnvironment(),
             capture_output=True,
             text=True,
             timeout=180,
@@ -311,12 +380,8 @@ def _control(
 
 def _managed_by_scripts(script: Path, query: list[str], address: str) -> bool:
     """True when `script query` (the running service's address) matches what the tests use."""
-    env = dict(os.environ)
-    cache = service_setting("TWOPHASE_CACHE")
-    if cache:
-        env["TWOPHASE_CACHE"] = cache
     result = subprocess.run(
-        [str(script), *query], env=env, capture_output=True, text=True, timeout=60
+        [str(script), *query], env=scriptEnvironment(), capture_output=True, text=True, timeout=60
     )
     return result.returncode == 0 and result.stdout.strip() == address
 

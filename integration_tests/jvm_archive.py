@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -73,21 +74,49 @@ def _fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def archivePath(cacheDir: Path) -> Path:
+    """Where the archive of this PySpark and Java lives under ``cacheDir``."""
+    import pyspark
+
+    return cacheDir / "cds" / f"spark-{pyspark.__version__}-{_fingerprint()}.jsa"
+
+
+def waitForArchive(cacheDir: Path) -> Path | None:
+    """The archive under ``cacheDir``, once whoever makes it (this process or another: the
+    process running a session of pytest-xdist workers) is done; ``None`` when there is none."""
+    path = archivePath(cacheDir)
+    lockPath = path.parent / ".lock"
+    if path.is_file() or not lockPath.is_file():
+        return path if path.is_file() else None
+    with lockPath.open("a") as lock:
+        deadline = time.monotonic() + WARM_UP_TIMEOUT + 60
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break  # the maker is done (or there was none); closing the file drops the lock
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("no JVM class archive: its maker still holds %s", lockPath)
+                    return None
+                time.sleep(0.5)
+    return path if path.is_file() else None
+
+
 class Archive:
     """The archive of this PySpark and Java under ``cacheDir``: found, or made by a warm-up
-    query that :meth:`start` begins in the background (the unit tests run meanwhile) and
-    :meth:`ready` waits for. Without ``make`` only a cached archive is used: a short run would
-    spend more on the warm-up than it saves."""
+    query that :meth:`start` begins in the background (the unit tests run meanwhile) and moves
+    into place once it is over, holding the cache's lock until then (:func:`waitForArchive`
+    waits for it, in any process). Without ``make`` only a cached archive is used: a short run
+    would spend more on the warm-up than it saves."""
 
     def __init__(self, cacheDir: Path, *, make: bool = True) -> None:
-        import pyspark
-
-        self.folder = cacheDir / "cds"
-        self.path = self.folder / f"spark-{pyspark.__version__}-{_fingerprint()}.jsa"
+        self.path = archivePath(cacheDir)
+        self.folder = self.path.parent
         self.make = make
         self._lock: IO[str] | None = None
         self._child: subprocess.Popen[bytes] | None = None
         self._partial: Path | None = None
+        self._mover: threading.Thread | None = None
 
     def start(self) -> None:
         """Begin the warm-up when the archive is missing (one maker at a time: another waits
@@ -112,6 +141,14 @@ class Archive:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self._mover = threading.Thread(target=self.ready, name="jvm-archive", daemon=True)
+        self._mover.start()
+
+    def finish(self) -> None:
+        """Wait until the warm-up, if any, is over and its archive in place."""
+        if self._mover is not None:
+            self._mover.join()
+        self.ready()
 
     def ready(self) -> Path | None:
         """The archive once the warm-up is over; ``None`` (logged) when there is none: the
