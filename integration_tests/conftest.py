@@ -53,8 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     setting = os.environ.get("TWOPHASE_JVM_ARCHIVE", "")
     if setting == "0" or hasattr(config, "workerinput"):
         return
-    cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
-    archive = jvm_archive.Archive(cache, make=setting != "existing")
+    archive = jvm_archive.Archive(cacheDir(), make=setting != "existing")
     archive.start()
     config.stash[ARCHIVE] = archive
 
@@ -110,11 +109,15 @@ def jvm_class_archive() -> None:
     started from here on, in this process or a child (``PYSPARK_SUBMIT_ARGS``)."""
     if os.environ.get("TWOPHASE_JVM_ARCHIVE", "") == "0":
         return
-    cache = Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
-    path = jvm_archive.waitForArchive(cache)
+    path = jvm_archive.waitForArchive(cacheDir())
     existing = os.environ.get(jvm_archive.SUBMIT_ARGS)
     if path is not None and str(path) not in (existing or ""):
         os.environ[jvm_archive.SUBMIT_ARGS] = jvm_archive.submitArgs(path, existing)
+
+
+def cacheDir() -> Path:
+    """TWOPHASE_CACHE, as the Makefile and services/lib.sh default it."""
+    return Path(os.environ.get("TWOPHASE_CACHE") or Path.home() / ".cache" / "twophase")
 
 
 def useWorkersServers() -> None:

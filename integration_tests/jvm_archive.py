@@ -86,8 +86,10 @@ def waitForArchive(cacheDir: Path) -> Path | None:
     process running a session of pytest-xdist workers) is done; ``None`` when there is none."""
     path = archivePath(cacheDir)
     lockPath = path.parent / ".lock"
-    if path.is_file() or not lockPath.is_file():
-        return path if path.is_file() else None
+    if path.is_file():
+        return path
+    if not lockPath.is_file():
+        return None  # nobody ever made one here
     with lockPath.open("a") as lock:
         deadline = time.monotonic() + WARM_UP_TIMEOUT + 60
         while True:
