@@ -295,3 +295,33 @@ def test_toxiproxy_has_the_scripts_proxies_on_published_ports(
     env = read_env_file(SERVICES / "docker.env")
     assert env["TWOPHASE_TOXIPROXY_URL"] == "http://127.0.0.1:8474"
     assert env["TWOPHASE_SERVICES"] == "compose"
+
+
+def test_a_worker_cut_off_from_the_servers_still_reaches_the_driver(
+    compose: dict[str, Any],
+) -> None:
+    """The servers are on `data` only, the master on the Spark network only, the workers and
+    a driver on both: disconnecting a worker from `data` (the chaos kind `worker cut off`)
+    leaves it without any server while the driver and the master still reach it."""
+    services = compose["services"]
+    servers = [n for n, s in services.items() if not n.startswith("spark-")]
+    assert servers and all(services[n]["networks"] == ["data"] for n in servers), servers
+    assert "networks" not in services["spark-master"]  # the default network only
+    for node in ("spark-worker-1", "spark-worker-2", "spark-driver"):
+        assert services[node]["networks"] == ["default", "data"], node
+    assert set(compose["networks"]) == {"default", "data"}
+
+
+def test_the_chaos_overlay_shares_one_directory_with_the_workers_and_drivers() -> None:
+    """docker/chaos.yml mounts the harness's directory at the same path in every worker and
+    driver (an executor on either worker sees which protocol points fired), and the repository
+    read-only in a driver."""
+    overlay = yaml.safe_load((ROOT / "docker" / "chaos.yml").read_text())
+    shared = "${TWOPHASE_CLUSTER_SHARED}:${TWOPHASE_CLUSTER_SHARED}"
+    for node in ("spark-worker-1", "spark-worker-2", "spark-driver"):
+        volumes = [
+            v.replace(":?the directory shared with the Spark nodes", "")
+            for v in overlay["services"][node]["volumes"]
+        ]
+        assert shared in volumes, node
+    assert ".:/work/src:ro" in overlay["services"]["spark-driver"]["volumes"]
