@@ -12,6 +12,7 @@
 #   make compose-up     the same servers and a Spark cluster under docker compose (compose-down)
 #   make lint           ruff format check, ruff lint, mypy
 #   make chaos KILLS=200 FAULTS=200  the random chaos soak: kills, and faults beyond kills
+#                       (CLUSTER=1: on the compose cluster, with the faults of its nodes)
 #                         (starts and stops the servers itself)
 
 PYTHON ?= python3
@@ -95,13 +96,23 @@ test-compat: .venv
 # pipeline, seeded (SEED=<n> replays a schedule); prints the tables and writes
 # chaos-runs/report.{md,json}. Servers as for `make test`. PARALLEL=<n> runs n pipelines side by
 # side on the same servers (a long soak in less time; each also meets its neighbours' faults).
+# CLUSTER=1 runs it on the compose cluster instead (`make compose-up`; brought up when it is
+# not): drivers in containers, the checkpoint on S3, and the faults of nodes (a worker lost,
+# frozen or cut off, the driver lost, a second driver on the same checkpoint).
 KILLS ?= 200
 FAULTS ?= 0
 SEED ?=
 PARALLEL ?= 1
+CLUSTER ?=
+CHAOS_ARGS = --kills $(KILLS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)) --parallel $(PARALLEL)
 .PHONY: chaos
 chaos: .venv
-	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos --kills $(KILLS) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)) --parallel $(PARALLEL))
+ifeq ($(CLUSTER),1)
+	docker/compose.sh up
+	set -a; . services/docker.env; set +a; $(VENV)/bin/python -m integration_tests.chaos --cluster $(CHAOS_ARGS)
+else
+	$(call with_services,$(VENV)/bin/python -m integration_tests.chaos $(CHAOS_ARGS))
+endif
 
 services: .venv
 	PYTHON=$(VENV_PY) services/services.sh up
@@ -125,8 +136,9 @@ compose-down:
 compose-build:
 	docker/compose.sh build
 
-# The tests against the compose cluster (marker `cluster`); brings it up when it is not, and
-# leaves it running (`make compose-down` stops it).
+# The tests against the compose cluster (marker `cluster`): docs/deploying.md's pipeline, and
+# the cluster's bounded chaos profile (integration_tests/chaos/test_cluster_chaos.py: the faults
+# of nodes). Brings the cluster up when it is not, and leaves it running (`make compose-down`).
 .PHONY: test-cluster
 test-cluster: .venv
 	docker/compose.sh up

@@ -12,6 +12,9 @@ lost or duplicated.
 Side by side, pipelines share the servers: a fault one schedule puts on a server reaches every
 pipeline using it (the table counts it once, for the schedule that drew it), and the faults and
 kills of a server take turns (``Services.exclusive``).
+
+``--cluster`` runs the pipelines on the compose cluster (``make compose-up``, servers as in
+``services/docker.env``): each driver in a container, the faults of nodes besides (``cluster``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from integration_tests.chaos.cluster import PIPELINES as CLUSTER_PIPELINES
+from integration_tests.chaos.cluster import PROCESS_KINDS as CLUSTER_PROCESS_KINDS
+from integration_tests.chaos.cluster import Cluster
 from integration_tests.chaos.faultkinds import Disk
 from integration_tests.chaos.pipelines import PIPELINES
 from integration_tests.chaos.report import ChaosResult, livenessTable, resultJson, summaryTable
+from integration_tests.chaos.schedule import PROCESS_KINDS
 from integration_tests.chaos.setup import (
     drawSchedule,
     faultTargets,
+    pipelineLog,
     runPipeline,
     servicesFromEnvironment,
 )
@@ -52,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-per-batch", type=int, default=500)
     p.add_argument("--cover-points", action="store_true", help="every protocol point first")
     p.add_argument("--parallel", type=int, default=1, help="pipelines run side by side (default 1)")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on the compose cluster (make compose-up): drivers in containers, node faults",
+    )
     p.add_argument("--workdir", default="chaos-runs")
     p.add_argument("--out", default="chaos-runs/report")
     p.add_argument(
@@ -60,21 +73,35 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     pipelines = [name.strip() for name in args.pipelines.split(",") if name.strip()]
-    unknown = sorted(set(pipelines) - set(PIPELINES))
+    known = CLUSTER_PIPELINES if args.cluster else tuple(PIPELINES)
+    if args.cluster and args.pipelines == p.get_default("pipelines"):
+        pipelines = list(CLUSTER_PIPELINES)
+    unknown = sorted(set(pipelines) - set(known))
     if unknown:
-        p.error(f"unknown pipeline(s) {', '.join(unknown)}; choose from {', '.join(PIPELINES)}")
+        p.error(f"unknown pipeline(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     kills = shares(args.kills, len(pipelines))
     faults = shares(args.faults, len(pipelines))
     if args.print_schedules:
         for pipeline, k, f in zip(pipelines, kills, faults, strict=True):
-            targets = faultTargets(pipeline, proxies=True, disk=True)
+            targets = faultTargets(
+                pipeline, proxies=not args.cluster, disk=not args.cluster, cluster=args.cluster
+            )
             schedule = drawSchedule(
-                pipeline, seed, k, coverPoints=args.cover_points, faults=f, targets=targets
+                pipeline,
+                seed,
+                k,
+                coverPoints=args.cover_points,
+                faults=f,
+                targets=targets,
+                processKinds=CLUSTER_PROCESS_KINDS if args.cluster else PROCESS_KINDS,
             )
             print(f"{pipeline}: " + "; ".join(e.describe() for e in schedule.events))
         return 0
-    services = servicesFromEnvironment()
-    if args.faults and (services.proxies is None or not Disk.possible()):
+    cluster = Cluster() if args.cluster else None
+    if cluster is not None:
+        cluster.up()
+    services = servicesFromEnvironment(proxies=cluster is None)
+    if args.faults and cluster is None and (services.proxies is None or not Disk.possible()):
         print(
             "[chaos] some fault kinds cannot be delivered here: "
             + ("no proxies (services/toxiproxy.sh); " if services.proxies is None else "")
@@ -89,9 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
 
     def runOne(pipeline: str, share: int, faultShare: int) -> ChaosResult:
-        def log(line: str) -> None:
-            print(line.replace("[chaos]", f"[chaos {pipeline}]", 1), flush=True)
-
         result = runPipeline(
             pipeline,
             Path(args.workdir).resolve() / f"{seed}-{pipeline}",
@@ -101,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             rowsPerBatch=args.rows_per_batch,
             coverPoints=args.cover_points,
             faults=faultShare,
-            log=log if args.parallel > 1 else print,
+            log=pipelineLog(pipeline) if args.parallel > 1 else print,
             display=display,
+            cluster=cluster,
         )
         print(f"[chaos] {pipeline}: {result.report}", flush=True)
         return result

@@ -15,6 +15,18 @@ A crashed process closes its sockets at once; these faults do not:
 
 The network kinds need the proxies of ``services/toxiproxy.sh`` between the query and its
 servers (``servers.Services``); ``disk full`` needs a tmpfs, which only root may mount.
+
+On the compose cluster (``cluster``), faults of whole nodes besides:
+
+- ``worker lost``: a Spark worker's container killed with its executors, started again after
+  the event;
+- ``worker frozen``: a worker's container paused past Spark's network timeout, so the driver
+  gives its executors up while they still hold their tasks, then resumed;
+- ``worker cut off``: a worker disconnected from the servers' network while the driver and the
+  master still reach it, then connected again;
+- ``driver lost``: the driver's container killed; the next start is a new container;
+- ``second driver``: a replacement driver started on the same checkpoint while the first still
+  runs (or is paused, then resumed): the older one must be fenced off.
 """
 
 from __future__ import annotations
@@ -26,8 +38,22 @@ import shutil
 import subprocess
 from pathlib import Path
 
-FAULT_KINDS = ("partition", "freeze", "slow", "reply lost", "disk full", "past timeout")
+NODE_KINDS = ("worker lost", "worker frozen", "worker cut off", "driver lost", "second driver")
+"""Faults of the compose cluster's nodes (``cluster``)."""
+FAULT_KINDS = (
+    "partition",
+    "freeze",
+    "slow",
+    "reply lost",
+    "disk full",
+    "past timeout",
+    *NODE_KINDS,
+)
 """Every kind, in the order of the report's columns."""
+WORKERS = ("spark-worker-1", "spark-worker-2")
+"""The targets of the worker kinds: the compose cluster's workers."""
+DRIVER = "driver"
+"""The target of ``driver lost`` and ``second driver``: the running start's driver."""
 NETWORK_KINDS = frozenset({"partition", "slow", "reply lost", "past timeout"})
 """Kinds delivered by a server's proxy."""
 DISK = "disk"

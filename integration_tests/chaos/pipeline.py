@@ -43,7 +43,9 @@ def run(spec: PipelineSpec) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     twophase.register(spark)
     writer = pipeline.sink(pipeline.source(spark, spec), spec)
-    writer = writer.options(**spec.sinkOptions).option("checkpointLocation", spec.checkpoint)
+    writer = writer.options(**spec.sinkOptions).option(
+        "checkpointLocation", spec.checkpointLocation
+    )
     query = writer.trigger(availableNow=True).start()
     return awaitDrained(spark, query)
 

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from integration_tests.chaos.faultkinds import DISK, NETWORK_KINDS, Disk
 from integration_tests.chaos.progress import PipelineProgress
 from integration_tests.chaos.report import ChaosResult, Kill
-from integration_tests.chaos.schedule import UNNUMBERED, Event, Schedule
+from integration_tests.chaos.schedule import ENDS_START, UNNUMBERED, Event, Schedule
 from integration_tests.chaos.servers import Services
 from integration_tests.chaos.spec import PipelineSpec
 from integration_tests.spark_processes import (
@@ -66,6 +66,28 @@ def executorPids(session: int) -> list[int]:
     return sorted(pids)
 
 
+class LocalDriver:
+    """A start's driver: the child process running the query, in a session of its own (with
+    ``local-cluster``, its executors are in that session too)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def kill(self) -> None:
+        """The timed ``driver`` kill: the whole session, as a power cut."""
+        killSession(self.process.pid)
+
+    def executorPids(self) -> list[int]:
+        return executorPids(self.process.pid)
+
+    def end(self) -> None:
+        """After the start: executors or workers a killed driver left behind."""
+        killSession(self.process.pid)
+
+
 class ChaosRun:
     """Runs one pipeline through its schedule; :meth:`run` returns the :class:`ChaosResult`."""
 
@@ -98,12 +120,36 @@ class ChaosRun:
 
     # -- one start ------------------------------------------------------------------------------
 
-    def _env(self, armed: list[str], onceDir: Path) -> dict[str, str]:
-        crash = {faults.ENV: ",".join(armed), faults.ONCE_DIR_ENV: str(onceDir)} if armed else {}
-        return childEnvironment(self.workdir, self.sparkHome, crash)
+    @staticmethod
+    def crashSettings(armed: list[str], onceDir: Path) -> dict[str, str]:
+        """The ``TWOPHASE_CRASH_*`` variables that arm ``armed``, once each."""
+        return {faults.ENV: ",".join(armed), faults.ONCE_DIR_ENV: str(onceDir)} if armed else {}
+
+    def launch(self, number: int, crash: dict[str, str], out: IO[bytes]) -> LocalDriver:
+        """Start ``number``'s driver with the ``crash`` settings, its output to ``out``."""
+        specPath = self.workdir / "spec.json"
+        self.spec.save(specPath)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "integration_tests.chaos.pipeline", str(specPath)],
+            cwd=REPO_ROOT,
+            env=childEnvironment(self.workdir, self.sparkHome, crash),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return LocalDriver(process)
+
+    def committedBatches(self) -> int:
+        """How many batches Spark's checkpoint says are committed."""
+        return batchesDone(self.checkpoint)
+
+    def plannedBatches(self) -> list[int]:
+        """The batch ids Spark's checkpoint has planned (its offsets log)."""
+        return [int(p.name) for p in (self.checkpoint / "offsets").glob("[0-9]*")]
 
     def _sawCommits(self) -> int:
-        count = batchesDone(self.checkpoint)
+        count = self.committedBatches()
         if not self.commitTimes or self.commitTimes[-1][1] != count:
             self.commitTimes.append((time.monotonic(), count))
         self.progress.committed(count)
@@ -114,7 +160,7 @@ class ChaosRun:
         """The events of one start: the front of ``pending`` up to and including the first
         that ends the run (a driver point or a timed driver kill)."""
         for index, event in enumerate(pending):
-            if event.kind == "driver" or event.point.startswith("driver."):
+            if event.kind in ENDS_START or event.point.startswith("driver."):
                 return pending[: index + 1]
         return list(pending)
 
@@ -140,35 +186,25 @@ class ChaosRun:
         """One start running the next segment of ``pending``; returns (exit code, the rest)."""
         self.starts += 1
         number = self.starts
-        planned = [int(p.name) for p in (self.checkpoint / "offsets").glob("[0-9]*")]
+        planned = self.plannedBatches()
         firstFresh = max(planned) + 1 if planned else 0
         segment = self.segment(pending)
         armed = self.arm(segment, firstFresh)
         self.progress.started(number, segment)
         onceDir = self.workdir / f"once-{number}"
         onceDir.mkdir(parents=True, exist_ok=True)
-        specPath = self.workdir / "spec.json"
-        self.spec.save(specPath)
         logPath = self.workdir / f"start-{number}.log"
         self.log(
             f"[chaos] {self.spec.pipeline} start {number} (first new batch {firstFresh}): "
             + "; ".join(armed.get(i) or e.describe() for i, e in enumerate(segment))
         )
         done: set[int] = set()  # indexes of the segment's events that happened
-        with logPath.open("w") as out:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "integration_tests.chaos.pipeline", str(specPath)],
-                cwd=REPO_ROOT,
-                env=self._env(list(armed.values()), onceDir),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        with logPath.open("ab") as out:  # a second driver that took over wrote there first
+            driver = self.launch(number, self.crashSettings(list(armed.values()), onceDir), out)
             try:
-                code = self._watch(child, segment, armed, done, onceDir)
+                code = self._watch(driver, segment, armed, done, onceDir)
             finally:
-                killSession(child.pid)  # executors or workers a killed driver left behind
+                driver.end()
         left = [e for i, e in enumerate(segment) if i not in done]
         if left:
             self.log(
@@ -191,7 +227,7 @@ class ChaosRun:
 
     def _watch(
         self,
-        child: subprocess.Popen[bytes],
+        child: LocalDriver,
         segment: list[Event],
         armed: dict[int, str],
         done: set[int],
@@ -239,13 +275,13 @@ class ChaosRun:
                 if dueAt is None:
                     dueAt = time.monotonic() + event.jitterSeconds
                 if time.monotonic() >= dueAt:
-                    if self._deliver(event, child.pid):
+                    if self._deliver(event, child):
                         done.add(pendingTimed[0])
                         mark = self._sawCommits()
                     dueAt = None
             time.sleep(0.1)
 
-    def _deliver(self, event: Event, session: int) -> bool:
+    def _deliver(self, event: Event, driver: LocalDriver) -> bool:
         """Deliver a timed kill or a fault (back once it heals); False when there was nothing
         to kill yet (try again)."""
         now = time.monotonic()
@@ -257,9 +293,9 @@ class ChaosRun:
             self.log(f"[chaos] {event.describe()}: delivered and healed")
             return True
         if event.kind == "driver":
-            killSession(session)
+            driver.kill()
         elif event.kind == "executor":
-            pids = executorPids(session)
+            pids = driver.executorPids()
             if not pids:
                 return False
             os.kill(self.rng.choice(pids), signal.SIGKILL)
@@ -331,7 +367,7 @@ class ChaosRun:
                     f"{self.schedule.seed}); logs in {self.workdir}"
                 )
             code, pending = self._startOnce(pending)
-            if code == 0:
+            if self.drained(code):
                 break
         self._recoveryTimes()
         self.progress.verifying()
@@ -343,7 +379,7 @@ class ChaosRun:
             kills=self.kills,
             starts=self.starts,
             failedStarts=self.failedStarts,
-            batches=batchesDone(self.checkpoint),
+            batches=self.committedBatches(),
             records=int(report.actualRows),
             missing=int(report.missing),
             duplicated=int(report.duplicated),
@@ -352,6 +388,11 @@ class ChaosRun:
             report=str(report),
             skipped=self.skipped + pending,
         )
+
+    def drained(self, code: int) -> bool:
+        """Whether a start that ended with ``code`` leaves the source drained and nothing
+        running: the run is over."""
+        return code == 0
 
     def _recoveryTimes(self) -> None:
         """For each kill: seconds until the next batch was committed after it; for a fault,

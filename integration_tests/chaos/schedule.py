@@ -53,15 +53,25 @@ RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED and p not in CO
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
 PROCESS_KINDS = ("driver", "executor")
 """Timed kills of the query's own processes; every other kind is a server's."""
+ENDS_START = frozenset({"driver", "driver lost", "second driver"})
+"""Timed events after which the running start's driver is gone: each ends a segment."""
 FAULT_SECONDS = {
     "freeze": (2.0, 8.0),
     "partition": (2.0, 8.0),
     "slow": (3.0, 10.0),
     "reply lost": (2.0, 5.0),
     "disk full": (2.0, 6.0),
+    "worker lost": (3.0, 10.0),
+    "worker frozen": (40.0, 50.0),
+    "worker cut off": (8.0, 20.0),
+    "driver lost": (1.0, 5.0),
+    "second driver": (5.0, 15.0),
 }
 """How long a fault of each kind lasts (seconds, drawn between the two); ``past timeout``
-lasts the pipeline's own bound, past its Kafka transaction timeout."""
+lasts the pipeline's own bound, past its Kafka transaction timeout. A frozen worker stays
+paused past the cluster's ``spark.network.timeout`` (``cluster.SPARK_CONF``); ``driver lost``
+keeps the query down that long before a new driver; a ``second driver`` runs beside the first
+that long before the first is given up."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class Schedule:
         pastTimeoutSeconds: float = 0.0,
         coverFaults: bool | None = None,
         extraPoints: Sequence[str] = (),
+        processKinds: Sequence[str] = PROCESS_KINDS,
     ) -> Schedule:
         """``kills`` events for ``pipeline``, whose servers are ``servers``: with
         ``coverPoints`` every protocol point and ``extraPoints`` first (and an outage, when
@@ -125,7 +136,7 @@ class Schedule:
         ``faults``, each put at a seeded place among the timed events (after the protocol
         points); a ``past timeout`` lasts ``pastTimeoutSeconds``."""
         rng = random.Random(f"{seed}:{pipeline}")
-        timedKinds = [*PROCESS_KINDS, *servers]
+        timedKinds = [*processKinds, *servers]
         events: list[Event] = []
         if coverPoints:
             events += [

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from integration_tests.chaos.faultkinds import SLOW_LATENCY_MS
-from integration_tests.conftest import SERVICES_DIR, S3Service, ServiceControl, service_setting
+from integration_tests.conftest import (
+    REPO_ROOT,
+    SERVICES_DIR,
+    ComposeControl,
+    S3Service,
+    ServiceControl,
+    service_setting,
+)
 
 
 @dataclass(frozen=True)
@@ -33,13 +40,15 @@ class Server:
     fixture: str
     proxy: str
     """Its proxy's name in services/toxiproxy.sh."""
+    service: str
+    """Its service in docker-compose.yml."""
 
 
 SERVERS = {
-    "broker": Server("kafka.sh", "broker", "kafka_bootstrap", "kafka"),
-    "postgres": Server("postgres.sh", "server", "pg_url", "postgres"),
-    "s3": Server("s3.sh", "server", "s3", "s3"),
-    "mariadb": Server("mariadb.sh", "server", "mariadb_url", "mariadb"),
+    "broker": Server("kafka.sh", "broker", "kafka_bootstrap", "kafka", "kafka"),
+    "postgres": Server("postgres.sh", "server", "pg_url", "postgres", "postgres"),
+    "s3": Server("s3.sh", "server", "s3", "s3", "s3"),
+    "mariadb": Server("mariadb.sh", "server", "mariadb_url", "mariadb", "mariadb"),
 }
 """Every kind of server a schedule may kill, in the order of the report's columns."""
 
@@ -57,6 +66,8 @@ class Services:
     proxies: Any = None
     """The proxies (``integration_tests.toxiproxy.Toxiproxy``) every address above goes
     through, or None when ``make services`` runs none: no network faults then."""
+    compose: bool = False
+    """The servers are docker-compose.yml's: ``docker compose`` kills, starts and pauses them."""
     locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
 
     def exclusive(self, kind: str) -> threading.Lock:
@@ -66,6 +77,8 @@ class Services:
 
     def control(self, kind: str) -> ServiceControl:
         server = SERVERS[kind]
+        if self.compose:
+            return ComposeControl(REPO_ROOT / "docker" / "compose.sh", server.noun, server.service)
         return ServiceControl(SERVICES_DIR / server.script, server.noun)
 
     def crash(self, kind: str, downSeconds: float) -> None:
@@ -107,9 +120,10 @@ class Services:
         return heal
 
 
-def servicesFromEnvironment() -> Services:
+def servicesFromEnvironment(proxies: bool = True) -> Services:
     """The servers of ``make services`` (environment first, then .services.env), through
-    their proxies when it runs them."""
+    their proxies when it runs them and ``proxies``; driven by ``docker compose`` when they
+    are docker-compose.yml's (``services/docker.env``)."""
     names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
     s3 = [service_setting(f"TWOPHASE_S3_{n}") or "" for n in names]
     services = Services(
@@ -117,9 +131,10 @@ def servicesFromEnvironment() -> Services:
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
         s3=S3Service(*s3) if all(s3) else None,
         mariadbUrl=service_setting("TWOPHASE_MARIADB_URL") or "",
+        compose=service_setting("TWOPHASE_SERVICES") == "compose",
     )
     proxiesUrl = service_setting("TWOPHASE_TOXIPROXY_URL")
-    return throughProxies(services, proxiesUrl) if proxiesUrl else services
+    return throughProxies(services, proxiesUrl) if proxiesUrl and proxies else services
 
 
 def throughProxies(services: Services, proxiesUrl: str) -> Services:

@@ -8,15 +8,19 @@ which faults beyond kills reach a pipeline (``faultTargets``).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from integration_tests.chaos.cluster import PROCESS_KINDS as CLUSTER_PROCESS_KINDS
+from integration_tests.chaos.cluster import Cluster, ClusterRun, place
+from integration_tests.chaos.cluster import batchesNeeded as clusterBatches
 from integration_tests.chaos.faultkinds import DISK, Disk
 from integration_tests.chaos.pipelines import PIPELINES, Pipeline
 from integration_tests.chaos.reader import LiveReader
 from integration_tests.chaos.report import ChaosResult
 from integration_tests.chaos.runner import ChaosRun
-from integration_tests.chaos.schedule import COMPLETION_POINTS, Schedule
+from integration_tests.chaos.schedule import COMPLETION_POINTS, PROCESS_KINDS, Schedule
 from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
 from twophase.cli.console import LiveDisplay
@@ -29,11 +33,21 @@ lasts the pipeline's transaction timeout, one sweep and a margin."""
 __all__ = [
     "drawSchedule",
     "faultTargets",
+    "pipelineLog",
     "prepare",
     "runPipeline",
     "servicesFromEnvironment",
     "verifyOutput",
 ]
+
+
+def pipelineLog(pipeline: str) -> Callable[[str], None]:
+    """Print the runner's lines of ``pipeline`` with its name, for pipelines side by side."""
+
+    def log(line: str) -> None:
+        print(line.replace("[chaos]", f"[chaos {pipeline}]", 1), flush=True)
+
+    return log
 
 
 def pipelineNamed(name: str) -> Pipeline:
@@ -43,13 +57,20 @@ def pipelineNamed(name: str) -> Pipeline:
     return PIPELINES[name]
 
 
-def faultTargets(pipeline: str, *, proxies: bool, disk: bool) -> dict[str, tuple[str, ...]]:
+def faultTargets(
+    pipeline: str, *, proxies: bool, disk: bool, cluster: bool = False
+) -> dict[str, tuple[str, ...]]:
     """Which faults beyond kills reach ``pipeline``, and what each may hit: a freeze any of its
     servers; with ``proxies`` (its clients go through them) a partition, a slow link or lost
     replies any of them, and ``past timeout`` its broker when it writes Kafka transactions;
-    with ``disk`` (a tmpfs under its checkpoint) a full disk."""
+    with ``disk`` (a tmpfs under its checkpoint) a full disk; with ``cluster`` (it runs on the
+    compose cluster) the faults of its nodes."""
     p = pipelineNamed(pipeline)
     targets: dict[str, tuple[str, ...]] = {"freeze": p.servers}
+    if cluster:
+        from integration_tests.chaos.cluster import nodeTargets
+
+        targets.update(nodeTargets())
     if proxies:
         targets.update({"partition": p.servers, "slow": p.servers, "reply lost": p.servers})
         if p.kafkaTimeoutSeconds and "broker" in p.servers:
@@ -68,9 +89,11 @@ def drawSchedule(
     faults: int = 0,
     targets: dict[str, tuple[str, ...]] | None = None,
     coverFaults: bool | None = None,
+    processKinds: tuple[str, ...] = PROCESS_KINDS,
 ) -> Schedule:
     """The seeded schedule of ``pipeline``: its servers' kills, its outages if it has any, and
-    ``faults`` faults of the kinds in ``targets`` (see ``faultTargets``)."""
+    ``faults`` faults of the kinds in ``targets`` (see ``faultTargets``); ``processKinds``: the
+    timed kills of its own processes."""
     p = pipelineNamed(pipeline)
     return Schedule.draw(
         seed,
@@ -84,6 +107,7 @@ def drawSchedule(
         pastTimeoutSeconds=p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + 3,
         coverFaults=coverFaults,
         extraPoints=COMPLETION_POINTS if p.completesBatches else (),
+        processKinds=processKinds,
     )
 
 
@@ -123,15 +147,23 @@ def runPipeline(
     coverFaults: bool | None = None,
     log: Any = print,
     display: LiveDisplay | None = None,
+    cluster: Cluster | None = None,
 ) -> ChaosResult:
     """Draw the schedule, size the input to it, run it, verify. The checkpoint (and the files
     sink's output) lives on a tmpfs of its own when one can be mounted, for ``disk full``;
     what it held is copied back to the same place when it is unmounted. With ``display``, the
-    run's progress is a row of it (``progress.PipelineProgress``)."""
+    run's progress is a row of it (``progress.PipelineProgress``). With ``cluster``, the
+    pipeline runs on the compose cluster (``cluster.ClusterRun``): checkpoint and file outputs
+    on S3, the faults of its nodes."""
     workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
     workdir.mkdir(parents=True, exist_ok=True)
-    disk = Disk(workdir / "disk") if Disk.possible() else None
-    targets = faultTargets(pipeline, proxies=services.proxies is not None, disk=disk is not None)
+    disk = Disk(workdir / "disk") if Disk.possible() and cluster is None else None
+    targets = faultTargets(
+        pipeline,
+        proxies=services.proxies is not None,
+        disk=disk is not None,
+        cluster=cluster is not None,
+    )
     schedule = drawSchedule(
         pipeline,
         seed,
@@ -140,12 +172,16 @@ def runPipeline(
         faults=faults,
         targets=targets,
         coverFaults=coverFaults,
+        processKinds=PROCESS_KINDS if cluster is None else CLUSTER_PROCESS_KINDS,
     )
-    rows = schedule.batchesNeeded() * rowsPerBatch
+    batches = schedule.batchesNeeded() if cluster is None else clusterBatches(schedule)
+    rows = batches * rowsPerBatch
     if disk is not None:
         disk.mount()
     try:
         spec = prepare(pipeline, workdir, services, rows, rowsPerBatch)
+        if cluster is not None:
+            place(spec, services)
         log(
             f"[chaos] {pipeline}: seed {seed}, {rows} rows in batches of {rowsPerBatch}, "
             "schedule: " + "; ".join(e.describe() for e in schedule.events)
@@ -160,7 +196,11 @@ def runPipeline(
                 live.append(liveReport(spec, reader))
             return verifyOutput(spec)
 
-        run = ChaosRun(spec, schedule, services, verifyAll, log, disk=disk, display=display)
+        run = (
+            ChaosRun(spec, schedule, services, verifyAll, log, disk=disk, display=display)
+            if cluster is None
+            else ClusterRun(cluster, spec, schedule, services, verifyAll, log, display=display)
+        )
         result = run.run()
         if live:
             result.liveReader = live[0]

@@ -34,6 +34,13 @@ class PipelineSpec:
     sparkConf: dict[str, str] = field(default_factory=dict)
     sinkOptions: dict[str, str] = field(default_factory=dict)
     """Extra options of the sink, beside the ones the pipeline sets."""
+    checkpointUrl: str = ""
+    """Spark's checkpoint when it is not on the pipeline's disk (on the compose cluster: an
+    ``s3a://`` URL, the decision log beside it)."""
+    storeUrl: str = ""
+    """Where a cluster run's file outputs go (``s3://``): executors on other hosts write them."""
+    storeOptions: dict[str, str] = field(default_factory=dict)
+    """The ``fs.*`` options of ``storeUrl``."""
 
     @property
     def disk(self) -> Path:
@@ -47,6 +54,16 @@ class PipelineSpec:
     @property
     def output(self) -> str:
         return str(self.disk / "output")
+
+    @property
+    def checkpointLocation(self) -> str:
+        """The query's ``checkpointLocation``."""
+        return self.checkpointUrl or self.checkpoint
+
+    @property
+    def outputLocation(self) -> str:
+        """Where a file sink writes: ``storeUrl``'s output, else the pipeline's disk."""
+        return f"{self.storeUrl}/output" if self.storeUrl else self.output
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

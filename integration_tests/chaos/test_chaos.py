@@ -41,7 +41,12 @@ from integration_tests.chaos.pipelines import PIPELINES
 from integration_tests.chaos.report import ChaosResult, livenessTable, summaryTable
 from integration_tests.chaos.schedule import COMPLETION_POINTS, DRIVER_POINTS, TASK_POINTS
 from integration_tests.chaos.servers import SERVERS
-from integration_tests.chaos.setup import faultTargets, runPipeline, servicesFromEnvironment
+from integration_tests.chaos.setup import (
+    faultTargets,
+    pipelineLog,
+    runPipeline,
+    servicesFromEnvironment,
+)
 
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
@@ -75,10 +80,6 @@ def test_bounded_chaos_is_exactly_once(
 
     def run(pipeline: str) -> ChaosResult:
         cover = pipeline != "kafka-kafka"
-
-        def log(line: str) -> None:
-            print(line.replace("[chaos]", f"[chaos {pipeline}]", 1), flush=True)
-
         return runPipeline(
             pipeline,
             tmp_path / pipeline,
@@ -88,7 +89,7 @@ def test_bounded_chaos_is_exactly_once(
             rowsPerBatch=100,
             coverPoints=cover,
             coverFaults=True,
-            log=log,
+            log=pipelineLog(pipeline),
         )
 
     with ThreadPoolExecutor(len(pair)) as pool:

@@ -1,4 +1,5 @@
-"""The Delta sink's pipeline: sequence -> twophase.delta, a table on local disk.
+"""The Delta sink's pipeline: sequence -> twophase.delta, a table on local disk (on S3 when the
+pipeline runs on the compose cluster).
 
 Its schedule kills the driver and the executors at every protocol point, the Delta commit's
 windows included (between the files' move into the table and the log commit, and after the log
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class DeltaPipeline(Pipeline):
-    """sequence -> twophase.delta into ``<workdir>/output``, partitioned by ``id % 3``."""
+    """sequence -> twophase.delta into ``spec.outputLocation``, partitioned by ``id % 3``."""
 
     name = "delta"
     completesBatches = True
@@ -28,14 +29,15 @@ class DeltaPipeline(Pipeline):
         return (
             stream.selectExpr("id", "payload", "CAST(id % 3 AS INT) AS bucket")
             .writeStream.format("twophase.delta")
-            .option("path", spec.output)
+            .option("path", spec.outputLocation)
             .option("partitionBy", "bucket")
+            .options(**spec.storeOptions)
         )
 
     def actual(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 
-        return verify.actualFromDelta(spec.output, self.columns)
+        return verify.actualFromDelta(spec.outputLocation, self.columns, spec.storeOptions)
 
 
 DELTA = DeltaPipeline()

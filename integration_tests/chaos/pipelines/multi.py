@@ -37,20 +37,26 @@ if TYPE_CHECKING:
     from integration_tests.chaos.servers import Services
 
 TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg,archive=files"
+STORE_TARGETS = "orders=postgres,events=kafka,ledger=delta,archive=files"
+"""The targets when the files are on an object store (``PipelineSpec.storeUrl``)."""
 
 
 def multiOptions(spec: PipelineSpec) -> dict[str, str]:
     """The ``multi`` pipeline's sink options, as ``twophase verify --sink multi`` takes them."""
-    return {
-        "targets": TARGETS,
+    options = {
+        "targets": STORE_TARGETS if spec.storeUrl else TARGETS,
         "orders.url": spec.pgUrl,
         "orders.table": spec.table,
         "events.kafka.bootstrap.servers": spec.bootstrap,
         "events.topic": spec.outputTopic,
-        "ledger.path": spec.output,
-        **icebergOptions(spec, "lake."),
-        "archive.path": f"{spec.output}-files",
+        "ledger.path": spec.outputLocation,
+        "archive.path": f"{spec.outputLocation}-files",
     }
+    for target in ("ledger", "archive"):
+        options.update({f"{target}.{k}": v for k, v in spec.storeOptions.items()})
+    if not spec.storeUrl:
+        options.update(icebergOptions(spec, "lake."))
+    return options
 
 
 class MultiPipeline(Pipeline):
@@ -72,32 +78,27 @@ class MultiPipeline(Pipeline):
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         from pyspark.sql import functions as F
 
+        options = multiOptions(spec)
         stream = stream.select(
             F.struct("id", "payload").alias("orders"),
             F.struct(
                 F.col("id").cast("string").alias("key"), F.col("payload").alias("value")
             ).alias("events"),
-            F.struct("id", "payload").alias("ledger"),
-            F.struct("id", "payload").alias("lake"),
-            F.struct("id", "payload").alias("archive"),
+            *(
+                F.struct("id", "payload").alias(name)
+                for name in ("ledger", "lake", "archive")
+                if f"{name}=" in options["targets"]
+            ),
         )
-        writer = (
+        if not spec.storeUrl:
+            os.makedirs(f"{spec.output}-iceberg", exist_ok=True)
+        return (
             stream.writeStream.format("twophase.multi")
-            .option("targets", TARGETS)
-            .option("orders.url", spec.pgUrl)
-            .option("orders.table", spec.table)
+            .options(**options)
             .option("orders.createTable", "true")
             # partition 0 prepares, the others stage: both commit paths in every batch
             .option("orders.maxPreparedPartitions", "1")
-            .option("events.kafka.bootstrap.servers", spec.bootstrap)
-            .option("events.topic", spec.outputTopic)
-            .option("ledger.path", spec.output)
-            .option("archive.path", f"{spec.output}-files")
         )
-        os.makedirs(f"{spec.output}-iceberg", exist_ok=True)
-        for key, value in icebergOptions(spec, "lake.").items():
-            writer = writer.option(key, value)
-        return writer
 
     def liveTopic(self, spec: PipelineSpec) -> str | None:
         return spec.outputTopic
