@@ -7,6 +7,8 @@
 - ``servers``: where the servers are, and how one is crashed and brought back;
 - ``report``: the result of a run, the soak's table and JSON;
 - ``progress``: a pipeline's live row while the soak runs, on a terminal only;
+- ``cluster``: the runner on the compose cluster (drivers in containers, faults of nodes);
 - ``setup``: the steps of one pipeline end to end; ``__main__``: the soak (``make chaos``);
-  ``test_chaos``: the bounded profile of ``make test``.
+  ``test_chaos``: the bounded profile of ``make test``; ``test_cluster_chaos``: the cluster's
+  (``make test-cluster``).
 """
