@@ -24,6 +24,7 @@ import json
 import random
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -116,19 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
 
     def runOne(pipeline: str, share: int, faultShare: int) -> ChaosResult:
-        result = runPipeline(
-            pipeline,
-            Path(args.workdir).resolve() / f"{seed}-{pipeline}",
-            services,
-            seed=seed,
-            kills=share,
-            rowsPerBatch=args.rows_per_batch,
-            coverPoints=args.cover_points,
-            faults=faultShare,
-            log=pipelineLog(pipeline) if args.parallel > 1 else print,
-            display=display,
-            cluster=cluster,
-        )
+        try:
+            result = runPipeline(
+                pipeline,
+                Path(args.workdir).resolve() / f"{seed}-{pipeline}",
+                services,
+                seed=seed,
+                kills=share,
+                rowsPerBatch=args.rows_per_batch,
+                coverPoints=args.cover_points,
+                faults=faultShare,
+                log=pipelineLog(pipeline) if args.parallel > 1 else print,
+                display=display,
+                cluster=cluster,
+            )
+        except BaseException:  # said now, not when the pipelines before it are done
+            print(f"[chaos] {pipeline} stopped:\n{traceback.format_exc()}", flush=True)
+            raise
         print(f"[chaos] {pipeline}: {result.report}", flush=True)
         return result
 
