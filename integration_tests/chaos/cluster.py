@@ -209,6 +209,10 @@ class ContainerDriver:
         """The driver's container killed: its JVM, its Python workers, all at once."""
         self.cluster.docker("kill", self.name, check=False)
 
+    def dumpThreads(self) -> None:
+        """The driver JVM's threads printed to its log (SIGQUIT)."""
+        self.cluster.docker("exec", self.name, "pkill", "-QUIT", "java", check=False)
+
     def executorPids(self) -> list[int]:
         """The executor JVMs of this driver's application, on either worker (a container's
         processes are the host's too): those whose driver URL names this driver's host."""
@@ -256,11 +260,12 @@ def progressFilesystem(s3: Any) -> Any:
 
 def batchesNeeded(schedule: Schedule) -> int:
     """Enough batches that the source is not drained before the last event: the schedule's
-    own count, and more for the faults that last seconds (a batch a second or two) and for
-    each second driver (two drivers meet, then the first has its grace)."""
-    lasting = sum(math.ceil(e.downSeconds / 2) for e in schedule.events if e.isFault)
+    own count, and more for the faults that last seconds (the other worker goes on at a batch
+    a second or so) and for each second driver (two drivers meet, then the first has its
+    grace)."""
+    lasting = sum(math.ceil(e.downSeconds) for e in schedule.events if e.isFault)
     seconds = sum(1 for e in schedule.events if e.kind == "second driver")
-    return schedule.batchesNeeded() + lasting + 20 * seconds
+    return schedule.batchesNeeded() + lasting + 30 * seconds
 
 
 def place(spec: PipelineSpec, services: Services) -> None:
@@ -387,8 +392,10 @@ class ClusterRun(ChaosRun):
         self._waitWatching(time.monotonic() + SECOND_DRIVER_GRACE, lambda: first.poll() is not None)
         code = first.poll()
         if code is None:
+            first.dumpThreads()  # what it waits for, in its log, before it goes
+            time.sleep(2)
             first.kill()
-            outcome = f"still running after {SECOND_DRIVER_GRACE:.0f}s: killed"
+            outcome = f"still running after {SECOND_DRIVER_GRACE:.0f}s: killed (threads in its log)"
         else:
             outcome = f"ended by itself ({code}): {self._why(self.starts)}"
         self.secondDrivers.append(outcome)
