@@ -15,6 +15,7 @@ import pytest
 
 from twophase import cli
 from twophase.cli import errors, options, recover
+from twophase.clients.postgres import PostgresUnavailableError
 from twophase.coordinator import CommitFailedError, DecisionLog, LogOwnershipError
 from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
@@ -316,8 +317,8 @@ def test_the_same_failure_on_many_handles_is_said_once() -> None:
         (
             f"postgres batch 2 partition {p} attempt 0: 1 row(s) into public.t as gid-{p}",
             1,
-            Exception(f"postgres: commit of postgres batch 2 partition {p} attempt 0: 1 row(s) "
-                      f"into public.t as gid-{p}: {cause}"),
+            PostgresUnavailableError(f"postgres: commit of postgres batch 2 partition {p} "
+                                     f"attempt 0: 1 row(s) into public.t as gid-{p}: {cause}"),
         )
         for p in (3, 0, 2, 1, 7)
     ]  # fmt: skip

@@ -34,6 +34,7 @@ from twophase.coordinator.errors import (
 from twophase.protocol import TransactionLostError
 from twophase.redaction import redact
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.registry import GENERIC_FIX, specOfError
 
 EXIT_OK = 0
 EXIT_LEFT_TO_DO = 1
@@ -235,16 +236,6 @@ def _oneLine(exc: BaseException) -> str:
     return " ".join(redact(str(exc)).split()) or type(exc).__name__
 
 
-def _systemOf(exc: BaseException, text: str) -> str:
-    modules = " ".join(t.__module__ for t in type(exc).__mro__)
-    said = f"{modules} {text} {_oneLine(exc)}".lower()
-    if "psycopg" in said or "postgres" in said:
-        return "postgres"
-    if "kafka" in said:
-        return "kafka"
-    return "other"
-
-
 def _isConnection(exc: BaseException, text: str | None = None) -> bool:
     """A server that did not answer or refused the credentials: nothing was done."""
     lowered = (text if text is not None else _oneLine(exc)).lower()
@@ -257,37 +248,14 @@ def _isConnection(exc: BaseException, text: str | None = None) -> bool:
 
 
 def _fixFor(exc: BaseException, reason: str) -> str:
-    """The ways to fix a connection failure of the sink's system."""
-    system = _systemOf(exc, reason)
+    """The way to fix a connection failure of the system that raised ``exc`` (found by the
+    error's type and origin in ``twophase.sinks.registry``): refused credentials or a server
+    that does not answer."""
+    spec = specOfError(exc)
+    if spec is None:
+        return GENERIC_FIX
     lowered = reason.lower()
-    auth = any(m in lowered for m in _AUTH)
-    if system == "postgres" and auth:
-        return (
-            "Fix: give the password the query used: --sink-option password=..., a "
-            "--sink-option-file only you can read, PGPASSWORD or ~/.pgpass."
-        )
-    if system == "postgres":
-        return (
-            "Fix: start the server, or give its address as the query did: --sink-option "
-            "url=postgresql://user@host:port/db (the password: PGPASSWORD, ~/.pgpass or "
-            "--sink-option-file)."
-        )
-    if system == "kafka" and auth:
-        return (
-            "Fix: give the security options the query used: --sink-option "
-            "kafka.sasl.password=... (and kafka.sasl.*), a --sink-option-file only you can "
-            "read, or TWOPHASE_KAFKA_OPTIONS."
-        )
-    if system == "kafka":
-        return (
-            "Fix: start the brokers, or give their address as the query did: --sink-option "
-            "kafka.bootstrap.servers=host:port (security options: --sink-option-file or "
-            "TWOPHASE_KAFKA_OPTIONS)."
-        )
-    return (
-        "Fix: make the sink's system reachable with the options the query used "
-        "(--sink-option KEY=VALUE or --sink-option-file PATH)."
-    )
+    return spec.authFix if any(m in lowered for m in _AUTH) else spec.unreachableFix
 
 
 def _cut(text: str, length: int) -> str:

@@ -2,15 +2,14 @@
 
 Per sink: read the decision log, rebuild the sink's committer from ``sink.json`` (plus
 ``--sink-option`` and ``--sink-option-file``, as ``twophase recover`` does), ask the system
-through the sink kind's ``inspect`` module (``twophase.sinks.<kind>.inspect``, found next to
-the committer's module), classify, render. Read-only everywhere; no Spark session. Exit
-status: 0 clean, 1 findings that need action or that the next start acts on, 2 could not check
-(no checkpoint, no log, a server that does not answer).
+through the inspect module that the sink's entry in ``twophase.sinks.registry`` names,
+classify, render. Read-only everywhere; no Spark session. Exit status: 0 clean, 1 findings
+that need action or that the next start acts on, 2 could not check (no checkpoint, no log, a
+server that does not answer).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from twophase.doctor.findings import (
 )
 from twophase.doctor.render import writeJson, writeText
 from twophase.redaction import getLogger, redact
+from twophase.sinks.registry import specOfModule
 
 log = getLogger(__name__)
 
@@ -57,15 +57,10 @@ class RecoverCommand(Commands):
 
 
 def inspectorOf(committer: object) -> ModuleType | None:
-    """The ``inspect`` module beside a built-in committer's module, or ``None`` (a user's sink)."""
-    module = type(committer).__module__
-    if not module.startswith("twophase.sinks."):
-        return None
-    package = module.rsplit(".", 1)[0]
-    try:
-        return importlib.import_module(f"{package}.inspect")
-    except ModuleNotFoundError:
-        return None
+    """The inspect module that the registry names for a built-in committer's sink, or ``None``
+    (a user's sink: doctor checks its log only)."""
+    spec = specOfModule(type(committer).__module__)
+    return None if spec is None else spec.inspectorModule()
 
 
 def checkSink(

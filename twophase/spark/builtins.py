@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from twophase.redaction import getLogger
-from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.registry import SINKS, specOf
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.versions import (
     PYSPARK_VERSION,
@@ -19,38 +19,18 @@ log = getLogger(__name__)
 
 
 def builtinDataSources() -> list[type[DataSource]]:
-    """The built-in sources and sinks, as PySpark data source classes."""
-    from twophase.spark.delta import DeltaSink
-    from twophase.spark.files import FilesSink
-    from twophase.spark.iceberg import IcebergSink
-    from twophase.spark.kafka import KafkaSink
-    from twophase.spark.multi import MultiSink
-    from twophase.spark.postgres import PostgresSink
+    """The built-in sources and sinks, as PySpark data source classes: the sinks of
+    ``twophase.sinks.registry`` and the sequence source."""
     from twophase.spark.sequence import SequenceSource
-    from twophase.spark.sql import SqlSink
 
-    return [
-        DeltaSink,
-        FilesSink,
-        IcebergSink,
-        KafkaSink,
-        MultiSink,
-        PostgresSink,
-        SequenceSource,
-        SqlSink,
-    ]
+    sinks: list[type[DataSource]] = [spec.bindingClass() for spec in SINKS]
+    return sorted([*sinks, SequenceSource], key=lambda cls: cls.name())
 
 
 def builtinSink(name: str) -> type[TwoPhaseDataSource]:
     """The built-in sink whose format name is ``name`` (``"twophase.kafka"``); a clear error
     naming the built-in sinks for any other name."""
-    sinks = {cls.name(): cls for cls in builtinDataSources() if issubclass(cls, TwoPhaseDataSource)}
-    found = sinks.get(name.strip())
-    if found is None:
-        raise TwoPhaseConfigError(
-            f"{name!r} is not a twophase sink; the built-in sinks are {', '.join(sorted(sinks))}. "
-            "For a sink of your own, pass its class (or an instance) instead of a name"
-        )
+    found: type[TwoPhaseDataSource] = specOf(name).bindingClass()
     return found
 
 

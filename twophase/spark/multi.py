@@ -17,31 +17,15 @@ from pyspark.sql.types import StructType
 from twophase.loading import importQualified
 from twophase.settings import SinkSettings, TwoPhaseConfigError
 from twophase.sinks.multi import MultiCommitter, MultiWriter, Target, parseTargets, targetOptions
+from twophase.sinks.registry import multiTargetKinds, specOf
 from twophase.spark.datasource import TwoPhaseDataSource
 
 
 def targetClass(kind: str) -> type[TwoPhaseDataSource]:
     """The data source class of a target kind: a built-in name or ``module:Class``."""
-    if kind == "postgres":
-        from twophase.spark.postgres import PostgresSink
-
-        return PostgresSink
-    if kind == "kafka":
-        from twophase.spark.kafka import KafkaSink
-
-        return KafkaSink
-    if kind == "files":
-        from twophase.spark.files import FilesSink
-
-        return FilesSink
-    if kind == "delta":
-        from twophase.spark.delta import DeltaSink
-
-        return DeltaSink
-    if kind == "iceberg":
-        from twophase.spark.iceberg import IcebergSink
-
-        return IcebergSink
+    if kind in multiTargetKinds():
+        builtin: type[TwoPhaseDataSource] = specOf(kind).bindingClass()
+        return builtin
     try:
         found: Any = importQualified(kind)
     except (ImportError, AttributeError) as exc:

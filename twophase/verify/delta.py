@@ -51,4 +51,11 @@ def readDelta(options: Mapping[str, str], columns: Sequence[str] | None) -> tupl
     return rows, redact(f"delta {path} (version {table.version()})")
 
 
-__all__ = ["actualFromDelta", "readDelta"]
+def readDeltaSink(
+    options: Mapping[str, str], columns: Sequence[str] | None, hints: pa.Schema | None
+) -> tuple[pa.Table, str]:
+    """The Delta sink's reader for verify (a table's types are its own: ``hints`` unused)."""
+    return readDelta(options, columns)
+
+
+__all__ = ["actualFromDelta", "readDelta", "readDeltaSink"]

@@ -27,6 +27,7 @@ import pyarrow.json as pajson
 from twophase.redaction import getLogger, redact
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.files import FilesSettings
+from twophase.sinks.registry import readableKinds, specOf
 from twophase.verify.compare import isBytes, isText
 from twophase.verify.errors import VerifyInputError, inputErrors
 
@@ -384,37 +385,45 @@ def decodeHex(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pa.chunked_array(chunks, pa.binary())
 
 
+def readFilesSink(
+    options: Mapping[str, str], columns: Sequence[str] | None, hints: pa.Schema | None
+) -> tuple[pa.Table, str]:
+    """The files sink's reader for verify: its ``path`` and ``format`` from its options."""
+    path = optionOf(options, "path") or ""
+    fmt = optionOf(options, "format") or "parquet"
+    return readFiles(path, fmt, columns, hints, options)
+
+
+def readPostgresSink(
+    options: Mapping[str, str], columns: Sequence[str] | None, hints: pa.Schema | None
+) -> tuple[pa.Table, str]:
+    """The postgres sink's reader for verify: its ``url`` and ``table`` from its options."""
+    url = optionOf(options, "url") or ""
+    table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
+    return readPostgres(url, table, columns, options)
+
+
 def readSink(
     sink: str, options: Mapping[str, str], columns: Sequence[str], hints: pa.Schema
 ) -> tuple[pa.Table, str]:
-    """What one ``files``, ``postgres`` or ``kafka`` sink holds, and a description for the report.
+    """What one sink of kind ``sink`` holds, and a description for the report, read with the
+    reader its registry entry names (``twophase.sinks.registry``).
 
-    ``columns`` are the identity columns to read (files and postgres), ``hints`` their types on
-    the source's side (to read JSON and CSV files with).
+    ``columns`` are the identity columns to read, ``hints`` their types on the source's side
+    (to read JSON and CSV files with). A kind the registry does not know, or one verify cannot
+    read, is a ``VerifyInputError`` naming the kinds it reads.
     """
-    if sink == "files":
-        path = optionOf(options, "path") or ""
-        fmt = optionOf(options, "format") or "parquet"
-        return readFiles(path, fmt, columns, hints, options)
-    if sink == "postgres":
-        url = optionOf(options, "url") or ""
-        table = optionOf(options, "table") or optionOf(options, "dbtable") or ""
-        return readPostgres(url, table, columns, options)
-    if sink == "sql":
-        from twophase.verify.sql import readSql
-
-        return readSql(options, columns, hints)
-    if sink == "delta":
-        from twophase.verify.delta import readDelta
-
-        return readDelta(options, columns)
-    if sink == "iceberg":
-        from twophase.verify.iceberg import readIceberg
-
-        return readIceberg(options, columns)
-    from twophase.verify.kafka import readKafka
-
-    return readKafka(options, "sink")
+    try:
+        spec = specOf(sink)
+    except TwoPhaseConfigError:
+        spec = None
+    if spec is None or spec.reader is None:
+        raise VerifyInputError(
+            f"twophase verify cannot read a sink of kind {sink!r} here; it reads "
+            f"{', '.join(k for k in readableKinds() if k != 'multi')} (and multi through its "
+            "targets). A sink of your own: read what it holds with your own reader"
+        )
+    return spec.readerFunction()(options, columns, hints)
 
 
 def actualFromKafka(options: Mapping[str, str]) -> pa.Table:
@@ -434,6 +443,8 @@ __all__ = [
     "actualFromPostgres",
     "decodeHex",
     "readFiles",
+    "readFilesSink",
     "readPostgres",
+    "readPostgresSink",
     "readSink",
 ]

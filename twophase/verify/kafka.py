@@ -107,6 +107,14 @@ def readKafka(options: Mapping[str, str], side: str) -> tuple[pa.Table, str]:
     return table, description
 
 
+def readKafkaSink(
+    options: Mapping[str, str], columns: Sequence[str] | None, hints: pa.Schema | None
+) -> tuple[pa.Table, str]:
+    """The Kafka sink's reader for verify: its topics as a ``read_committed`` reader sees them
+    (records have fixed columns: ``columns`` and ``hints`` do not apply)."""
+    return readKafka(options, "sink")
+
+
 def _warnOpenTransactions(
     settings: KafkaSourceSettings,
     partitions: Sequence[tuple[str, int]],
@@ -174,4 +182,4 @@ def _endingOffsets(
     return {tp: latest[tp] if o == LATEST else o for tp, o in wanted.items()}
 
 
-__all__ = ["readKafka"]
+__all__ = ["readKafka", "readKafkaSink"]

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.multi import Target, parseTargets
+from twophase.sinks.registry import multiTargetKinds, readableKinds
 from twophase.verify.compare import (
     EXAMPLES,
     KAFKA_COLUMNS,
@@ -56,7 +57,7 @@ SINK_COLUMNS = "sinkColumns"
 """Per-target option (``<name>.sinkColumns=a,b``): the target's names of the identity columns.
 Read by verify only; the pipeline's options may be passed as they are."""
 
-READABLE = ("files", "postgres", "kafka", "delta", "iceberg")
+READABLE = tuple(k for k in multiTargetKinds() if k in readableKinds())
 """Target kinds verify can read (a ``module:Class`` target has no reader)."""
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
+from twophase.sinks.registry import readableKinds
 from twophase.verify.compare import EXAMPLES, compare, defaultColumns, requireColumns
 from twophase.verify.errors import VerifyInputError
 from twophase.verify.held import readSink
@@ -22,8 +23,8 @@ from twophase.verify.report import VerifyReport
 SOURCES = ("sequence", "kafka")
 """The source kinds ``verify`` reads."""
 
-SINKS = ("files", "postgres", "kafka", "multi", "sql", "delta", "iceberg")
-"""The sink kinds ``verify`` reads."""
+SINKS = readableKinds()
+"""The sink kinds ``verify`` reads: the built-in sinks with a reader, and ``multi``."""
 
 
 def verify(

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from twophase.protocol import Handle
 from twophase.settings import TwoPhaseConfigError, optionOf
+from twophase.sinks.registry import multiTargetKinds
 
 KIND = "multi"
 """The ``kind`` of a multi handle: ``{"kind": "multi", "parts": {target: handle}}``."""
 
-BUILT_IN = ("postgres", "kafka", "files", "delta", "iceberg")
 
 SHARED_OPTIONS = ("checkpointlocation", "queryname")
 """Options of the query every target gets too (Spark passes them lower-cased)."""
@@ -56,10 +56,10 @@ def parseTargets(options: Mapping[str, str], sinkId: str) -> list[Target]:
                 f"option targets={raw!r}: target name {name!r} must be a letter followed by up "
                 "to 39 letters, digits or '_' (it names the struct column and the options)"
             )
-        if kind not in BUILT_IN and not _CLASS.match(kind):
+        if kind not in multiTargetKinds() and not _CLASS.match(kind):
             raise TwoPhaseConfigError(
                 f"option targets={raw!r}: target {name!r} has kind {kind!r}; use one of "
-                f"{', '.join(BUILT_IN)} or a data source class as module:Class"
+                f"{', '.join(multiTargetKinds())} or a data source class as module:Class"
             )
         if any(t.name.lower() == name.lower() for t in found):
             raise TwoPhaseConfigError(f"option targets={raw!r}: target {name!r} appears twice")
@@ -69,7 +69,7 @@ def parseTargets(options: Mapping[str, str], sinkId: str) -> list[Target]:
         raise TwoPhaseConfigError(
             f"option targets={raw!r} names one target; twophase.multi is for two or more "
             f"(for one, write with format('twophase.{found[0].kind}') directly)"
-            if found[0].kind in BUILT_IN
+            if found[0].kind in multiTargetKinds()
             else f"option targets={raw!r} names one target; twophase.multi is for two or more"
         )
     return found

@@ -1,0 +1,303 @@
+"""The built-in sinks, each declared once: the one place that knows which sinks exist.
+
+A ``SinkSpec`` names where each part of a sink lives, as ``module:Name`` text so that reading
+the registry imports nothing: the Spark binding (the data source class), the reader that
+``twophase verify`` uses, the inspector that ``twophase doctor`` uses, the packages its errors
+come from and the fix an operator reads when its system cannot be reached. The Spark binding's
+built-in list, ``twophase.multi``'s target kinds, verify's and doctor's dispatch and the command
+line's advice all come from here; a sink added to ``SINKS`` is known to all of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from twophase.loading import importQualified
+from twophase.settings import TwoPhaseConfigError
+
+
+class SinkReader(Protocol):
+    """What ``twophase verify`` calls to read what a sink holds, and a description of it.
+
+    ``options`` are the sink's own options, ``columns`` the identity columns to read (``None``:
+    all), ``hints`` their types on the source's side (to read text formats with).
+    """
+
+    def __call__(
+        self, options: Any, columns: Sequence[str] | None, hints: pa.Schema | None
+    ) -> tuple[pa.Table, str]: ...
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """One built-in sink: its names and where each of its parts lives.
+
+    ``kind`` is the short name (``postgres``) that ``twophase verify --sink``, ``twophase.multi``'s
+    ``targets`` and ``twophase doctor`` use; ``name()`` the format name Spark knows.
+    """
+
+    kind: str
+    system: str
+    """The system as an operator names it (``PostgreSQL``), for messages."""
+    binding: str
+    """``module:Class`` of the Spark data source (``twophase.spark``: the only part that needs
+    pyspark)."""
+    reader: str | None
+    """``module:function`` of the ``SinkReader`` that verify uses; ``None``: verify cannot read
+    it."""
+    inspector: str | None
+    """The module ``twophase doctor`` asks what the system holds (``inspect`` and
+    ``handleKey``); ``None``: doctor checks the log only."""
+    errorModules: tuple[str, ...]
+    """Module prefixes whose exceptions are this system's (its client library, its package)."""
+    unreachableFix: str
+    """The fix for a server that does not answer, as ``twophase recover`` takes options."""
+    authFix: str
+    """The fix for refused credentials, naming where a secret may come from."""
+    multiTarget: bool = True
+    """Whether ``twophase.multi`` takes it as a target kind."""
+
+    def name(self) -> str:
+        """The format name: ``twophase.<kind>``."""
+        return f"twophase.{self.kind}"
+
+    @property
+    def package(self) -> str:
+        """The Spark-free package of the sink's writer and committer."""
+        return f"twophase.sinks.{self.kind}"
+
+    def bindingClass(self) -> Any:
+        """The Spark data source class (imports pyspark)."""
+        return importQualified(self.binding)
+
+    def readerFunction(self) -> SinkReader:
+        """The reader verify uses; ``TwoPhaseConfigError`` when verify cannot read this sink."""
+        if self.reader is None:
+            raise TwoPhaseConfigError(f"twophase verify cannot read a {self.name()} sink")
+        found: SinkReader = importQualified(self.reader)
+        return found
+
+    def inspectorModule(self) -> ModuleType | None:
+        """The inspect module doctor asks, or ``None``."""
+        return None if self.inspector is None else importlib.import_module(self.inspector)
+
+
+_OPTION_WAYS = "--sink-option KEY=VALUE or --sink-option-file PATH"
+
+SINKS: tuple[SinkSpec, ...] = (
+    SinkSpec(
+        kind="files",
+        system="files",
+        binding="twophase.spark.files:FilesSink",
+        reader="twophase.verify.held:readFilesSink",
+        inspector="twophase.sinks.files.inspect",
+        errorModules=("twophase.sinks.files",),
+        unreachableFix=(
+            "Fix: make the path reachable with the options the query used (for s3://, the "
+            "endpoint: --sink-option fs.endpoint_url=...; the keys from the environment or a "
+            "--sink-option-file)."
+        ),
+        authFix=(
+            "Fix: give the credentials the query used: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY in the environment, or fs.key and fs.secret in a "
+            "--sink-option-file only you can read."
+        ),
+    ),
+    SinkSpec(
+        kind="postgres",
+        system="PostgreSQL",
+        binding="twophase.spark.postgres:PostgresSink",
+        reader="twophase.verify.held:readPostgresSink",
+        inspector="twophase.sinks.postgres.inspect",
+        errorModules=("twophase.sinks.postgres", "twophase.clients.postgres", "psycopg"),
+        unreachableFix=(
+            "Fix: start the server, or give its address as the query did: --sink-option "
+            "url=postgresql://user@host:port/db (the password: PGPASSWORD, ~/.pgpass or "
+            "--sink-option-file)."
+        ),
+        authFix=(
+            "Fix: give the password the query used: --sink-option password=..., a "
+            "--sink-option-file only you can read, PGPASSWORD or ~/.pgpass."
+        ),
+    ),
+    SinkSpec(
+        kind="sql",
+        system="the SQL database",
+        binding="twophase.spark.sql:SqlSink",
+        reader="twophase.verify.sql:readSql",
+        inspector="twophase.sinks.sql.inspect",
+        errorModules=("twophase.sinks.sql", "sqlalchemy", "pymysql", "MySQLdb", "mariadb"),
+        unreachableFix=(
+            "Fix: start the server, or give its address as the query did: --sink-option "
+            "url=mysql+pymysql://user@host:port/db (the password: --sink-option-file)."
+        ),
+        authFix=(
+            "Fix: give the password the query used: --sink-option password=... or a "
+            "--sink-option-file only you can read."
+        ),
+        multiTarget=False,
+    ),
+    SinkSpec(
+        kind="kafka",
+        system="Kafka",
+        binding="twophase.spark.kafka:KafkaSink",
+        reader="twophase.verify.kafka:readKafkaSink",
+        inspector="twophase.sinks.kafka.inspect",
+        errorModules=(
+            "twophase.sinks.kafka",
+            "twophase.clients.kafka",
+            "confluent_kafka",
+            "cimpl",  # confluent_kafka's C classes (KafkaException, KafkaError)
+            "kafka",
+        ),
+        unreachableFix=(
+            "Fix: start the brokers, or give their address as the query did: --sink-option "
+            "kafka.bootstrap.servers=host:port (security options: --sink-option-file or "
+            "TWOPHASE_KAFKA_OPTIONS)."
+        ),
+        authFix=(
+            "Fix: give the security options the query used: --sink-option "
+            "kafka.sasl.password=... (and kafka.sasl.*), a --sink-option-file only you can "
+            "read, or TWOPHASE_KAFKA_OPTIONS."
+        ),
+    ),
+    SinkSpec(
+        kind="delta",
+        system="Delta Lake",
+        binding="twophase.spark.delta:DeltaSink",
+        reader="twophase.verify.delta:readDeltaSink",
+        inspector="twophase.sinks.delta.inspect",
+        errorModules=("twophase.sinks.delta", "deltalake"),
+        unreachableFix=(
+            "Fix: make the table's path reachable with the options the query used, as "
+            f"{_OPTION_WAYS}."
+        ),
+        authFix=(
+            "Fix: give the storage credentials the query used, in the environment or a "
+            "--sink-option-file only you can read."
+        ),
+    ),
+    SinkSpec(
+        kind="iceberg",
+        system="Iceberg",
+        binding="twophase.spark.iceberg:IcebergSink",
+        reader="twophase.verify.iceberg:readIcebergSink",
+        inspector="twophase.sinks.iceberg.inspect",
+        errorModules=("twophase.sinks.iceberg", "pyiceberg"),
+        unreachableFix=(
+            "Fix: make the catalog reachable with the options the query used "
+            f"(catalog.uri, catalog.*), as {_OPTION_WAYS}."
+        ),
+        authFix=(
+            "Fix: give the catalog's credentials the query used in a --sink-option-file only "
+            "you can read."
+        ),
+    ),
+    SinkSpec(
+        kind="multi",
+        system="twophase.multi",
+        binding="twophase.spark.multi:MultiSink",
+        reader=None,  # verify reads each target with the target's reader (verify.multi)
+        inspector="twophase.sinks.multi.inspect",
+        errorModules=("twophase.sinks.multi",),
+        unreachableFix=(
+            "Fix: make every target's system reachable with the options the query used "
+            f"(prefixed with the target's name), as {_OPTION_WAYS}."
+        ),
+        authFix=(
+            "Fix: give each target's credentials the query used, prefixed with the target's "
+            "name, in a --sink-option-file only you can read."
+        ),
+        multiTarget=False,
+    ),
+)
+"""Every built-in sink, in the order the docs list them."""
+
+GENERIC_FIX = (
+    f"Fix: make the sink's system reachable with the options the query used ({_OPTION_WAYS})."
+)
+"""The fix for a system no spec claims (a user's sink)."""
+
+
+def kinds() -> tuple[str, ...]:
+    """Every built-in sink's kind."""
+    return tuple(s.kind for s in SINKS)
+
+
+def multiTargetKinds() -> tuple[str, ...]:
+    """The built-in kinds ``twophase.multi`` takes as targets."""
+    return tuple(s.kind for s in SINKS if s.multiTarget)
+
+
+def readableKinds() -> tuple[str, ...]:
+    """The kinds ``twophase verify`` can read (``multi`` through its targets' readers)."""
+    return tuple(s.kind for s in SINKS if s.reader is not None or s.kind == "multi")
+
+
+def specOf(kindOrName: str) -> SinkSpec:
+    """The spec of ``postgres`` or ``twophase.postgres``; a clear error naming the built-in
+    sinks for any other name."""
+    wanted = kindOrName.strip()
+    for spec in SINKS:
+        if wanted in (spec.kind, spec.name()):
+            return spec
+    raise TwoPhaseConfigError(
+        f"{kindOrName!r} is not a built-in twophase sink; the built-in sinks are "
+        f"{', '.join(s.name() for s in SINKS)} (or by kind: {', '.join(kinds())}). For a sink "
+        "of your own, pass its class (or an instance) instead of a name"
+    )
+
+
+def specOfModule(module: str) -> SinkSpec | None:
+    """The built-in sink whose package ``module`` belongs to, or ``None`` (a user's code)."""
+    for spec in SINKS:
+        if module == spec.package or module.startswith(spec.package + "."):
+            return spec
+    return None
+
+
+def _claims(spec: SinkSpec, module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in spec.errorModules)
+
+
+def specOfError(exc: BaseException) -> SinkSpec | None:
+    """The built-in sink whose system raised ``exc``, by type and origin, never by its text.
+
+    For ``exc`` and then each error it was raised from: the first class of its MRO whose module
+    a spec's ``errorModules`` claims, else the innermost frame of its traceback that such a
+    module ran. ``None`` when nothing is claimed (a user's sink, a plain ``OSError``).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        modules = [cls.__module__ for cls in type(current).__mro__]
+        frames = traceback.walk_tb(current.__traceback__)
+        modules += reversed([str(f.f_globals.get("__name__", "")) for f, _ in frames])
+        for module in modules:
+            for spec in SINKS:
+                if _claims(spec, module):
+                    return spec
+        current = current.__cause__ or current.__context__
+    return None
+
+
+__all__ = [
+    "GENERIC_FIX",
+    "SINKS",
+    "SinkReader",
+    "SinkSpec",
+    "kinds",
+    "multiTargetKinds",
+    "readableKinds",
+    "specOf",
+    "specOfError",
+    "specOfModule",
+]
