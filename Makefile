@@ -147,6 +147,12 @@ test-cluster: .venv
 lint: .venv
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check . && $(VENV)/bin/mypy
 
+# The sinks' option tables in docs/, written from their declarations (tests/test_option_tables.py
+# fails when a table and its declaration differ).
+.PHONY: docs-options
+docs-options: .venv
+	$(VENV)/bin/python tests/test_option_tables.py --write
+
 # The postgres sink against Spark's JDBC writer and raw COPY (after `make services`).
 .PHONY: bench-postgres
 bench-postgres: .venv

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from twophase.loading import importQualified
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.options import SinkOption
 
 
 class SinkReader(Protocol):
@@ -61,6 +62,11 @@ class SinkSpec:
     """The fix for a server that does not answer, as ``twophase recover`` takes options."""
     authFix: str
     """The fix for refused credentials, naming where a secret may come from."""
+    options: str | None = None
+    """``module:NAME`` of the sink's declared options (a tuple of ``SinkOption``): the
+    allow-list of ``sink.json`` and the table of its docs page come from it."""
+    page: str | None = None
+    """The docs page (``docs/<kind>.md``) whose option table is written from ``options``."""
     multiTarget: bool = True
     """Whether ``twophase.multi`` takes it as a target kind."""
 
@@ -84,6 +90,13 @@ class SinkSpec:
         found: SinkReader = importQualified(self.reader)
         return found
 
+    def declaredOptions(self) -> tuple[SinkOption, ...]:
+        """The sink's declared options (empty for ``multi``: its options are its targets')."""
+        if self.options is None:
+            return ()
+        found: tuple[SinkOption, ...] = importQualified(self.options)
+        return found
+
     def inspectorModule(self) -> ModuleType | None:
         """The inspect module doctor asks, or ``None``."""
         return None if self.inspector is None else importlib.import_module(self.inspector)
@@ -95,6 +108,8 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="files",
         system="files",
+        options="twophase.sinks.files.settings:OPTIONS",
+        page="docs/files.md",
         binding="twophase.spark.files:FilesSink",
         reader="twophase.verify.held:readFilesSink",
         inspector="twophase.sinks.files.inspect",
@@ -147,6 +162,8 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="kafka",
         system="Kafka",
+        options="twophase.sinks.kafka.settings:OPTIONS",
+        page="docs/kafka.md",
         binding="twophase.spark.kafka:KafkaSink",
         reader="twophase.verify.kafka:readKafkaSink",
         inspector="twophase.sinks.kafka.inspect",
@@ -171,6 +188,8 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="delta",
         system="Delta Lake",
+        options="twophase.sinks.delta.settings:OPTIONS",
+        page="docs/delta.md",
         binding="twophase.spark.delta:DeltaSink",
         reader="twophase.verify.delta:readDeltaSink",
         inspector="twophase.sinks.delta.inspect",
@@ -187,6 +206,8 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="iceberg",
         system="Iceberg",
+        options="twophase.sinks.iceberg.settings:OPTIONS",
+        page="docs/iceberg.md",
         binding="twophase.spark.iceberg:IcebergSink",
         reader="twophase.verify.iceberg:readIcebergSink",
         inspector="twophase.sinks.iceberg.inspect",

@@ -13,28 +13,71 @@ from dataclasses import dataclass, field
 import fsspec
 
 from twophase.redaction import redact
-from twophase.sinks.files.settings import SAFE_OPTIONS as FILES_SAFE_OPTIONS
-from twophase.sinks.files.settings import STORAGE_PREFIX, FilesSettings
+from twophase.sinks.files.settings import KEPT_STORAGE_OPTIONS, STORAGE_PREFIX, FilesSettings
+from twophase.sinks.options import SinkOption, keptOptions
 
 DELTA_PREFIX = "storage."
 """Options ``storage.<KEY>`` go to delta-rs as storage option ``<KEY>`` (``AWS_REGION``...)."""
 
-SAFE_OPTIONS = frozenset(
-    {
+_KEPT_DELTA_STORAGE = ("storage.aws_region", "storage.aws_endpoint_url", "storage.aws_allow_http")
+
+OPTIONS = (
+    SinkOption(
+        ("path",),
         "path",
-        "partitionby",
-        "createtable",
-        "compression",
-        "maxrecordsperfile",
-        "maxopenfiles",
-        "stagingpath",
-        "partsize",
-        "storage.aws_region",
-        "storage.aws_endpoint_url",
-        "storage.aws_allow_http",
-        *(key for key in FILES_SAFE_OPTIONS if key.startswith(STORAGE_PREFIX)),
-    }
+        "required",
+        "the table's directory: local, mounted, or `s3://bucket/prefix`",
+    ),
+    SinkOption(
+        ("partitionBy",),
+        "columns",
+        "the table's",
+        "comma-separated columns of a new table; for an existing table, leave it out or give "
+        "its own",
+    ),
+    SinkOption(
+        ("createTable",),
+        "boolean",
+        "`true`",
+        "create a missing table from the stream's schema; `false` refuses to start without one",
+    ),
+    SinkOption(
+        ("compression",), "choice", "`snappy`", "Parquet's: `snappy`, `zstd`, `gzip`, `none`"
+    ),
+    SinkOption(
+        ("maxRecordsPerFile", "maxOpenFiles", "partSize"),
+        "integer",
+        "`0` (no limit), `32`, 8 MiB",
+        "as in `twophase.files`",
+    ),
+    SinkOption(
+        ("stagingPath",),
+        "path",
+        "beside the table",
+        "where tasks stage files until the commit, on the same filesystem, outside the table",
+    ),
+    SinkOption(
+        ("fs.*",),
+        "prefix",
+        "",
+        "on S3, s3fs's options for the data files (`fs.endpoint_url`, `fs.key`, `fs.secret`, "
+        "`fs.token`), given to delta-rs too under its names (`AWS_ENDPOINT_URL`, "
+        "`AWS_ACCESS_KEY_ID`...; `AWS_ALLOW_HTTP` for an `http://` endpoint); kept as in "
+        "`twophase.files`",
+        kept=KEPT_STORAGE_OPTIONS,
+    ),
+    SinkOption(
+        ("storage.*",),
+        "prefix",
+        "",
+        "delta-rs storage options as they are (`storage.AWS_REGION`), over those; the "
+        f"checkpoint keeps {', '.join(f'`{n}`' for n in _KEPT_DELTA_STORAGE)}",
+        kept=_KEPT_DELTA_STORAGE,
+    ),
 )
+"""The Delta sink's options, declared once (docs/delta.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-case) the committer rebuilds itself from: every option that shapes the table
 and no credential (keys, secrets and tokens come from the environment in ``twophase
 recover``, as delta-rs and s3fs read ``AWS_*`` themselves)."""

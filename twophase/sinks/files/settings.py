@@ -22,6 +22,7 @@ from twophase.sinks.files.formats import (
 )
 from twophase.sinks.files.layout import defaultStagingPath, strippedPath
 from twophase.sinks.files.s3 import MIN_PART_SIZE
+from twophase.sinks.options import SinkOption, keptOptions
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 """Bytes per uploaded part on S3 (option ``partSize``): the memory one open file holds."""
@@ -29,30 +30,81 @@ DEFAULT_PART_SIZE = 8 * 1024 * 1024
 STORAGE_PREFIX = "fs."
 """Options named ``fs.<name>`` are passed to the fsspec filesystem as storage option ``<name>``."""
 
-SAFE_OPTIONS = frozenset(
-    {
-        "path",
-        "format",
-        "compression",
-        "maxrecordsperfile",
-        "partitionby",
-        "maxopenfiles",
-        "header",
-        "stagingpath",
-        "partsize",
-        # Storage options that address a store but cannot hold a credential. Keys, secrets,
-        # tokens, passwords, connection strings and free-form ``fs.client_kwargs`` or
-        # ``fs.config_kwargs`` never reach sink.json: the committer reads them from the
-        # environment (AWS_*, AZURE_STORAGE_*, application default credentials...).
-        "fs.anon",
-        "fs.endpoint_url",
-        "fs.use_ssl",
-        "fs.requester_pays",
-        "fs.version_aware",
-        "fs.account_name",
-        "fs.project",
-    }
+KEPT_STORAGE_OPTIONS = (
+    "fs.anon",
+    "fs.endpoint_url",
+    "fs.use_ssl",
+    "fs.requester_pays",
+    "fs.version_aware",
+    "fs.account_name",
+    "fs.project",
 )
+"""Storage options that address a store but cannot hold a credential. Keys, secrets, tokens,
+passwords, connection strings and free-form ``fs.client_kwargs`` or ``fs.config_kwargs`` never
+reach sink.json: the committer reads them from the environment (AWS_*, AZURE_STORAGE_*,
+application default credentials...)."""
+
+OPTIONS = (
+    SinkOption(
+        ("path",),
+        "path",
+        "required",
+        "the output directory: a local path or any fsspec URL (`s3://bucket/prefix`, `memory://p`)",
+    ),
+    SinkOption(("format",), "choice", "`parquet`", "`parquet`, `json` (JSON lines) or `csv`"),
+    SinkOption(
+        ("compression",),
+        "choice",
+        "`snappy`; `none` for json and csv",
+        "Parquet's `snappy`, `zstd`, `gzip`, `none`; json and csv `none` or `gzip`",
+    ),
+    SinkOption(
+        ("partitionBy",),
+        "columns",
+        "-",
+        "comma-separated columns: rows go to Hive-style `col=value/` directories, those "
+        "columns left out of the files, as Spark does",
+    ),
+    SinkOption(
+        ("maxRecordsPerFile",),
+        "integer",
+        "`0` (no limit)",
+        "roll to a new part file after this many rows",
+    ),
+    SinkOption(
+        ("maxOpenFiles",),
+        "integer",
+        "`32`",
+        "open part files per task before the least recently used is closed",
+    ),
+    SinkOption(("header",), "boolean", "`true`", "csv only: write a header line"),
+    SinkOption(
+        ("stagingPath",),
+        "path",
+        "`<parent>/_twophase-staging/<name>`",
+        "where task attempts stage their files until the commit, outside `path` and on the "
+        "same filesystem",
+    ),
+    SinkOption(
+        ("partSize",),
+        "bytes",
+        "8 MiB",
+        "on `s3://`, bytes per multipart upload part (at least 5 MiB): a task holds one part "
+        "in memory per open file",
+    ),
+    SinkOption(
+        ("fs.*",),
+        "prefix",
+        "",
+        "fsspec storage options (`fs.endpoint_url`, `fs.key`, `fs.secret`, `fs.token`...); "
+        "the checkpoint keeps only those that cannot hold a credential "
+        f"({', '.join(f'`{n}`' for n in KEPT_STORAGE_OPTIONS)})",
+        kept=KEPT_STORAGE_OPTIONS,
+    ),
+)
+"""The files sink's options, declared once (docs/files.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-case) the committer may rebuild itself from: every option that shapes the
 output, and no storage credential."""
 

@@ -17,8 +17,8 @@ import fsspec
 
 from twophase.redaction import redact
 from twophase.settings import intOption
-from twophase.sinks.files.settings import SAFE_OPTIONS as FILES_SAFE_OPTIONS
-from twophase.sinks.files.settings import STORAGE_PREFIX, FilesSettings
+from twophase.sinks.files.settings import KEPT_STORAGE_OPTIONS, STORAGE_PREFIX, FilesSettings
+from twophase.sinks.options import SinkOption, keptOptions
 
 CATALOG_PREFIX = "catalog."
 """Options ``catalog.<property>`` go to pyiceberg's ``load_catalog`` as ``<property>``."""
@@ -27,29 +27,92 @@ LOCATION_OPTION = "twophase.iceberg.location"
 """The table's location as the driver found it in the catalog, for the tasks (set by the
 Spark binding before a task runs; never written to the checkpoint)."""
 
-SAFE_OPTIONS = frozenset(
-    {
-        "table",
-        "catalogname",
-        "catalog.type",
-        "catalog.uri",
-        "catalog.warehouse",
-        "catalog.s3.endpoint",
-        "catalog.s3.region",
-        "catalog.s3.path-style-access",
-        "partitionby",
-        "createtable",
-        "compression",
-        "maxrecordsperfile",
-        "maxopenfiles",
-        "stagingpath",
-        "partsize",
-        "retainsnapshots",
-        "connecttimeout",
-        "sockettimeout",
-        *(key for key in FILES_SAFE_OPTIONS if key.startswith(STORAGE_PREFIX)),
-    }
+_KEPT_CATALOG = (
+    "catalog.type",
+    "catalog.uri",
+    "catalog.warehouse",
+    "catalog.s3.endpoint",
+    "catalog.s3.region",
+    "catalog.s3.path-style-access",
 )
+
+OPTIONS = (
+    SinkOption(("table",), "string", "required", "`namespace.name` in the catalog"),
+    SinkOption(
+        ("catalog.*",),
+        "prefix",
+        "",
+        "pyiceberg catalog properties: `catalog.type` (`sql`, `rest`, `glue`...), "
+        "`catalog.uri` (`sqlite:///...`, `postgresql+psycopg://...`), `catalog.warehouse` "
+        "(`file:///...`, `s3://...`), `catalog.s3.endpoint`...; the checkpoint keeps "
+        f"{', '.join(f'`{n}`' for n in _KEPT_CATALOG)} (`catalog.uri` without its password)",
+        kept=_KEPT_CATALOG,
+    ),
+    SinkOption(
+        ("catalogName",),
+        "string",
+        "`default`",
+        "the name pyiceberg reads other properties under (`.pyiceberg.yaml`, "
+        "`PYICEBERG_CATALOG__<NAME>__*`)",
+    ),
+    SinkOption(
+        ("partitionBy",),
+        "columns",
+        "the table's",
+        "comma-separated columns: identity partitions of a new table; for an existing table, "
+        "leave it out or give its own",
+    ),
+    SinkOption(
+        ("createTable",),
+        "boolean",
+        "`true`",
+        "create a missing table (and namespace) from the stream's schema; `false` refuses to "
+        "start without one",
+    ),
+    SinkOption(
+        ("compression",), "choice", "`snappy`", "Parquet's: `snappy`, `zstd`, `gzip`, `none`"
+    ),
+    SinkOption(
+        ("maxRecordsPerFile", "maxOpenFiles", "partSize"),
+        "integer",
+        "`0` (no limit), `32`, 8 MiB",
+        "as in `twophase.files`",
+    ),
+    SinkOption(
+        ("retainSnapshots",),
+        "integer",
+        "`0` (keep all)",
+        "`N`: once the table holds `2N` snapshots, expire all but the newest `N` after a "
+        "batch's commit (best effort: a failure is logged and tried again after the next "
+        "batch); the data files stay, every row stays",
+    ),
+    SinkOption(
+        ("connectTimeout", "socketTimeout"),
+        "seconds",
+        "`10`, `120`",
+        "seconds a SQL catalog on PostgreSQL may take to connect, and to answer one statement "
+        "(`0`: no bound)",
+    ),
+    SinkOption(
+        ("stagingPath",),
+        "path",
+        "under the table",
+        "where tasks stage files until the commit, on the same filesystem, outside `data/`",
+    ),
+    SinkOption(
+        ("fs.*",),
+        "prefix",
+        "",
+        "for a warehouse on S3, s3fs's options for the data files (`fs.endpoint_url`, "
+        "`fs.key`, `fs.secret`, `fs.token`), given to pyiceberg's FileIO too under its names "
+        "(`s3.endpoint`, `s3.access-key-id`...) unless `catalog.s3.*` sets them; kept as in "
+        "`twophase.files`",
+        kept=KEPT_STORAGE_OPTIONS,
+    ),
+)
+"""The Iceberg sink's options, declared once (docs/iceberg.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-case) the committer rebuilds itself from: the catalog's address (``uri``
 without its password), the table and the file options; no key, secret, token or credential
 (``twophase recover`` takes those from the environment: ``PGPASSWORD``, ``AWS_*``)."""

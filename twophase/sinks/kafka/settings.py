@@ -17,6 +17,7 @@ from twophase.clients.kafka import (
     librdkafkaConfig,
 )
 from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
+from twophase.sinks.options import SinkOption, keptOptions
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """``transaction.timeout.ms`` unless set: how long, at most, a crashed query's open transactions
@@ -29,16 +30,63 @@ DEFAULT_MESSAGE_TIMEOUT_MS = 120000
 """Delivery timeout unless set (Java's ``delivery.timeout.ms``): a task whose records cannot
 be delivered fails after 2 minutes instead of waiting for the whole transaction timeout."""
 
-SAFE_OPTIONS = SAFE_CLIENT_OPTIONS | {
-    "topic",
-    "transactionalidprefix",
-    "flushtimeoutseconds",
-    "inittimeoutseconds",
-    "requesttimeoutseconds",
-    "badrecords",
-    RESOLVED_TIMEOUT_OPTION.lower(),
-}
-"""Options (lower-case) that never hold a secret and that the committer may need."""
+OPTIONS = (
+    SinkOption(("kafka.bootstrap.servers",), "string", "required", "the cluster"),
+    SinkOption(("topic",), "string", "-", "topic of every row (overrides a `topic` column)"),
+    SinkOption(
+        ("transactionalIdPrefix",),
+        "string",
+        "`twophase-<sinkId>`",
+        "transactional ids are `<prefix>-<partition>` (see below)",
+    ),
+    SinkOption(
+        ("kafka.transaction.timeout.ms",),
+        "integer",
+        "60000, or the brokers' `transaction.max.timeout.ms` if lower",
+        "how long a prepared transaction may wait for the driver, and how long a crashed query "
+        'can stall `read_committed` readers (see "Choosing the timeout")',
+    ),
+    SinkOption(
+        ("kafka.*",),
+        "prefix",
+        "",
+        "any librdkafka producer property (`kafka.linger.ms`, `kafka.compression.type`, "
+        "`kafka.security.protocol`, `kafka.sasl.*`, `kafka.ssl.*` ...); the checkpoint keeps "
+        "those that are names, mechanisms, paths or tuning (below)",
+        kept=tuple(sorted(SAFE_CLIENT_OPTIONS)),
+    ),
+    SinkOption(
+        ("flushTimeoutSeconds",),
+        "seconds",
+        "delivery timeout + 30",
+        "how long a task waits for its records' acknowledgements",
+    ),
+    SinkOption(
+        ("initTimeoutSeconds",),
+        "seconds",
+        "120",
+        "bound of `init_transactions` in a task and in recovery",
+    ),
+    SinkOption(
+        ("requestTimeoutSeconds",),
+        "seconds",
+        "30",
+        "bound of each request the driver makes (reach the cluster, read its settings, end and "
+        "list transactions)",
+    ),
+    SinkOption(
+        ("badRecords",),
+        "string",
+        "`fail`",
+        "`fail`: a record Kafka refuses fails its batch; a topic name: such records go to that "
+        'dead-letter topic in the task\'s own transaction (see "Setting refused records aside")',
+    ),
+)
+"""The Kafka sink's options, declared once (docs/kafka.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS) | {RESOLVED_TIMEOUT_OPTION.lower()}
+"""Options (lower-case) that never hold a secret and that the committer may need: the declared
+ones and the transaction timeout the driver resolved for the executors."""
 
 _PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 _TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
