@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 import fsspec
 
 from twophase.redaction import redact
-from twophase.sinks.files.settings import KEPT_STORAGE_OPTIONS, STORAGE_PREFIX, FilesSettings
+from twophase.sinks.files.settings import (
+    KEPT_STORAGE_OPTIONS,
+    STORAGE_PREFIX,
+    TABLE_FILE_OPTIONS,
+    FilesSettings,
+)
 from twophase.sinks.options import SinkOption, keptOptions
 
 DELTA_PREFIX = "storage."
@@ -41,15 +46,7 @@ OPTIONS = (
         "`true`",
         "create a missing table from the stream's schema; `false` refuses to start without one",
     ),
-    SinkOption(
-        ("compression",), "choice", "`snappy`", "Parquet's: `snappy`, `zstd`, `gzip`, `none`"
-    ),
-    SinkOption(
-        ("maxRecordsPerFile", "maxOpenFiles", "partSize"),
-        "integer",
-        "`0` (no limit), `32`, 8 MiB",
-        "as in `twophase.files`",
-    ),
+    *TABLE_FILE_OPTIONS,
     SinkOption(
         ("stagingPath",),
         "path",

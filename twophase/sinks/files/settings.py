@@ -104,6 +104,20 @@ OPTIONS = (
 )
 """The files sink's options, declared once (docs/files.md's table comes from it)."""
 
+TABLE_FILE_OPTIONS = (
+    SinkOption(
+        ("compression",), "choice", "`snappy`", "Parquet's: `snappy`, `zstd`, `gzip`, `none`"
+    ),
+    SinkOption(
+        ("maxRecordsPerFile", "maxOpenFiles", "partSize"),
+        "integer",
+        "`0` (no limit), `32`, 8 MiB",
+        "as in `twophase.files`",
+    ),
+)
+"""The options of a table format's data files (Delta, Iceberg): Parquet's, as the files sink
+reads them."""
+
 SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-case) the committer may rebuild itself from: every option that shapes the
 output, and no storage credential."""

@@ -17,7 +17,12 @@ import fsspec
 
 from twophase.redaction import redact
 from twophase.settings import intOption
-from twophase.sinks.files.settings import KEPT_STORAGE_OPTIONS, STORAGE_PREFIX, FilesSettings
+from twophase.sinks.files.settings import (
+    KEPT_STORAGE_OPTIONS,
+    STORAGE_PREFIX,
+    TABLE_FILE_OPTIONS,
+    FilesSettings,
+)
 from twophase.sinks.options import SinkOption, keptOptions
 
 CATALOG_PREFIX = "catalog."
@@ -69,15 +74,7 @@ OPTIONS = (
         "create a missing table (and namespace) from the stream's schema; `false` refuses to "
         "start without one",
     ),
-    SinkOption(
-        ("compression",), "choice", "`snappy`", "Parquet's: `snappy`, `zstd`, `gzip`, `none`"
-    ),
-    SinkOption(
-        ("maxRecordsPerFile", "maxOpenFiles", "partSize"),
-        "integer",
-        "`0` (no limit), `32`, 8 MiB",
-        "as in `twophase.files`",
-    ),
+    *TABLE_FILE_OPTIONS,
     SinkOption(
         ("retainSnapshots",),
         "integer",
