@@ -17,20 +17,11 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 
+from twophase.options import SHARED_OPTIONS, keptOptions
+
 REDACTED = "***"
 
-SHARED_SAFE_OPTIONS = frozenset(
-    {
-        "checkpointlocation",
-        "sinkid",
-        "twophase.loglocation",
-        "twophase.resetlog",
-        "twophase.unfencedlogstore",
-        "commitretries",
-        "committimeoutseconds",
-        "logretentionbatches",
-    }
-)
+SHARED_SAFE_OPTIONS = keptOptions(SHARED_OPTIONS)
 """Options of every sink (lower-cased) that hold no secret and that recovery may need."""
 
 _MIN_SECRET_LENGTH = 4

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from twophase.loading import importQualified
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks.options import SinkOption
+from twophase.options import SinkOption
 
 
 class SinkReader(Protocol):

@@ -19,7 +19,7 @@ from twophase.sinks.files.settings import (
     TABLE_FILE_OPTIONS,
     FilesSettings,
 )
-from twophase.sinks.options import SinkOption, keptOptions
+from twophase.options import SinkOption, keptOptions
 
 DELTA_PREFIX = "storage."
 """Options ``storage.<KEY>`` go to delta-rs as storage option ``<KEY>`` (``AWS_REGION``...)."""

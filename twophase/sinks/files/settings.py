@@ -22,7 +22,7 @@ from twophase.sinks.files.formats import (
 )
 from twophase.sinks.files.layout import defaultStagingPath, strippedPath
 from twophase.sinks.files.s3 import MIN_PART_SIZE
-from twophase.sinks.options import SinkOption, keptOptions
+from twophase.options import SinkOption, keptOptions
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 """Bytes per uploaded part on S3 (option ``partSize``): the memory one open file holds."""

@@ -23,7 +23,7 @@ from twophase.sinks.files.settings import (
     TABLE_FILE_OPTIONS,
     FilesSettings,
 )
-from twophase.sinks.options import SinkOption, keptOptions
+from twophase.options import SinkOption, keptOptions
 
 CATALOG_PREFIX = "catalog."
 """Options ``catalog.<property>`` go to pyiceberg's ``load_catalog`` as ``<property>``."""

@@ -17,7 +17,7 @@ from twophase.clients.kafka import (
     librdkafkaConfig,
 )
 from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
-from twophase.sinks.options import SinkOption, keptOptions
+from twophase.options import SinkOption, keptOptions
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """``transaction.timeout.ms`` unless set: how long, at most, a crashed query's open transactions
