@@ -111,7 +111,7 @@ def s3files(s3: S3Service) -> Iterator[Target]:
 def sql(mariadb_url: str) -> Iterator[Target]:
     import sqlalchemy as sa
 
-    from twophase.sinks.sql.xid import sinkPrefix
+    from twophase.sinks.relational.naming import sinkPrefix
 
     table = f"it_compat_{uuid.uuid4().hex[:8]}"
     sinkId = f"it-compat-{uuid.uuid4().hex[:8]}"

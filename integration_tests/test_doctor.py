@@ -29,7 +29,7 @@ from twophase import cli
 from twophase.clients.kafka import brokerTransactionMaxTimeoutMs
 from twophase.protocol import TransactionContext
 from twophase.sinks.postgres import validateTarget
-from twophase.sinks.postgres.xid import sinkPrefix
+from twophase.sinks.relational.naming import sinkPrefix
 from twophase.spark.kafka import KafkaSink
 from twophase.spark.postgres import PostgresSink
 

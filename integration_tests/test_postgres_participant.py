@@ -61,7 +61,7 @@ from twophase.sinks.postgres import (
     validateTarget,
 )
 from twophase.sinks.postgres.sessions import TASK_SESSIONS
-from twophase.sinks.postgres.xid import sinkPrefix
+from twophase.sinks.relational.naming import sinkPrefix
 
 # -- helpers ----------------------------------------------------------------------------------
 

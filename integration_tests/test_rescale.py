@@ -43,7 +43,7 @@ from integration_tests.test_kafka_spark import openTransactions
 from twophase import faults
 from twophase.coordinator.paths import sinkLogLocations
 from twophase.sinks.postgres.staging import STAGING_SUFFIX, TOKEN_COLUMN
-from twophase.sinks.postgres.xid import sinkPrefix
+from twophase.sinks.relational.naming import sinkPrefix
 
 ROWS_PER_BATCH = 400
 BATCHES = 4

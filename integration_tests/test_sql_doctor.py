@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from integration_tests.checkpoints import SinkCheckpoint
 from twophase import cli
+from twophase.sinks.relational.naming import sinkPrefix
 from twophase.sinks.sql import validateTarget
-from twophase.sinks.sql.xid import sinkPrefix
 from twophase.spark.sql import SqlSink
 
 

@@ -43,6 +43,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.relational.naming import sinkPrefix
 from twophase.sinks.sql import (
     RowRejectedError,
     SqlCommitter,
@@ -55,7 +56,6 @@ from twophase.sinks.sql import (
     validateTarget,
 )
 from twophase.sinks.sql.dialect import preparedXids, prepareTwoPhase
-from twophase.sinks.sql.xid import sinkPrefix
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -482,8 +482,8 @@ def test_a_rejected_row_names_the_batch_and_nothing_is_prepared_or_visible(
     target: Target,
 ) -> None:
     t = target
-    createSimple(t, keyColumns="id")  # append mode, id the primary key
-    writer = SqlWriter(t.settings(keyColumns="id"))
+    createSimple(t, mode="upsert", keyColumns="id")  # id the primary key
+    writer = SqlWriter(t.settings())  # append mode
     txn = writer.beginTransaction(t.ctx(7, 3))
     with pytest.raises(RowRejectedError, match="batch 7, partition 3.*rejected (a )?row") as info:
         writer.write(txn, simple(range(3)))

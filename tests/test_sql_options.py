@@ -7,10 +7,10 @@ from sqlalchemy.dialects import mysql, postgresql
 
 from twophase.protocol import TransactionContext
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.relational.naming import TransactionName
 from twophase.sinks.sql import SAFE_OPTIONS, SqlSettings, XidTooLongError, publicOptionValue
-from twophase.sinks.sql.dialect import insertStatement
+from twophase.sinks.sql.dialect import checkXidRoom, insertStatement, xidFor
 from twophase.sinks.sql.handles import checkHandle, taskHandle
-from twophase.sinks.sql.xid import SqlXid, batchPrefix, checkXidRoom, sinkPrefix
 
 URL = "mysql+pymysql://app:pw%40x@db:3306/shop"
 
@@ -32,11 +32,6 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
     pg = SqlSettings.fromOptions({"url": "postgresql+psycopg://u@h/db", "table": "t"})
     assert (pg.family, pg.schema, pg.table) == ("postgresql", None, "t")
     assert s.badRecords is None and pg.badRecords is None  # a rejected row fails the batch
-    for fail in ("fail", "FAIL", " fail "):
-        assert (
-            SqlSettings.fromOptions({"url": URL, "table": "t", "badRecords": fail}).badRecords
-            is None
-        )
     dead = SqlSettings.fromOptions({"url": URL, "table": "s.t", "badRecords": "t_rejected"})
     assert (dead.badRecords, dead.schema) == ("t_rejected", "s")
 
@@ -47,17 +42,13 @@ def test_settings_read_spark_style_options_and_override_the_url() -> None:
         ({"dbtable": "t"}, "option url is required"),
         ({"url": "nonsense", "dbtable": "t"}, "SQLAlchemy URL"),
         ({"url": "sqlite:///x.db", "dbtable": "t"}, "not supported"),
-        ({"url": URL}, "dbtable"),
         ({"url": URL, "dbtable": "a.b.c"}, "<schema>.<table>"),
-        ({"url": URL, "dbtable": "t", "mode": "merge"}, "mode"),
-        ({"url": URL, "dbtable": "t", "mode": "upsert"}, "keyColumns"),
         ({"url": URL, "dbtable": "t", "batchsize": "0"}, "batchsize"),
-        ({"url": URL, "dbtable": "t", "socketTimeout": "-1"}, "socketTimeout"),
-        ({"url": URL, "dbtable": "t", "socketTimeout": "soon"}, "socketTimeout"),
-        ({"url": URL, "dbtable": "t", "badRecords": "t"}, "badRecords='t' must be fail"),
-        ({"url": URL, "dbtable": "t", "badRecords": "twophase_sql_commits"}, "badRecords"),
-        ({"url": URL, "dbtable": "t", "badRecords": "s.bad"}, "plain name"),
-        ({"url": URL, "dbtable": "t", "badRecords": "/tmp/bad"}, "dead-letter table"),
+        ({"url": URL, "dbtable": "t", "markerTable": "a b"}, "markerTable"),
+        (
+            {"url": URL, "dbtable": "t", "badRecords": "twophase_sql_commits"},
+            "badRecords=twophase_sql_commits names the marker table",
+        ),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
@@ -73,14 +64,11 @@ def test_the_persisted_url_has_no_password_nor_secret_parameters() -> None:
     assert "badrecords" in SAFE_OPTIONS  # a table's name: kept, and shown unredacted in logs
 
 
-def test_xids_parse_back_and_prefixes_separate_sinks_and_batches() -> None:
-    ctx = TransactionContext("tp-0123456789ab", "q", 12, 3, 1)
-    xid = SqlXid.forContext(ctx, 64)
-    assert SqlXid.parse(str(xid)) == xid
-    assert str(xid).startswith(batchPrefix("tp-0123456789ab", 12))
-    assert not str(xid).startswith(sinkPrefix("tp-0123456789a"))  # a sink id's prefix
-    assert SqlXid.parse("tp1:s:b1:p0:a0:zz") is None and SqlXid.parse("other") is None
-    assert len(str(SqlXid.forContext(ctx, 64))) <= 64
+def test_xids_leave_out_the_run_and_fit_a_64_byte_gtrid() -> None:
+    ctx = TransactionContext("tp-0123456789ab", "q", 12, 3, 1, "run1")
+    xid = xidFor(ctx, 64)
+    assert xid.run is None and ":r" not in str(xid) and len(str(xid)) <= 64
+    assert TransactionName.parse(str(xid)) == xid
 
 
 def test_a_sink_id_too_long_for_a_64_byte_gtrid_is_refused_with_the_longest_allowed() -> None:
@@ -89,7 +77,7 @@ def test_a_sink_id_too_long_for_a_64_byte_gtrid_is_refused_with_the_longest_allo
         checkXidRoom("s" * 25, 64)
     checkXidRoom("s" * 48, 199)  # PostgreSQL's gids are long enough for any sink id
     with pytest.raises(XidTooLongError):
-        SqlXid.forContext(TransactionContext("s" * 40, "q", 10**15, 0, 0), 64)
+        xidFor(TransactionContext("s" * 40, "q", 10**15, 0, 0), 64)
 
 
 def test_insert_statements_per_family() -> None:
@@ -114,7 +102,7 @@ def test_insert_statements_per_family() -> None:
 def test_handles_carry_no_password_and_bad_ones_are_refused() -> None:
     s = SqlSettings.fromOptions({"url": URL, "dbtable": "t"})
     ctx = TransactionContext("tp-1", "q", 1, 0, 0)
-    handle = taskHandle(ctx, s, str(SqlXid.forContext(ctx, 64)), 5)
+    handle = taskHandle(ctx, s, str(xidFor(ctx, 64)), 5)
     assert "pw" not in str(handle) and checkHandle(handle) is handle
     with pytest.raises(ValueError, match="bad xid"):
         checkHandle({**handle, "xid": "x"})

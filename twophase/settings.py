@@ -70,8 +70,10 @@ def intOption(
     return value
 
 
-def floatOption(options: Mapping[str, str], name: str, default: float) -> float:
-    """Parse a positive number option; errors name the option."""
+def floatOption(
+    options: Mapping[str, str], name: str, default: float, *, zero: bool = False
+) -> float:
+    """Parse a positive number option (``zero``: 0 allowed too); errors name the option."""
     raw = optionOf(options, name)
     if raw is None:
         return default
@@ -79,8 +81,10 @@ def floatOption(options: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw.strip())
     except ValueError:
         raise TwoPhaseConfigError(f"option {name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise TwoPhaseConfigError(f"option {name}={value} must be positive")
+    if value < 0 or (value == 0 and not zero):
+        raise TwoPhaseConfigError(
+            f"option {name}={value} must be {'0 or more' if zero else 'positive'}"
+        )
     return value
 
 

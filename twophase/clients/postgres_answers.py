@@ -23,11 +23,15 @@ from twophase.clients.postgres import AnswerWatch, PostgresUnavailableError
 
 _WATCH = "twophase.answerWatch"
 _NO_ANSWER = "twophase_no_answer"
-_bounds: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+_bounds: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
 
 
 def boundAnswers(
-    engine: Engine, seconds: int, *, pingOnCheckout: bool, what: str = "a statement of the sql sink"
+    engine: Engine,
+    seconds: float,
+    *,
+    pingOnCheckout: bool,
+    what: str = "a statement of the sql sink",
 ) -> None:
     """Bound each statement of ``engine`` (PostgreSQL) by ``seconds`` (0: no bound); with
     ``pingOnCheckout`` (a pool) ping each session taken from the pool, bounded too, and let

@@ -11,12 +11,13 @@ transaction survives its session, the executor and a server restart. ``validateT
 the server and the table before a batch. Spark-free: the data source ``twophase.postgres`` is
 ``twophase.spark.postgres.PostgresSink``.
 
-Modules by role: ``settings`` (options), ``schema`` (table checks, ``createTable``),
-``statements`` (COPY, upsert), ``encoding`` (Arrow to PostgreSQL text), ``types`` (column
-types), ``xid`` (gids), ``staging`` (the staged path's tables and statements), ``sessions``
-(task connections reused within a worker), ``handles``, ``writer``, ``committer``,
-``errors``, ``rejections`` (a refused row's position, column and fix); how to connect is
-``twophase.clients.postgres``.
+Modules by role: ``settings`` (options), ``dialect`` (what is PostgreSQL's own: names, gids;
+what it shares with ``twophase.sql`` is ``twophase.sinks.relational``), ``schema`` (table
+checks, ``createTable``), ``statements`` (COPY, upsert), ``encoding`` (Arrow to PostgreSQL
+text), ``types`` (column types), ``staging`` (the staged path's tables and statements),
+``sessions`` (task connections reused within a worker), ``handles``, ``writer``,
+``committer``, ``errors``, ``rejections`` (a refused row's position, column and fix); how to
+connect is ``twophase.clients.postgres``.
 """
 
 from twophase.imports import importWithoutJars
@@ -25,6 +26,7 @@ importWithoutJars("psycopg")  # before the modules below import it (twophase.imp
 # ruff: noqa: E402
 
 from twophase.sinks.postgres.committer import PostgresCommitter
+from twophase.sinks.postgres.dialect import parseTableName
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
     PostgresUnavailableError,
@@ -35,15 +37,14 @@ from twophase.sinks.postgres.handles import KIND
 from twophase.sinks.postgres.schema import validateTarget
 from twophase.sinks.postgres.settings import (
     COMMIT_MODES,
-    MODES,
     SAFE_OPTIONS,
     PostgresSettings,
-    parseTableName,
     publicOptionValue,
 )
 from twophase.sinks.postgres.staging import StagingNames
 from twophase.sinks.postgres.statements import lastPerKey
 from twophase.sinks.postgres.writer import PostgresTransaction, PostgresWriter
+from twophase.sinks.relational.options import MODES
 
 __all__ = [
     "COMMIT_MODES",

@@ -17,6 +17,7 @@ from psycopg import sql
 from twophase.clients.postgres import DRIVER_CONNECTIONS, ConnectionTarget, driverErrors
 from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
 from twophase.redaction import getLogger, redact
+from twophase.sinks.postgres.dialect import parseTableName
 from twophase.sinks.postgres.errors import PostgresSinkError, RowRejectedError
 from twophase.sinks.postgres.handles import (
     KIND,
@@ -34,7 +35,7 @@ from twophase.sinks.postgres.rejections import (
     stagedConflict,
     withoutRowData,
 )
-from twophase.sinks.postgres.settings import PostgresSettings, parseTableName
+from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.staging import (
     StagingNames,
     deleteToken,
@@ -44,7 +45,8 @@ from twophase.sinks.postgres.staging import (
     pruneMarkers,
     sweepStaged,
 )
-from twophase.sinks.postgres.xid import GlobalXid, batchPrefix, sinkPrefix
+from twophase.sinks.relational.naming import TransactionName as GlobalXid
+from twophase.sinks.relational.naming import batchPrefix, sinkPrefix
 
 log = getLogger(__name__)
 

@@ -32,9 +32,10 @@ from psycopg import sql
 from twophase.protocol import TransactionContext
 from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.postgres.dialect import quoteIdent
 from twophase.sinks.postgres.encoding import arrayLiteral, csvChunk
 from twophase.sinks.postgres.rejections import Rejection, describe, locateInChunk, rejectionOf
-from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.statements import copyStatement, upsertChunks
 
 log = getLogger(__name__)

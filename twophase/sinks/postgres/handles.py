@@ -29,7 +29,7 @@ import psycopg
 from twophase.clients.postgres import ConnectionTarget, Secrets
 from twophase.protocol import Handle, TransactionContext
 from twophase.sinks.postgres.settings import PostgresSettings
-from twophase.sinks.postgres.xid import GlobalXid
+from twophase.sinks.relational.naming import TransactionName
 
 KIND = "postgres"
 """The ``kind`` of every handle of the postgres sink."""
@@ -97,7 +97,7 @@ def briefHandle(gid: str, s: PostgresSettings) -> Handle:
 def _found(handle: Handle, gid: str, s: PostgresSettings) -> Handle:
     """``handle`` with the target, and the batch, partition and attempt its gid names."""
     handle.update(table=s.qualifiedName, connection=s.target.toJson())
-    parts = GlobalXid.parse(gid)
+    parts = TransactionName.parse(gid)
     if parts is not None:
         handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
     return handle
@@ -111,7 +111,7 @@ def checkHandle(handle: Handle) -> Handle:
         raise ValueError(f"postgres handle has an unknown path {handle['path']!r}")
     if isStaged(handle):
         token = handle.get("token")
-        if not isinstance(token, str) or GlobalXid.parse(token) is None:
+        if not isinstance(token, str) or TransactionName.parse(token) is None:
             raise ValueError(f"staged postgres handle has a bad token {token!r}")
         for key in ("columns", "keys"):
             value = handle.get(key)
@@ -122,7 +122,7 @@ def checkHandle(handle: Handle) -> Handle:
         ConnectionTarget.fromJson(handle.get("connection"))
         return handle
     gid = handle.get("gid")
-    if gid is not None and (not isinstance(gid, str) or GlobalXid.parse(gid) is None):
+    if gid is not None and (not isinstance(gid, str) or TransactionName.parse(gid) is None):
         raise ValueError(f"postgres handle has a bad gid {gid!r}")
     ConnectionTarget.fromJson(handle.get("connection"))
     return handle

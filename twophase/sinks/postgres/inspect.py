@@ -21,7 +21,8 @@ from twophase.doctor.findings import CannotCheck, Held, Inspection
 from twophase.protocol import Handle
 from twophase.sinks.postgres.handles import KIND, isStaged
 from twophase.sinks.postgres.staging import TOKEN_COLUMN, StagingNames
-from twophase.sinks.postgres.xid import GlobalXid, sinkPrefix
+from twophase.sinks.relational.naming import TransactionName as GlobalXid
+from twophase.sinks.relational.naming import sinkPrefix
 
 if TYPE_CHECKING:
     from twophase.sinks.postgres.committer import PostgresCommitter

@@ -18,8 +18,9 @@ from twophase.clients.postgres import DRIVER_CONNECTIONS, PostgresUnavailableErr
 from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import deadletter
+from twophase.sinks.postgres.dialect import quoteIdent
 from twophase.sinks.postgres.errors import PostgresSinkError
-from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.staging import ensureStagingTables
 from twophase.sinks.postgres.types import (
     ColumnInfo,

@@ -7,7 +7,6 @@ recover from there alone, and no secret.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,9 +19,13 @@ from twophase.clients.postgres import (
     connectionOf,
     publicConninfo,
 )
-from twophase.settings import TwoPhaseConfigError, boolOption, floatOption, intOption, optionOf
-
-MODES = ("append", "upsert")
+from twophase.settings import TwoPhaseConfigError, floatOption, intOption, optionOf
+from twophase.sinks.postgres.dialect import NAMES, parseTableName, quoteIdent
+from twophase.sinks.relational.options import (
+    checkBadRecords,
+    checkModeAndKeys,
+    readShared,
+)
 
 COMMIT_MODES = ("auto", "prepared", "staged")
 """Values of option ``commitMode``: how a task's rows wait for the driver's decision."""
@@ -56,45 +59,6 @@ SAFE_OPTIONS = frozenset(
 """Options (lower-cased) that may be persisted: never ``password``, ``sslpassword``, ``sslkey``
 or a ``pg.*`` keyword that can hold a secret. ``url`` is persisted without its password."""
 
-_IDENT_PART = re.compile(r'\s*(?:"((?:[^"]|"")+)"|([^".\s]+))\s*')
-
-
-def parseTableName(text: str) -> tuple[str, str]:
-    """``schema.table`` as PostgreSQL reads it: unquoted parts fold to lower case, ``"Quoted"``
-    parts keep their case (``""`` is a quote). An unqualified name means schema ``public``."""
-    parts: list[str] = []
-    pos = 0
-    while True:
-        match = _IDENT_PART.match(text, pos)
-        if match is None or match.end() == pos:
-            raise TwoPhaseConfigError(
-                f"option table={text!r} is not a table name; use <schema>.<table> (quote parts "
-                'with double quotes to keep upper case or dots: "MySchema"."My Table")'
-            )
-        quoted, plain = match.group(1), match.group(2)
-        parts.append(quoted.replace('""', '"') if quoted is not None else plain.lower())
-        pos = match.end()
-        if pos == len(text):
-            break
-        if text[pos] != ".":
-            raise TwoPhaseConfigError(f"option table={text!r}: unexpected {text[pos]!r}")
-        pos += 1
-    if len(parts) == 1:
-        return "public", parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise TwoPhaseConfigError(
-        f"option table={text!r} has {len(parts)} parts; use <schema>.<table> (the database "
-        "comes from the url)"
-    )
-
-
-def quoteIdent(name: str) -> str:
-    """An identifier as SQL text, quoted only when PostgreSQL needs it (for messages)."""
-    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
 
 def publicOptionValue(key: str, value: str) -> str | None:
     """How an allowed option is written to ``sink.json``: ``url`` as a ``key=value`` string
@@ -102,41 +66,6 @@ def publicOptionValue(key: str, value: str) -> str | None:
     if key.lower() == "url":
         return publicConninfo(value)
     return value
-
-
-def _splitColumns(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip().strip('"') for part in text.split(","))
-    if not all(names) or len(set(names)) != len(names):
-        raise TwoPhaseConfigError(
-            f"option keyColumns={text!r} must list distinct, non-empty column names separated "
-            "by commas"
-        )
-    return names
-
-
-def _nonNegative(options: Mapping[str, str], name: str, default: float) -> float:
-    raw = optionOf(options, name)
-    if raw is not None and raw.strip() in ("0", "0.0"):
-        return 0.0
-    return floatOption(options, name, default)
-
-
-_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
-
-
-def _badRecordsTable(options: Mapping[str, str]) -> str | None:
-    """Option ``badRecords``: ``fail`` (``None``) or a plain table name, folded to lower case
-    as PostgreSQL folds an unquoted name."""
-    raw = (optionOf(options, "badRecords") or "fail").strip()
-    if raw.lower() == "fail":
-        return None
-    if not _TABLE_NAME.fullmatch(raw):
-        raise TwoPhaseConfigError(
-            f"option badRecords={raw!r} must be fail (the default: a rejected row fails the "
-            "batch) or the name of a table beside the target (letters, digits, '_', at most 63, "
-            "no schema: it lives in the target's), e.g. badRecords=orders_rejected"
-        )
-    return raw.lower()
 
 
 @dataclass(frozen=True)
@@ -147,11 +76,11 @@ class PostgresSettings:
       ``jdbc:`` prefix is accepted) or a libpq ``key=value`` string. The password may instead
       come from the ``password`` option, ``PGPASSWORD`` or ``~/.pgpass`` (the driver's
       ``twophase recover`` relies on those: secrets are never written to the checkpoint).
-    - ``table`` (required): ``schema.table`` (``public`` when unqualified); PostgreSQL's
-      identifier rules, so ``"Quoted"`` keeps its case.
+    - ``dbtable`` or ``table`` (required; both given must agree): ``schema.table`` (``public``
+      when unqualified); PostgreSQL's identifier rules, so ``"Quoted"`` keeps its case.
     - ``mode``: ``append`` (default, ``COPY``) or ``upsert`` (``INSERT ... ON CONFLICT``).
-    - ``keyColumns``: comma-separated conflict columns, required by ``mode=upsert``; the table
-      needs a primary key or unique index on exactly them.
+    - ``keyColumns``: comma-separated conflict columns, required by ``mode=upsert`` and refused
+      by ``append``; the table needs a primary key or unique index on exactly them.
     - ``createTable``: ``true`` creates a missing table from the stream's schema (a primary key
       on ``keyColumns`` in upsert mode); default ``false``.
     - ``user``, ``password``, ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``,
@@ -200,15 +129,7 @@ class PostgresSettings:
     secrets: Secrets = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise TwoPhaseConfigError(
-                f"option mode={self.mode!r} is not supported; use append or upsert"
-            )
-        if self.mode == "upsert" and not self.keyColumns:
-            raise TwoPhaseConfigError(
-                "option mode=upsert needs option keyColumns: the comma-separated columns of the "
-                "table's primary key or unique index that identify a row"
-            )
+        checkModeAndKeys(self.mode, self.keyColumns)
         if self.commitMode not in COMMIT_MODES:
             raise TwoPhaseConfigError(
                 f"option commitMode={self.commitMode!r} is not supported; use auto (prepared "
@@ -231,16 +152,7 @@ class PostgresSettings:
                 "option maxPreparedPartitions does not apply with badRecords: every partition "
                 "holds a prepared transaction; remove one of the two"
             )
-        if self.badRecords is not None and self.badRecords == self.table:
-            raise TwoPhaseConfigError(
-                f"option badRecords={self.badRecords} names the target table: choose another "
-                f"table for the rows PostgreSQL rejects, e.g. badRecords={self.table}_rejected"
-            )
-        if self.mode == "append" and self.keyColumns:
-            raise TwoPhaseConfigError(
-                "option keyColumns is only used with mode=upsert; remove it, or set "
-                "mode=upsert to update rows whose keys exist"
-            )
+        checkBadRecords(self.badRecords, self.table, {self.table: "the target table"})
 
     @property
     def qualifiedName(self) -> str:
@@ -267,24 +179,18 @@ class PostgresSettings:
     def fromOptions(cls, options: Mapping[str, str]) -> PostgresSettings:
         """Parse Spark-style string options; errors name the option and the fix."""
         target, secrets = connectionOf(options)
-        tableText = (optionOf(options, "table") or optionOf(options, "dbtable") or "").strip()
-        if not tableText:
-            raise TwoPhaseConfigError(
-                'the postgres sink needs .option("table", "<schema>.<table>")'
-            )
-        schema, table = parseTableName(tableText)
-        mode = (optionOf(options, "mode") or "append").strip().lower()
-        keysText = (optionOf(options, "keyColumns") or "").strip()
+        shared = readShared(options, sink="postgres", names=NAMES)
+        schema, table = parseTableName(shared.tableText)
         return cls(
             target=target,
             schema=schema,
             table=table,
-            mode=mode,
-            keyColumns=_splitColumns(keysText) if keysText else (),
-            createTable=boolOption(options, "createTable", False),
-            connectRetrySeconds=_nonNegative(options, "connectRetrySeconds", 30.0),
-            lockTimeoutSeconds=_nonNegative(options, "lockTimeoutSeconds", 60.0),
-            socketTimeout=_nonNegative(options, "socketTimeout", 120.0),
+            mode=shared.mode,
+            keyColumns=shared.keyColumns,
+            createTable=shared.createTable,
+            connectRetrySeconds=shared.connectRetrySeconds,
+            lockTimeoutSeconds=floatOption(options, "lockTimeoutSeconds", 60.0, zero=True),
+            socketTimeout=shared.socketTimeout,
             upsertBatchRows=intOption(options, "upsertBatchRows", 20000, minimum=1),
             commitMode=(optionOf(options, "commitMode") or "auto").strip().lower(),
             maxPreparedPartitions=(
@@ -292,6 +198,6 @@ class PostgresSettings:
                 if optionOf(options, "maxPreparedPartitions") is not None
                 else None
             ),
-            badRecords=_badRecordsTable(options),
+            badRecords=shared.badRecords,
             secrets=secrets,
         )

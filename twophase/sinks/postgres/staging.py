@@ -32,9 +32,10 @@ from psycopg import sql
 
 from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.dialect import quoteIdent
+from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.statements import conflictAction
-from twophase.sinks.postgres.xid import batchPrefix, sinkPrefix
+from twophase.sinks.relational.naming import batchPrefix, sinkPrefix
 
 log = getLogger(__name__)
 

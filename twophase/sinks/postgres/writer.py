@@ -32,6 +32,7 @@ from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
 from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.committer import PostgresCommitter
+from twophase.sinks.postgres.dialect import gidFor, quoteIdent
 from twophase.sinks.postgres.encoding import csvChunk
 from twophase.sinks.postgres.errors import (
     PostgresSinkError,
@@ -48,7 +49,7 @@ from twophase.sinks.postgres.rejections import (
     withoutRowData,
 )
 from twophase.sinks.postgres.sessions import TASK_SESSIONS, TaskSession
-from twophase.sinks.postgres.settings import PostgresSettings, quoteIdent
+from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.staging import (
     SEQ_COLUMN,
     TOKEN_COLUMN,
@@ -61,7 +62,7 @@ from twophase.sinks.postgres.statements import (
     upsertChunks,
     upsertStatement,
 )
-from twophase.sinks.postgres.xid import GlobalXid, sinkPrefix
+from twophase.sinks.relational.naming import sinkPrefix
 
 log = getLogger(__name__)
 
@@ -122,7 +123,7 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
 
     def beginTransaction(self, ctx: TransactionContext) -> PostgresTransaction:
         """Executor: name this attempt's transaction; the session is taken at the first rows."""
-        gid = str(GlobalXid.forContext(ctx))
+        gid = str(gidFor(ctx))
         log.debug("postgres: begin %s as %s", ctx.transactionTag, gid)
         return PostgresTransaction(ctx=ctx, gid=gid)
 

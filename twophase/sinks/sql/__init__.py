@@ -9,11 +9,12 @@ and tells an already committed xid (its marker is there) from a lost one. ``vali
 checks the server and the table before a batch. Spark-free: the data source ``twophase.sql``
 is ``twophase.spark.sql.SqlSink``.
 
-Modules by role: ``settings`` (options), ``xid``, ``dialect`` (what differs between MySQL and
-PostgreSQL), ``connections``, ``answers`` (PostgreSQL's answers bounded), ``sessions`` (task
-connections a worker keeps), ``schema``
-(checks, ``createTable``), ``handles``, ``writer``, ``committer``, ``inspect`` (``twophase
-doctor``), ``errors``, ``rejections`` (a refused row's position, column and fix).
+Modules by role: ``settings`` (options), ``dialect`` (what differs between MySQL and
+PostgreSQL; what the sink shares with ``twophase.postgres`` is ``twophase.sinks.relational``),
+``connections``, ``answers`` (PostgreSQL's answers bounded), ``sessions`` (task connections a
+worker keeps), ``schema`` (checks, ``createTable``), ``handles``, ``writer``, ``committer``,
+``inspect`` (``twophase doctor``), ``errors``, ``rejections`` (a refused row's position,
+column and fix).
 """
 
 from twophase.imports import importWithoutJars

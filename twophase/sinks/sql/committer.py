@@ -23,6 +23,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.redaction import getLogger
+from twophase.sinks.relational.naming import batchPrefix, sinkPrefix
 from twophase.sinks.sql.connections import (
     connection,
     engineFor,
@@ -40,7 +41,6 @@ from twophase.sinks.sql.dialect import (
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.handles import KIND, checkHandle, foundHandle, handleUrl
 from twophase.sinks.sql.settings import SqlSettings
-from twophase.sinks.sql.xid import batchPrefix, sinkPrefix
 
 log = getLogger(__name__)
 

@@ -26,7 +26,7 @@ from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlC
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
 
-_engines: dict[tuple[str, bool, int, int], Engine] = {}
+_engines: dict[tuple[str, bool, int, float], Engine] = {}
 _tlsChoices: dict[Engine, _TlsChoice] = {}
 _lock = threading.Lock()
 
@@ -107,7 +107,7 @@ def _setsTls(url: URL) -> bool:
 
 
 def engineFor(
-    url: URL, *, pooled: bool, connectTimeout: int = 10, socketTimeout: int = 0
+    url: URL, *, pooled: bool, connectTimeout: int = 10, socketTimeout: float = 0
 ) -> Engine:
     """The process's engine for ``url`` (created once); ``pooled`` for the committer.
 
@@ -174,10 +174,10 @@ def isTimeout(exc: BaseException) -> bool:
     return (mysqlCode(exc) == 2013 and "timed out" in str(exc)) or timedOut(exc)
 
 
-def noAnswer(socketTimeout: int) -> str:
+def noAnswer(socketTimeout: float) -> str:
     """How an error says the server did not answer within ``socketTimeout``."""
     return (
-        f"no answer within socketTimeout={socketTimeout} s (the server is frozen, overloaded "
+        f"no answer within socketTimeout={socketTimeout:g} s (the server is frozen, overloaded "
         "or unreachable)"
     )
 

@@ -1,11 +1,13 @@
-"""What differs between the sql sink's database families: statements, xid listing, errors.
+"""What differs between the sql sink's database families: names, statements, xids, errors.
 
 MySQL and MariaDB (``mysql``) run XA transactions (``XA BEGIN/END/PREPARE/COMMIT``, listed by
 ``XA RECOVER``); PostgreSQL (``postgresql``) runs ``PREPARE TRANSACTION`` / ``COMMIT PREPARED``,
 listed by ``pg_prepared_xacts``. SQLAlchemy's dialects issue the two-phase statements (but a
-task's ``PREPARE TRANSACTION``: ``prepareTwoPhase``); this module holds the rest: the bulk and
-upsert ``INSERT`` text, the commit-marker table, which prepared xids belong to a prefix, value
-conversion from Arrow, and the driver error codes.
+task's ``PREPARE TRANSACTION``: ``prepareTwoPhase``); this module holds the rest: how a table
+name is read, a task attempt's xid within the family's limit (the layout is shared,
+``twophase.sinks.relational.naming``), the bulk and upsert ``INSERT`` text, the commit-marker
+table, which prepared xids belong to a prefix, value conversion from Arrow, and the driver
+error codes.
 """
 
 from __future__ import annotations
@@ -20,8 +22,22 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import LONGTEXT
 from sqlalchemy.engine import Connection, Dialect
 
+from twophase.protocol import TransactionContext
+from twophase.settings import TwoPhaseConfigError
+from twophase.sinks.relational.naming import TransactionName
+from twophase.sinks.relational.options import NameRule
+from twophase.sinks.sql.errors import XidTooLongError
+
 MAX_XID_BYTES = {"mysql": 64, "postgresql": 199}
 """Longest transaction id each family takes: the XA gtrid (64), PostgreSQL's gid (199)."""
+
+NAMES = NameRule(maxLength=64, folds=False)
+"""A plain table name: MySQL/MariaDB's 64 characters, its case kept."""
+
+ROOM_BATCH_DIGITS = 12
+"""Digits of batch id that ``checkXidRoom`` keeps room for (a trillion micro-batches)."""
+ROOM_PARTITION_DIGITS = 6
+ROOM_ATTEMPT_DIGITS = 3
 
 DRIVER_ERRORS: tuple[type[Exception], ...] = (sa.exc.DBAPIError, psycopg.Error)
 """What a database call may raise: SQLAlchemy's wrapped errors, and psycopg's own (the
@@ -32,6 +48,49 @@ MYSQL_XAER_RMFAIL = 1399
 MYSQL_ACCESS_DENIED = (1044, 1045, 1142, 1227, 1370)
 MYSQL_NO_TABLE = 1146
 PG_UNDEFINED_OBJECT = "42704"
+
+
+def parseTableName(text: str) -> tuple[str | None, str]:
+    """Option ``dbtable``: ``table`` or ``schema.table``, each part a plain name."""
+    parts = text.split(".")
+    if len(parts) > 2 or any(NAMES.plain(p) is None for p in parts):
+        raise TwoPhaseConfigError(
+            f"option dbtable={text!r} must be <table> or <schema>.<table>, each part letters, "
+            f"digits, _ or $ (at most {NAMES.maxLength} characters)"
+        )
+    return (parts[0] if len(parts) == 2 else None), parts[-1]
+
+
+def xidFor(ctx: TransactionContext, maxBytes: int) -> TransactionName:
+    """A fresh xid for one task attempt (the shared layout without the run field);
+    ``XidTooLongError`` past ``maxBytes``."""
+    xid = TransactionName.forContext(ctx, withRun=False)
+    if len(str(xid).encode()) > maxBytes:
+        raise XidTooLongError(_tooLong(ctx.sinkId, str(xid), maxBytes))
+    return xid
+
+
+def checkXidRoom(sinkId: str, maxBytes: int) -> None:
+    """Driver, before a batch: refuse a sink id whose xids could pass ``maxBytes``."""
+    widest = TransactionName(
+        sinkId,
+        10**ROOM_BATCH_DIGITS - 1,
+        10**ROOM_PARTITION_DIGITS - 1,
+        10**ROOM_ATTEMPT_DIGITS - 1,
+        "0" * 8,
+    )
+    if len(str(widest).encode()) > maxBytes:
+        raise XidTooLongError(_tooLong(sinkId, str(widest), maxBytes))
+
+
+def _tooLong(sinkId: str, xid: str, maxBytes: int) -> str:
+    spare = len(xid.encode()) - maxBytes
+    return (
+        f"sql sink: transaction id {xid!r} is {len(xid.encode())} bytes; the server takes at "
+        f"most {maxBytes} (MySQL/MariaDB XA gtrid). Nothing was written. Set option sinkId to "
+        f"at most {max(1, len(sinkId) - spare)} characters (it is {len(sinkId)}: "
+        f"{sinkId!r}), or leave it unset (the default is 15 characters)."
+    )
 
 
 def quote(dialect: Dialect, name: str) -> str:
@@ -311,6 +370,10 @@ def columnType(t: pa.DataType, family: str, isKey: bool) -> sa.types.TypeEngine[
 
 __all__ = [
     "MAX_XID_BYTES",
+    "NAMES",
+    "checkXidRoom",
+    "parseTableName",
+    "xidFor",
     "beginTwoPhase",
     "prepareTwoPhase",
     "rollbackTwoPhase",

@@ -15,8 +15,8 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, make_url
 
 from twophase.protocol import Handle, TransactionContext
+from twophase.sinks.relational.naming import TransactionName
 from twophase.sinks.sql.settings import SqlSettings
-from twophase.sinks.sql.xid import SqlXid
 
 KIND = "sql"
 
@@ -38,7 +38,7 @@ def taskHandle(ctx: TransactionContext, s: SqlSettings, xid: str | None, rows: i
 def foundHandle(xid: str, s: SqlSettings) -> Handle:
     """A handle for a prepared transaction found by recovery (no row count)."""
     handle: Handle = {"kind": KIND, "xid": xid, "table": s.qualifiedName, "url": s.publicUrl}
-    parts = SqlXid.parse(xid)
+    parts = TransactionName.parse(xid)
     if parts is not None:
         handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
     return handle
@@ -49,7 +49,7 @@ def checkHandle(handle: Handle) -> Handle:
     if handle.get("kind") != KIND:
         raise ValueError(f"not an sql handle (kind={handle.get('kind')!r})")
     xid = handle.get("xid")
-    if xid is not None and (not isinstance(xid, str) or SqlXid.parse(xid) is None):
+    if xid is not None and (not isinstance(xid, str) or TransactionName.parse(xid) is None):
         raise ValueError(f"sql handle has a bad xid {xid!r}")
     if not isinstance(handle.get("url"), str):
         raise ValueError("sql handle has no url")

@@ -16,11 +16,12 @@ import sqlalchemy as sa
 
 from twophase.doctor.findings import CannotCheck, Held, Inspection
 from twophase.protocol import Handle
+from twophase.sinks.relational.naming import TransactionName as SqlXid
+from twophase.sinks.relational.naming import sinkPrefix
 from twophase.sinks.sql.connections import connection, engineFor
 from twophase.sinks.sql.dialect import DRIVER_ERRORS, errorMessage, preparedXids
 from twophase.sinks.sql.errors import SqlSinkError
 from twophase.sinks.sql.handles import KIND
-from twophase.sinks.sql.xid import SqlXid, sinkPrefix
 
 if TYPE_CHECKING:
     from twophase.sinks.sql.committer import SqlCommitter

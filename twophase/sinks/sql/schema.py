@@ -20,13 +20,13 @@ from twophase.sinks.sql.connections import connection, engineFor, isAccessDenied
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
     badRecordsTable,
+    checkXidRoom,
     columnType,
     errorMessage,
     markerTable,
 )
 from twophase.sinks.sql.errors import SqlSinkError
 from twophase.sinks.sql.settings import SqlSettings
-from twophase.sinks.sql.xid import checkXidRoom
 
 
 def validateTarget(s: SqlSettings, schema: pa.Schema, sinkId: str) -> None:

@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from twophase.settings import TwoPhaseConfigError, boolOption, intOption, optionOf
-
-MODES = ("append", "upsert")
+from twophase.settings import TwoPhaseConfigError, intOption, optionOf
+from twophase.sinks.relational.options import (
+    MODES,
+    checkBadRecords,
+    checkModeAndKeys,
+    readShared,
+)
+from twophase.sinks.sql.dialect import NAMES, parseTableName
 
 FAMILIES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql"}
 """SQLAlchemy dialect names the sink supports, and the family whose statements they take."""
@@ -28,7 +33,6 @@ SAFE_OPTIONS = frozenset(
 """Options (lower-cased) that may be persisted: never ``password``; ``url`` without it."""
 
 _SECRET_PARAMETER = re.compile(r"pass|secret|key|token|credential", re.IGNORECASE)
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}$")
 
 
 def publicOptionValue(key: str, value: str) -> str | None:
@@ -81,15 +85,6 @@ def _shown(text: str) -> str:
     return repr(text.split("@")[-1]) if "@" in text else repr(text)
 
 
-def _splitColumns(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(","))
-    if not all(names) or len(set(names)) != len(names):
-        raise TwoPhaseConfigError(
-            f"option keyColumns={text!r} must list distinct column names separated by commas"
-        )
-    return names
-
-
 @dataclass(frozen=True)
 class SqlSettings:
     """The sql sink's options (``SqlSettings.fromOptions``).
@@ -97,9 +92,10 @@ class SqlSettings:
     - ``url`` (required): an SQLAlchemy URL, ``mysql+pymysql://user:pw@host:port/db``
       (MariaDB or MySQL) or ``postgresql+psycopg://user:pw@host:port/db``; ``user`` and
       ``password`` options override the URL's.
-    - ``dbtable`` (or ``table``): the target table, ``name`` or ``schema.name``.
+    - ``dbtable`` or ``table`` (required; both given must agree): the target table, ``name``
+      or ``schema.name``.
     - ``mode``: ``append`` (default) or ``upsert`` on ``keyColumns`` (``ON DUPLICATE KEY
-      UPDATE`` / ``ON CONFLICT``).
+      UPDATE`` / ``ON CONFLICT``); ``keyColumns`` is refused in ``append``.
     - ``batchsize``: rows per multi-row ``INSERT`` (default 1000).
     - ``createTable``: create a missing table from the stream's schema (default false).
     - ``markerTable``: the table of commit markers next to the target (default
@@ -129,9 +125,18 @@ class SqlSettings:
     markerTable: str = "twophase_sql_commits"
     connectTimeout: int = 10
     connectRetrySeconds: float = 30.0
-    socketTimeout: int = 120
+    socketTimeout: float = 120.0
     badRecords: str | None = None
     """The dead-letter table of rows the database rejects; ``None``: fail the batch."""
+
+    def __post_init__(self) -> None:
+        checkModeAndKeys(self.mode, self.keyColumns)
+        if not NAMES.plain(self.markerTable):
+            raise TwoPhaseConfigError(
+                f"option markerTable={self.markerTable!r} is not a plain table name"
+            )
+        taken = {self.table: "the target table", self.markerTable: "the marker table"}
+        checkBadRecords(self.badRecords, self.table, taken)
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> SqlSettings:
@@ -148,52 +153,21 @@ class SqlSettings:
             url = url.set(username=user)
         if password is not None:
             url = url.set(password=password)
-        tableText = optionOf(options, "dbtable") or optionOf(options, "table")
-        if not tableText:
-            raise TwoPhaseConfigError("option dbtable (or table) is required: the target table")
-        parts = tableText.split(".")
-        if len(parts) > 2 or not all(_NAME.match(p) for p in parts):
-            raise TwoPhaseConfigError(
-                f"option dbtable={tableText!r} must be <table> or <schema>.<table>, each part "
-                "letters, digits, _ or $ (at most 64 characters)"
-            )
-        mode = (optionOf(options, "mode") or "append").lower()
-        if mode not in MODES:
-            raise TwoPhaseConfigError(f"option mode={mode!r} must be one of {', '.join(MODES)}")
-        keysText = optionOf(options, "keyColumns")
-        keys = _splitColumns(keysText) if keysText else ()
-        if mode == "upsert" and not keys:
-            raise TwoPhaseConfigError(
-                "option mode=upsert needs keyColumns: the columns of the table's primary key "
-                "or unique index, separated by commas"
-            )
-        marker = optionOf(options, "markerTable") or "twophase_sql_commits"
-        if not _NAME.match(marker):
-            raise TwoPhaseConfigError(f"option markerTable={marker!r} is not a plain table name")
-        bad = (optionOf(options, "badRecords") or "fail").strip()
-        if bad.lower() == "fail":
-            badRecords = None
-        elif not _NAME.match(bad) or bad in (parts[-1], marker):
-            raise TwoPhaseConfigError(
-                f"option badRecords={bad!r} must be fail (the default: a rejected row fails "
-                "the batch) or the plain name of a dead-letter table beside the target, other "
-                "than the target and the marker table, e.g. badRecords=orders_rejected"
-            )
-        else:
-            badRecords = bad
+        shared = readShared(options, sink="sql", names=NAMES)
+        schema, table = parseTableName(shared.tableText)
         return cls(
             url=url,
-            schema=parts[0] if len(parts) == 2 else None,
-            table=parts[-1],
-            mode=mode,
-            keyColumns=keys,
+            schema=schema,
+            table=table,
+            mode=shared.mode,
+            keyColumns=shared.keyColumns,
             batchsize=intOption(options, "batchsize", 1000, minimum=1),
-            createTable=boolOption(options, "createTable", False),
-            markerTable=marker,
+            createTable=shared.createTable,
+            markerTable=(optionOf(options, "markerTable") or "twophase_sql_commits").strip(),
             connectTimeout=intOption(options, "connectTimeout", 10, minimum=1),
-            connectRetrySeconds=float(intOption(options, "connectRetrySeconds", 30, minimum=0)),
-            socketTimeout=intOption(options, "socketTimeout", 120, minimum=0),
-            badRecords=badRecords,
+            connectRetrySeconds=shared.connectRetrySeconds,
+            socketTimeout=shared.socketTimeout,
+            badRecords=shared.badRecords,
         )
 
     @property

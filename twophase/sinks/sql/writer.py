@@ -39,6 +39,7 @@ from twophase.sinks.sql.dialect import (
     rowsOf,
     tableText,
     valuesText,
+    xidFor,
 )
 from twophase.sinks.sql.errors import RowRejectedError
 from twophase.sinks.sql.handles import KIND, taskHandle
@@ -52,7 +53,6 @@ from twophase.sinks.sql.sessions import TASK_SESSIONS, end
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.taskerrors import taskError
 from twophase.sinks.sql.transaction import SentRows, SqlTransaction
-from twophase.sinks.sql.xid import SqlXid
 
 log = getLogger(__name__)
 
@@ -82,7 +82,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
 
     def beginTransaction(self, ctx: TransactionContext) -> SqlTransaction:
         """Executor: name this attempt's xid (checked against the server's limit)."""
-        xid = str(SqlXid.forContext(ctx, MAX_XID_BYTES[self.settings.family]))
+        xid = str(xidFor(ctx, MAX_XID_BYTES[self.settings.family]))
         return SqlTransaction(ctx=ctx, xid=xid)
 
     def write(self, txn: SqlTransaction, batch: pa.RecordBatch) -> None:
