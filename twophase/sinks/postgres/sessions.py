@@ -1,17 +1,14 @@
-"""Task connections of one worker process, reused from task to task (in memory only).
+"""Task connections of one worker process, reused from task to task: PostgreSQL's side.
 
-PySpark reuses Python workers, so the next task of the same sink usually runs in a process
-whose last task left a free session: after ``PREPARE TRANSACTION`` or a staging ``COMMIT`` the
-session holds nothing. Reusing it saves the connection set-up (TCP, authentication, the
-session settings) per task. The ``BEGIN`` of the next task checks a reused session (the
-server may have restarted): a broken one is replaced by a new connection. Never pickled, never
-persisted; a process forked after caching drops the parent's sessions without touching them.
+After ``PREPARE TRANSACTION`` or a staging ``COMMIT`` a task's session holds nothing, so the
+next task of the worker reuses it (``twophase.sinks.relational.sessions`` keeps it), saving the
+connection set-up (TCP, authentication, the session settings) per task. The ``BEGIN`` of the
+next task checks a reused session (the server may have restarted): a broken one is replaced by
+a new connection.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +17,9 @@ from psycopg.pq import TransactionStatus
 
 from twophase.clients.postgres import ConnectionTarget, Secrets, connect
 from twophase.redaction import getLogger
+from twophase.sinks.relational.sessions import IdleSessions
 
 log = getLogger(__name__)
-
-MAX_IDLE_PER_TARGET = 2
-"""Idle sessions kept per connection target (a worker runs one task at a time)."""
 
 
 @dataclass(eq=False)
@@ -40,9 +35,7 @@ class TaskSessions:
     """Idle task sessions of this process, by (target, secrets, lock timeout); thread-safe."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._idle: dict[tuple[object, ...], list[TaskSession]] = {}
+        self._idle: IdleSessions[tuple[object, ...], TaskSession] = IdleSessions()
 
     def take(
         self,
@@ -59,15 +52,7 @@ class TaskSessions:
         server's ``max_prepared_transactions``; the caller owns the session until ``give``.
         """
         key = (target.params, secrets, lockTimeoutMs)
-        while True:
-            with self._lock:
-                if self._pid != os.getpid():  # forked: the sessions are the parent's
-                    self._idle = {}
-                    self._pid = os.getpid()
-                idle = self._idle.get(key) or []
-                session = idle.pop() if idle else None
-            if session is None:
-                break
+        while (session := self._idle.take(key)) is not None:
             if _begun(session):
                 return session
             _close(session)
@@ -93,20 +78,12 @@ class TaskSessions:
             and not conn.broken
             and conn.info.transaction_status == TransactionStatus.IDLE
         )
-        key = (target.params, secrets, session.lockTimeoutMs)
-        with self._lock:
-            idle = self._idle.setdefault(key, [])
-            if free and self._pid == os.getpid() and len(idle) < MAX_IDLE_PER_TARGET:
-                idle.append(session)
-                return
-        _close(session)
+        if not (free and self._idle.keep((target.params, secrets, session.lockTimeoutMs), session)):
+            _close(session)
 
     def clear(self) -> None:
         """Close every idle session (tests; a worker just exits)."""
-        with self._lock:
-            sessions = [s for idle in self._idle.values() for s in idle]
-            self._idle = {}
-        for session in sessions:
+        for session in self._idle.drain():
             _close(session)
 
 

@@ -1,7 +1,8 @@
 """Task connections of one worker process: which may serve the next task, and the check first.
 
-PySpark reuses Python workers, so the next task of a sink usually runs in a process whose last
-task left its connection behind. Whether that connection can serve again depends on the server:
+The next task of a sink usually runs in the worker process whose last task left its connection
+behind (``twophase.sinks.relational.sessions`` keeps it). Whether that connection can serve
+again depends on the server:
 
 - PostgreSQL: ``PREPARE TRANSACTION`` dissociates the prepared transaction from the session at
   once (any session can ``COMMIT PREPARED`` it), so the session is free and is kept for the
@@ -13,15 +14,9 @@ task left its connection behind. Whether that connection can serve again depends
   ``COM_RESET_CONNECTION`` detaches the xid from the InnoDB transaction, which then no commit
   reaches). These sessions are never kept; the engine, its dialect and its TLS choice are
   (``connections``).
-
-Sessions live in memory only, never pickled. A process forked after caching leaves the parent's
-sessions alone (their sockets are the parent's).
 """
 
 from __future__ import annotations
-
-import os
-import threading
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -29,13 +24,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from twophase.clients.postgres_answers import pingAnswers
 from twophase.redaction import getLogger
+from twophase.sinks.relational.sessions import MAX_IDLE_PER_KEY, IdleSessions
 from twophase.sinks.sql.connections import connect
 from twophase.sinks.sql.dialect import DRIVER_ERRORS
 from twophase.sinks.sql.settings import FAMILIES
 
 log = getLogger(__name__)
 
-MAX_IDLE_PER_ENGINE = 2
+MAX_IDLE_PER_ENGINE = MAX_IDLE_PER_KEY
 """Idle sessions kept per engine (a worker runs one task at a time)."""
 
 
@@ -49,54 +45,30 @@ class TaskSessions:
     """Idle task sessions of this process, by engine; thread-safe."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._idle: dict[Engine, list[Connection]] = {}
-        self._inherited: list[Connection] = []
+        self._idle: IdleSessions[Engine, Connection] = IdleSessions(MAX_IDLE_PER_ENGINE)
 
     def take(self, engine: Engine, what: str, retrySeconds: float) -> Connection:
         """A connection for one task: a kept one that answers the dialect's ping (one round
         trip), else a new one (``connections.connect``: retried for ``retrySeconds``)."""
-        while True:
-            with self._lock:
-                self._forkCheck()
-                idle = self._idle.get(engine) or []
-                conn = idle.pop() if idle else None
-            if conn is None:
-                return connect(engine, what, retrySeconds)
+        while (conn := self._idle.take(engine)) is not None:
             if _alive(conn):
                 return conn
             end(conn)
+        return connect(engine, what, retrySeconds)
 
     def give(self, engine: Engine, conn: Connection) -> None:
         """Take back a task's connection whose transaction is prepared or rolled back: kept
         when the server lets its session serve again and it holds nothing, else ended."""
-        if reusable(engine) and _idle(conn):
-            with self._lock:
-                self._forkCheck()
-                idle = self._idle.setdefault(engine, [])
-                if len(idle) < MAX_IDLE_PER_ENGINE:
-                    idle.append(conn)
-                    return
-        end(conn)
+        if not (reusable(engine) and _idle(conn) and self._idle.keep(engine, conn)):
+            end(conn)
 
     def idleCount(self, engine: Engine) -> int:
-        with self._lock:
-            return len(self._idle.get(engine) or [])
+        return self._idle.count(engine)
 
     def clear(self) -> None:
         """Close every idle session (tests; a worker just exits)."""
-        with self._lock:
-            sessions = [c for idle in self._idle.values() for c in idle]
-            self._idle = {}
-        for conn in sessions:
+        for conn in self._idle.drain():
             end(conn)
-
-    def _forkCheck(self) -> None:
-        if self._pid != os.getpid():  # forked: the sessions are the parent's; never touch them
-            self._inherited.extend(c for idle in self._idle.values() for c in idle)
-            self._idle = {}
-            self._pid = os.getpid()
 
 
 def end(conn: Connection) -> None:

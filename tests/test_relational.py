@@ -1,4 +1,4 @@
-"""The relational sinks (postgres, sql) side by side: the same options, meaning and errors.
+"""The relational sinks (postgres, sql) side by side: the same options, names and sessions.
 
 What both sinks share (``twophase.sinks.relational``) is tested once over both; each sink's own
 options stay in tests/test_postgres_options.py and tests/test_sql_options.py.
@@ -6,6 +6,7 @@ options stay in tests/test_postgres_options.py and tests/test_sql_options.py.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import PostgresSettings
 from twophase.sinks.postgres.dialect import gidFor
 from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix
+from twophase.sinks.relational.sessions import IdleSessions
 from twophase.sinks.sql import SqlSettings
 from twophase.sinks.sql.dialect import xidFor
 
@@ -153,3 +155,31 @@ def test_a_new_name_parses_back_and_its_prefixes_select_one_sink_and_one_batch(s
 )
 def test_names_of_others_do_not_parse(text: str) -> None:
     assert TransactionName.parse(text) is None
+
+
+# -- idle sessions ------------------------------------------------------------------------------
+
+
+def test_idle_sessions_are_kept_per_key_up_to_the_limit_and_drained() -> None:
+    pool: IdleSessions[str, object] = IdleSessions(maxIdle=2)
+    first, second, third = object(), object(), object()
+    assert pool.keep("a", first) and pool.keep("a", second) and not pool.keep("a", third)
+    assert pool.keep("b", third) and pool.count("a") == 2
+    assert pool.take("a") is second and pool.take("c") is None
+    assert sorted(map(id, pool.drain())) == sorted(map(id, [first, third]))
+    assert pool.count("a") == pool.count("b") == 0
+
+
+def test_a_forked_process_never_reuses_nor_drops_its_parents_sessions() -> None:
+    """Both sinks alike: a child gets no session of its parent's, and keeps referring to them,
+    so that collecting them cannot close the parent's connections."""
+    pool: IdleSessions[str, object] = IdleSessions()
+    parents = object()
+    pool.keep("a", parents)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        ok = pool.take("a") is None and pool.drain() == [] and parents in pool._inherited
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool.take("a") is parents  # the parent's pool is untouched
