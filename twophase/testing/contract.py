@@ -9,21 +9,29 @@ an empty target, read what is committed and list what is prepared but not finish
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import signal
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 import pytest
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from twophase.protocol import (
     Committer,
     Handle,
     RecoveryScope,
     TransactionContext,
+    TransientCommitError,
     checkedAborted,
     dumpsHandle,
     loadsHandle,
@@ -35,6 +43,8 @@ DEFAULT_SCHEMA = pa.schema([("id", pa.int64()), ("payload", pa.string())])
 """The rows the suite writes unless a context sets ``schema``."""
 
 QUERY_ID = "contract-query"
+
+_T = TypeVar("_T")
 
 
 class SinkContract:
@@ -51,6 +61,9 @@ class SinkContract:
     schema: ClassVar[pa.Schema] = DEFAULT_SCHEMA
     killedWorkerSeconds: ClassVar[float] = 120.0
     """How long a killed worker may take to start, prepare and hand its handle out."""
+    transientSeconds: ClassVar[float] = 120.0
+    """How long a committer's call is retried while it raises ``TransientCommitError``, as the
+    coordinator retries it (its ``commitTimeoutSeconds``)."""
 
     # what a context implements ------------------------------------------------------------
     def newTarget(self) -> dict[str, str]:
@@ -86,8 +99,8 @@ class SinkContract:
         options = self._target()
         handle = self._prepare(options, [1, 2, 3])
         committer = self._committer(options)
-        committer.abort(handle)
-        committer.abort(handle)
+        self._retried(lambda: committer.abort(handle))
+        self._retried(lambda: committer.abort(handle))
         self._assertCommitted(options, [], "after aborting one handle twice")
         self._assertNoLeftovers(options, "after aborting twice")
 
@@ -97,7 +110,7 @@ class SinkContract:
         self._commitBatch(self._committer(options), options, 0, [handle])  # its reply is lost
         another = self._committer(options)  # the retry, or a restarted driver
         self._commitBatch(another, options, 0, [handle])
-        another.recoverAndCommit(handle)
+        self._retried(lambda: another.recoverAndCommit(handle))
         self._assertCommitted(options, [1, 2, 3], "after a commit whose reply was lost")
         self._assertNoLeftovers(options, "after a commit whose reply was lost")
 
@@ -113,7 +126,7 @@ class SinkContract:
         options = self._target()
         kept = self._prepare(options, [1, 2, 3], partition=0)
         self._prepare(options, [4, 5], partition=1)
-        self._prepare(options, [6], batch=1, partition=0)
+        self._prepare(options, [6], partition=2, attempt=1)
         self._sweep(options, keep=(kept,))
         self._assertCommitted(options, [], "after recovery, before the kept handle's commit")
         self._commitBatch(self._committer(options), options, 0, [kept])
@@ -212,15 +225,27 @@ class SinkContract:
     ) -> None:
         """What the coordinator does with a decided batch: commit each handle, then publish."""
         for handle in handles:
-            committer.commit(handle)
-        committer.completeBatch(self._sinkId(options), batchId, handles)
+            self._retried(functools.partial(committer.commit, handle))
+        sinkId = self._sinkId(options)
+        self._retried(lambda: committer.completeBatch(sinkId, batchId, handles))
 
     def _sweep(
         self, options: Mapping[str, str], keep: tuple[Handle, ...], batchId: int | None = None
     ) -> list[Handle]:
         committer = self._committer(options)
         scope = RecoveryScope(self._sinkId(options), keep, batchId, options)
-        return checkedAborted(committer, committer.recoverAndAbort(scope))
+        return checkedAborted(committer, self._retried(lambda: committer.recoverAndAbort(scope)))
+
+    def _retried(self, call: Callable[[], _T]) -> _T:
+        """``call`` again after a ``TransientCommitError``, with the coordinator's kind of
+        backoff, for at most ``transientSeconds``."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientCommitError),
+            stop=stop_after_delay(self.transientSeconds),
+            wait=wait_random_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        return retrying(call)
 
     def _committedIds(self, options: Mapping[str, str]) -> list[int]:
         table = self.readCommitted(options)
