@@ -18,6 +18,7 @@ import twophase.imports  # noqa: F401  (first: fsspec without the jars; see its 
 from twophase.protocol import (
     Committer,
     Handle,
+    Prepared,
     RecoveryScope,
     SinkContractError,
     TaskResult,
@@ -61,6 +62,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Committer",
     "Handle",
+    "Prepared",
     "RecoveryScope",
     "SinkContractError",
     "SinkSettings",

@@ -18,11 +18,13 @@ from twophase.protocol.handles import (
     loadsHandle,
 )
 from twophase.protocol.participant import TwoPhaseParticipant
+from twophase.protocol.sweep import Prepared
 from twophase.protocol.writer import TransactionWriter, Txn
 
 __all__ = [
     "Committer",
     "Handle",
+    "Prepared",
     "RecoveryScope",
     "SinkContractError",
     "TaskResult",

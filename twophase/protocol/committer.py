@@ -7,9 +7,12 @@ so the Spark driver, a restarted query or ``twophase recover`` on another machin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
+from twophase.protocol.errors import SinkContractError
 from twophase.protocol.handles import Handle, RecoveryScope, dumpsHandle
+from twophase.protocol.sweep import Prepared, sweepPrepared
 
 
 class Committer(ABC):
@@ -19,7 +22,25 @@ class Committer(ABC):
     commits a handle of a batch decided before a restart, ``recoverAndAbort`` sweeps this sink's
     prepared transactions that no decision keeps. Raise ``TransientCommitError`` when a retry
     may succeed and ``TransactionLostError`` when a decided transaction is gone.
+
+    The sweep comes in two forms: ``recoverAndAbort`` written by the sink, or the narrow form,
+    where the sink implements ``listPrepared`` and ``abortPrepared`` (and ``preparedNames``
+    when its handles are not named by a ``"name"`` key) and the framework writes the sweep
+    (``twophase.protocol.sweep``). A committer with neither fails when it is built, naming its
+    class and what to implement.
     """
+
+    abortConcurrency: ClassVar[int] = 1
+    """How many listed items the framework's sweep aborts at once (``abortPrepared`` in
+    threads when above 1)."""
+
+    _sweepChecked: ClassVar[bool] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not cls.__dict__.get("_sweepChecked", False):
+            _checkSweep(cls)
+            cls._sweepChecked = True
+        return super().__new__(cls)
 
     @abstractmethod
     def commit(self, handle: Handle) -> None:
@@ -33,12 +54,39 @@ class Committer(ABC):
         """Idempotent: commit a handle of a decided batch after a restart."""
         self.commit(handle)
 
-    @abstractmethod
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle] | None:
         """Idempotent: abort this sink's prepared transactions that no decision keeps.
 
         Returns what it aborted, for logs and ``twophase status`` (``None`` means nothing).
+        Default: the framework's sweep over ``listPrepared``, ``preparedNames`` and
+        ``abortPrepared``; a sink that finds and aborts its leftovers another way overrides it.
         """
+        return sweepPrepared(self, scope)
+
+    def preparedNames(self, handle: Handle) -> Iterable[str]:
+        """The names on the system of what ``handle`` prepared (a gid, a transactional id...),
+        as ``listPrepared`` names them; none for a handle of another sink.
+
+        Default: the handle's ``"name"``, when it has one.
+        """
+        name = handle.get("name")
+        return (name,) if isinstance(name, str) else ()
+
+    def listPrepared(self, scope: RecoveryScope) -> Iterable[Prepared]:
+        """Read-only: what the system holds prepared under this sink's names (of
+        ``scope.batchId`` only, when set), kept handles included; the sweep drops those.
+
+        Narrow form only; ``twophase doctor`` lists with it too.
+        """
+        raise NotImplementedError(_missingSweep(type(self)))
+
+    def abortPrepared(self, item: Prepared) -> bool | None:
+        """Idempotent: abort one item of ``listPrepared``. ``False`` says it was gone already
+        (finished meanwhile by another process): the sweep leaves it out of what it returns.
+
+        Narrow form only.
+        """
+        raise NotImplementedError(_missingSweep(type(self)))
 
     def completeBatch(  # noqa: B027 - optional hook
         self, sinkId: str, batchId: int, handles: Sequence[Handle]
@@ -76,3 +124,29 @@ class Committer(ABC):
     def describe(self, handle: Handle) -> str:
         """A short human description of a handle for logs and errors (never secrets)."""
         return dumpsHandle(handle)
+
+
+def _overrides(cls: type, name: str) -> bool:
+    return getattr(cls, name) is not getattr(Committer, name)
+
+
+def _missingSweep(cls: type) -> str:
+    return (
+        f"{cls.__module__}.{cls.__qualname__} has no sweep: implement recoverAndAbort(scope), "
+        "or the narrow form listPrepared(scope) and abortPrepared(item) (see "
+        "docs/writing-a-sink.md)"
+    )
+
+
+def _checkSweep(cls: type) -> None:
+    """``SinkContractError`` when ``cls`` neither writes ``recoverAndAbort`` nor gives the
+    framework the narrow form to write it from."""
+    if _overrides(cls, "recoverAndAbort"):
+        return
+    missing = [m for m in ("listPrepared", "abortPrepared") if not _overrides(cls, m)]
+    if missing:
+        raise SinkContractError(
+            f"{_missingSweep(cls)}; missing: {', '.join(missing)}"
+            if len(missing) == 1
+            else _missingSweep(cls)
+        )
