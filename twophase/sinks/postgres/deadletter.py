@@ -18,7 +18,6 @@ The table sits beside the target and is created by the driver when missing::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +36,7 @@ from twophase.sinks.postgres.encoding import arrayLiteral, csvChunk
 from twophase.sinks.postgres.rejections import Rejection, describe, locateInChunk, rejectionOf
 from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.statements import copyStatement, upsertChunks
+from twophase.sinks.relational.rejections import recordJson
 
 log = getLogger(__name__)
 
@@ -113,12 +113,6 @@ def insertStatement(s: PostgresSettings) -> sql.Composed:
     )
 
 
-def rowJson(batch: pa.RecordBatch, index: int) -> str:
-    """Row ``index`` of ``batch`` as JSON: bytes as hex, values JSON lacks as text."""
-    row = batch.slice(index, 1).to_pylist()[0]
-    return json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
-
-
 def deadLetterRows(
     ctx: TransactionContext,
     gid: str,
@@ -135,7 +129,7 @@ def deadLetterRows(
             ctx.partitionId,
             rejection.column,
             describe(rejection, ctx.partitionId),
-            rowJson(batch, index),
+            recordJson(batch, index),
         )
         for position, rejection, batch, index in refused
     ]

@@ -9,16 +9,17 @@ long); the driver's move of staged rows says no line either: a unique key's conf
 found by its ``__tp_seq``, the row's position in its task. Otherwise the message says which rows
 the statement held.
 
-No message shows a value of the row (it may be large or sensitive): the column, the key's
-columns, the constraint and the type's limit say enough. The server's error stays chained to
-the sink's, without its DETAIL and CONTEXT, which quote the row (``withoutRowData``).
+What the message then says and the fix for each kind of refusal are shared with the sql sink
+(``twophase.sinks.relational.rejections``); the fixes' statements are PostgreSQL's (``FIXES``).
+The server's error stays chained to the sink's, without its DETAIL and CONTEXT, which quote
+the row (``withoutRowData``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,15 @@ from psycopg import sql
 
 from twophase.sinks.postgres.staging import SEQ_COLUMN, TOKEN_COLUMN, StagingNames
 from twophase.sinks.postgres.types import isString
+from twophase.sinks.relational import rejections as shared
+from twophase.sinks.relational.rejections import (
+    DUPLICATE,
+    NULL,
+    SQLSTATE_KINDS,
+    TOO_LONG,
+    Fixes,
+    Rejection,
+)
 
 _COPY_LINE = re.compile(r"\bCOPY .*?, line (\d+)(?:, column ([^:\n]+))?")
 _KEY_DETAIL = re.compile(
@@ -39,21 +49,13 @@ _KEY_DETAIL = re.compile(
 _LIMITED_TYPE = re.compile(r"^(?:character varying|character)\((\d+)\)$")
 _QUOTED = re.compile(r'"(?:[^"]|"")*"')
 
-
-@dataclass(frozen=True)
-class Rejection:
-    """What is known of one refused row; ``row`` counts from 0 within what its task wrote."""
-
-    sqlstate: str
-    problem: str
-    column: str | None = None
-    constraint: str | None = None
-    key: str | None = None
-    row: int | None = None
-    rows: str = ""
-    """When ``row`` is unknown: which of the task's rows the failed statement held."""
-    earlier: int | None = None
-    """A staged row's key held by an earlier row of its task too: that row's position."""
+FIXES = Fixes(
+    allowNull="ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL",
+    widen=(
+        "widen column {column} (ALTER TABLE {table} ALTER COLUMN {column} TYPE text, or a "
+        "longer varchar)"
+    ),
+)
 
 
 def rejectionOf(exc: psycopg.Error) -> Rejection:
@@ -73,7 +75,15 @@ def rejectionOf(exc: psycopg.Error) -> Rejection:
     keyed = _KEY_DETAIL.match(" ".join((diag.message_detail or "").split()))
     if keyed is not None:
         key = f"key ({keyed.group('key')}) {keyed.group('rest')}"
-    return Rejection(state, problem, column, diag.constraint_name, key, row)
+    return Rejection(
+        code=f"SQLSTATE {state}",
+        kind=SQLSTATE_KINDS.get(state, ""),
+        problem=problem,
+        column=column,
+        constraint=diag.constraint_name,
+        key=key,
+        row=row,
+    )
 
 
 def withoutRowData(exc: psycopg.Error) -> psycopg.Error:
@@ -95,10 +105,10 @@ def locateInChunk(
     if rejection.row is not None or chunk.num_rows == 0:
         return rejection
     found: tuple[int, str] | None = None
-    if rejection.sqlstate == "23502" and rejection.column in chunk.schema.names:
+    if rejection.kind == NULL and rejection.column in chunk.schema.names:
         index = _first(chunk.column(rejection.column).is_null())
         found = None if index is None else (index, str(rejection.column))
-    elif rejection.sqlstate == "22001":
+    elif rejection.kind == TOO_LONG:
         names = [rejection.column] if rejection.column else chunk.schema.names
         for name in names:
             limited = _LIMITED_TYPE.match(types.get(str(name), ""))
@@ -140,7 +150,7 @@ def stagedConflict(
     the target holds (another row than the one an upsert updates), or that an earlier row of
     the same task holds too (append mode; ``earlier``). Best effort: unplaced for an index on
     expressions or with a predicate, or when the lookup fails."""
-    if rejection.sqlstate != "23505" or not rejection.constraint:
+    if rejection.kind != DUPLICATE or not rejection.constraint:
         return rejection
     try:
         columns = [
@@ -205,41 +215,9 @@ def _of(alias: str, columns: Sequence[sql.Identifier]) -> sql.Composed:
 def fixFor(rejection: Rejection, table: str, *, staged: bool = False) -> str:
     """What to change, in Spark or in the table, for this kind of rejection; ``staged``: of
     rows the driver moves after the decision, which stay as they are and are moved again."""
-    column = rejection.column
-    state = rejection.sqlstate
     if staged:
         return _stagedFix(rejection, table)
-    if state == "23502" and column:
-        return (
-            f"filter or fill the NULLs of column {column} upstream (df.na.drop(subset=["
-            f"'{column}']) or df.na.fill), or let the column take NULL (ALTER TABLE {table} "
-            f"ALTER COLUMN {column} DROP NOT NULL)"
-        )
-    if state == "22001":
-        what = f"column {column}" if column else "the column"
-        return (
-            f"widen {what} (ALTER TABLE {table} ALTER COLUMN {column or '<column>'} TYPE "
-            "text, or a longer varchar) or truncate the value upstream (substring in Spark)"
-        )
-    if state == "23514":
-        return (
-            f"filter the rows that break constraint {rejection.constraint} upstream, or change "
-            "the constraint"
-        )
-    if state == "23505":
-        return (
-            "deduplicate the key upstream (df.dropDuplicates on the key's columns), remove or "
-            "change the table's rows that hold it, or write with mode=upsert and keyColumns set "
-            "to the key to update them"
-        )
-    if state == "23503":
-        return (
-            f"write the rows constraint {rejection.constraint} refers to first, or filter the "
-            "rows that refer to none upstream"
-        )
-    if state == "22003":
-        return f"widen the type of {column or 'the column'}, or filter the values upstream"
-    return "fix the value upstream (filter or cast it in Spark) or the table's definition"
+    return shared.fixFor(rejection, table, FIXES)
 
 
 def _stagedFix(rejection: Rejection, table: str) -> str:
@@ -248,13 +226,13 @@ def _stagedFix(rejection: Rejection, table: str) -> str:
         "; for later batches, deduplicate upstream (df.dropDuplicates on the key's columns) "
         "or write with commitMode=prepared, which checks keys before the decision"
     )
-    if rejection.sqlstate == "23505" and rejection.earlier is not None:
+    if rejection.kind == DUPLICATE and rejection.earlier is not None:
         return (
             f"the decided rows hold this key twice, so no move can succeed while {constraint} "
             f"holds: drop it (ALTER TABLE {table} DROP CONSTRAINT {constraint}) and restart the "
             "query, which moves the rows; remove the duplicate and add the constraint again" + later
         )
-    if rejection.sqlstate == "23505":
+    if rejection.kind == DUPLICATE:
         return (
             f"delete or change the rows of {table} that already hold the key (or drop "
             f"{constraint}), then restart the query: recovery moves the staged rows" + later
@@ -267,17 +245,4 @@ def _stagedFix(rejection: Rejection, table: str) -> str:
 
 def describe(rejection: Rejection, partitionId: int) -> str:
     """``row 3 of partition 1 (counting from 0), column payload: <problem> (SQLSTATE ...)``."""
-    if rejection.row is not None:
-        where = f"row {rejection.row} of partition {partitionId} (counting from 0)"
-    else:
-        held = f": one of its {rejection.rows}" if rejection.rows else ""
-        where = f"a row of partition {partitionId} (PostgreSQL does not say which{held})"
-    facts = [f"SQLSTATE {rejection.sqlstate}"]
-    if rejection.constraint:
-        facts.append(f"constraint {rejection.constraint}")
-    if rejection.key:
-        facts.append(rejection.key)
-    if rejection.earlier is not None:
-        facts.append(f"row {rejection.earlier} of the partition holds the same key")
-    column = f", column {rejection.column}" if rejection.column else ""
-    return f"{where}{column}: {rejection.problem} ({'; '.join(facts)})"
+    return shared.describe(rejection, partitionId, "PostgreSQL")

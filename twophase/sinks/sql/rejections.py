@@ -10,16 +10,29 @@ log2(batchsize) statements, then the whole transaction is rolled back with the t
 PostgreSQL (``postgresql+psycopg``) aborts the transaction at the first error, so there the
 message names the rows the statement held.
 
-No message shows a value of the row (it may be large or sensitive), only its length; the
-server's error stays chained without the quoted value (``withoutRowData``).
+What the message then says and the fix for each kind of refusal are shared with the postgres
+sink (``twophase.sinks.relational.rejections``); the fixes' statements are MySQL's (``FIXES``).
+No message shows a value of the row, only its length; the server's error stays chained without
+the quoted value (``withoutRowData``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from twophase.sinks.relational import rejections as shared
+from twophase.sinks.relational.rejections import (
+    CHECK,
+    DUPLICATE,
+    FOREIGN_KEY,
+    NULL,
+    OUT_OF_RANGE,
+    SQLSTATE_KINDS,
+    TOO_LONG,
+    Fixes,
+    Rejection,
+)
 from twophase.sinks.sql.dialect import errorMessage, mysqlCode, pgState
 
 REJECTED_CODES = frozenset({1048, 1062, 1216, 1264, 1265, 1292, 1366, 1406, 1452, 4025})
@@ -33,20 +46,21 @@ _CONSTRAINT = re.compile(r"CONSTRAINT `([^`]+)`")
 _QUOTED_VALUE = re.compile(r"(entry|value:?) '(?:[^'\\]|\\.|'')*'")
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """What is known of one refused row; ``row`` counts from 0 within what its task wrote."""
+MYSQL_KINDS = {
+    1048: NULL,
+    1406: TOO_LONG,
+    1062: DUPLICATE,
+    4025: CHECK,
+    1452: FOREIGN_KEY,
+    1216: FOREIGN_KEY,
+    1264: OUT_OF_RANGE,
+}
+"""The kind of refusal each MySQL/MariaDB error number names."""
 
-    code: str
-    problem: str
-    column: str | None = None
-    key: str | None = None
-    constraint: str | None = None
-    row: int | None = None
-    rows: str = ""
-    """When ``row`` is unknown: which of the task's rows the failed statement held."""
-    length: str = ""
-    """A value too long: its length and the column's type."""
+FIXES = Fixes(
+    allowNull="ALTER TABLE {table} MODIFY {column} <its type> NULL",
+    widen="widen {column} (ALTER TABLE {table} MODIFY {column} with a longer type)",
+)
 
 
 def isRejection(exc: BaseException) -> bool:
@@ -65,9 +79,11 @@ def rejectionOf(exc: BaseException, first: int) -> Rejection:
         orig = getattr(exc, "orig", exc)
         diag = getattr(orig, "diag", None)
         problem = str(getattr(diag, "message_primary", "") or errorMessage(exc))
+        state = pgState(exc) or ""
         return Rejection(
-            f"SQLSTATE {pgState(exc)}",
-            problem.split("\n")[0],
+            code=f"SQLSTATE {state}",
+            kind=SQLSTATE_KINDS.get(state, ""),
+            problem=problem.split("\n")[0],
             column=getattr(diag, "column_name", None),
             constraint=getattr(diag, "constraint_name", None),
         )
@@ -80,10 +96,11 @@ def rejectionOf(exc: BaseException, first: int) -> Rejection:
     key = _KEY.search(text)
     constraint = _CONSTRAINT.search(text)
     return Rejection(
-        f"error {code}",
-        _QUOTED_VALUE.sub(r"\1", _AT_ROW.sub("", text)),
+        code=f"error {code}",
+        kind=MYSQL_KINDS.get(code, ""),
+        problem=_QUOTED_VALUE.sub(r"\1", _AT_ROW.sub("", text)),
         column=(column.group(1) or column.group(2)) if column else None,
-        key=key.group(1) if key else None,
+        key=f"key {key.group(1)}" if key else None,
         constraint=constraint.group(1) if constraint else None,
         row=row,
     )
@@ -131,52 +148,9 @@ def locate(send: Callable[[int, int], None], count: int, code: int) -> int | Non
 
 def fixFor(rejection: Rejection, table: str) -> str:
     """What to change, in Spark or in the table, for this kind of rejection."""
-    code = rejection.code
-    column = rejection.column or "the column"
-    if code in ("error 1406", "SQLSTATE 22001"):
-        return (
-            f"widen {column} (ALTER TABLE {table} MODIFY {column} with a longer type) or "
-            "truncate the value upstream (substring in Spark)"
-        )
-    if code in ("error 1048", "SQLSTATE 23502"):
-        return (
-            f"filter or fill the NULLs of {column} upstream (df.na.drop(subset=['{column}']) "
-            f"or df.na.fill), or let {column} take NULL"
-        )
-    if code in ("error 1062", "SQLSTATE 23505"):
-        return (
-            "deduplicate the key upstream (df.dropDuplicates on the key's columns), remove or "
-            "change the table's rows that hold it, or write with mode=upsert and keyColumns "
-            "set to the key to update them"
-        )
-    if code in ("error 4025", "SQLSTATE 23514"):
-        return (
-            f"filter the rows that break constraint {rejection.constraint} upstream, or change "
-            "the constraint"
-        )
-    if code in ("error 1452", "error 1216", "SQLSTATE 23503"):
-        return (
-            f"write the rows constraint {rejection.constraint} refers to first, or filter the "
-            "rows that refer to none upstream"
-        )
-    if code in ("error 1264", "SQLSTATE 22003"):
-        return f"widen the type of {column}, or filter the values upstream"
-    return "fix the value upstream (filter or cast it in Spark) or the table's definition"
+    return shared.fixFor(rejection, table, FIXES)
 
 
 def describe(rejection: Rejection, partitionId: int) -> str:
     """``row 3 of partition 1 (counting from 0), column v: <problem> (error 1406; ...)``."""
-    if rejection.row is not None:
-        where = f"row {rejection.row} of partition {partitionId} (counting from 0)"
-    else:
-        held = f": one of its {rejection.rows}" if rejection.rows else ""
-        where = f"a row of partition {partitionId} (the server does not say which{held})"
-    facts = [rejection.code]
-    if rejection.key:
-        facts.append(f"key {rejection.key}")
-    if rejection.constraint:
-        facts.append(f"constraint {rejection.constraint}")
-    if rejection.length:
-        facts.append(rejection.length)
-    column = f", column {rejection.column}" if rejection.column else ""
-    return f"{where}{column}: {rejection.problem} ({'; '.join(facts)})"
+    return shared.describe(rejection, partitionId, "the server")

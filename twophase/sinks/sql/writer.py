@@ -13,7 +13,6 @@ prepared transaction, which ``recoverAndAbort`` removes unless a decision keeps 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
+from twophase.sinks.relational.rejections import recordJson
 from twophase.sinks.sql.committer import SqlCommitter
 from twophase.sinks.sql.connections import engineFor
 from twophase.sinks.sql.dialect import (
@@ -327,8 +327,7 @@ def _recordJson(txn: SqlTransaction, position: int) -> str:
     index = position - txn.rows
     if batch is None or not 0 <= index < batch.num_rows:
         return "null"
-    row = batch.slice(index, 1).to_pylist()[0]
-    return json.dumps(row, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
+    return recordJson(batch, index)
 
 
 def _release(txn: SqlTransaction) -> None:
