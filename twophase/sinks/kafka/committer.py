@@ -7,23 +7,23 @@ transaction (it aborted the transaction after ``transaction.timeout.ms``, or som
 it), the committer reads the transaction's last record back with a ``read_committed`` consumer:
 visible means committed before (a no-op success), invisible means lost, and
 ``TransactionLostError`` names the batch, the partition and the transactional id. Recovery
-fences and aborts this sink's lingering transactions (broker listing + ``init_transactions``),
-except those a decided batch still has to commit. Everything it needs comes from the options
-kept in ``sink.json`` (plus secrets from ``TWOPHASE_KAFKA_OPTIONS``), so ``twophase recover``
-can run it anywhere.
+fences and aborts this sink's lingering transactions (broker listing + ``init_transactions``,
+through the framework's sweep), except those a decided batch still has to commit. Everything
+it needs comes from the options kept in ``sink.json`` (plus secrets from
+``TWOPHASE_KAFKA_OPTIONS``), so ``twophase recover`` can run it anywhere.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from twophase.clients.kafka import errorText, newClient
 from twophase.protocol import (
     Committer,
     Handle,
+    Prepared,
     RecoveryScope,
     TransactionLostError,
     TransientCommitError,
@@ -47,6 +47,17 @@ log = getLogger(__name__)
 WARN_FRACTION = 0.5
 """Warn when a transaction has been open longer than this share of its timeout at commit."""
 
+FOREIGN_ID = (
+    "its id has the sink's prefix but is not one the sink makes, so recovery never fences it"
+)
+"""Why recovery leaves an open transaction with the sink's prefix alone."""
+
+
+def preparedNames(handle: Handle) -> tuple[str, ...]:
+    """What a logged handle names on the brokers: its transactional id."""
+    tid = handle.get("transactionalId") if handle.get("kind") == KIND else None
+    return (tid,) if isinstance(tid, str) else ()
+
 
 class KafkaCommitter(Committer):
     """Driver side, in any process: commit, abort and sweep the sink's Kafka transactions.
@@ -57,8 +68,11 @@ class KafkaCommitter(Committer):
       lost one raises ``TransactionLostError`` naming the batch, partition and transactional
       id, never a silent success.
     - ``abort`` and ``recoverAndAbort`` end only transactions of this sink's transactional ids,
-      and never one that ``scope.keep`` names.
+      and never one that ``scope.keep`` names. The sweep is the framework's
+      (``twophase.protocol.sweep``) over ``listPrepared``, fencing up to eight ids at once.
     """
+
+    abortConcurrency: ClassVar[int] = 8
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
@@ -120,16 +134,17 @@ class KafkaCommitter(Committer):
         elif code != NONE:
             log.debug("kafka: abort of %s: already gone (%s)", self.describe(h), errorName(code))
 
-    def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
-        """Driver, idempotent: fence and abort this sink's open transactions that keep lacks.
+    def preparedNames(self, handle: Handle) -> tuple[str, ...]:
+        """What a handle names on the brokers: its transactional id."""
+        return preparedNames(handle)
 
-        Lists ongoing transactions whose id is ``<prefix>-<partition>[-a<attempt>]`` (broker
-        ListTransactions) and fences each with ``init_transactions`` on its id, which aborts
-        it. Ids named by a kept handle are never touched. When the brokers cannot list
-        transactions, warns once and relies on the next task of each id to fence it.
+    def listPrepared(self, scope: RecoveryScope) -> list[Prepared]:
+        """Read-only: this sink's ongoing transactions (broker ListTransactions of ids
+        ``<prefix>-...``); an id the sink does not make (``ownedIds``) is listed as foreign and
+        never fenced. When the brokers cannot list transactions, warns once and lists nothing:
+        the next task of each id fences it.
         """
         prefix = self.settings.prefixFor(scope.sinkId)
-        keep = {h.get("transactionalId") for h in scope.keep if h.get("kind") == KIND}
         listings = self.client().listOngoing(prefix + "-")
         if listings is None:
             if not self._warnedNoListing:
@@ -144,30 +159,26 @@ class KafkaCommitter(Committer):
                 )
             return []
         owned = ownedIds(prefix)
-        targets = [
-            t for t in listings if owned.match(t.transactionalId) and t.transactionalId not in keep
+        return [
+            Prepared(
+                t.transactionalId,
+                {
+                    "kind": KIND,
+                    "transactionalId": t.transactionalId,
+                    "producerId": t.producerId,
+                    "state": t.state,
+                },
+                what="open transaction",
+                state=t.state,
+                foreign=None if owned.match(t.transactionalId) else FOREIGN_ID,
+            )
+            for t in listings
         ]
-        if not targets:
-            return []
-        timeoutMs = self.transactionTimeoutMs()
-        with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
-            list(pool.map(lambda t: self._fence(t.transactionalId, timeoutMs), targets))
-        aborted = [
-            {
-                "kind": KIND,
-                "transactionalId": t.transactionalId,
-                "producerId": t.producerId,
-                "state": t.state,
-            }
-            for t in targets
-        ]
-        log.info(
-            "kafka: fenced and aborted %d lingering transaction(s) of sink %s: %s",
-            len(aborted),
-            scope.sinkId,
-            ", ".join(t.transactionalId for t in targets),
-        )
-        return aborted
+
+    def abortPrepared(self, item: Prepared) -> None:
+        """Fence the listed id with ``init_transactions``, which aborts what is open on it; the
+        framework's sweep fences up to ``abortConcurrency`` ids at once."""
+        self._fence(item.name, self.transactionTimeoutMs())
 
     def fingerprint(self, handle: Handle) -> str | None:
         """The records' fingerprint the writer put in the handle: a transaction the broker

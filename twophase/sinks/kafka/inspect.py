@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from twophase.clients.kafka import kafkaPythonConfig, protectKafkaPythonLogs
 from twophase.doctor.findings import CannotCheck, Held, Inspection, Stall
-from twophase.protocol import Handle
 from twophase.redaction import getLogger, redact
-from twophase.sinks.kafka.handles import KIND
+from twophase.sinks.kafka.committer import FOREIGN_ID, preparedNames
 from twophase.sinks.kafka.settings import ownedIds
 
 if TYPE_CHECKING:
@@ -37,12 +36,8 @@ TIMEOUT_SECONDS = 10.0
 ``requestTimeoutSeconds`` when smaller)."""
 
 
-def handleKey(handle: Handle) -> str | None:
-    """What a logged handle names on the brokers: its transactional id."""
-    if handle.get("kind") != KIND:
-        return None
-    tid = handle.get("transactionalId")
-    return tid if isinstance(tid, str) else None
+handleKey = preparedNames
+"""What a logged handle names on the brokers, as the committer's sweep names it."""
 
 
 def inspect(committer: KafkaCommitter, sinkId: str, now: datetime) -> Inspection:
@@ -107,10 +102,7 @@ def inspect(committer: KafkaCommitter, sinkId: str, now: datetime) -> Inspection
                     detail=f"producer id {info.producer_id}, epoch {info.producer_epoch}, "
                     f"timeout {timeoutMs} ms, "
                     f"{len(info.topic_partitions)} partition(s)",
-                    foreign=None
-                    if owned.match(tid)
-                    else "its id has the sink's prefix but is not one the sink makes, so "
-                    "recovery never fences it",
+                    foreign=None if owned.match(tid) else FOREIGN_ID,
                     stalls=mine,
                 )
             )
