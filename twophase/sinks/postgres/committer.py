@@ -8,14 +8,16 @@ with a marker in one transaction (``staging``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
+import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
 from twophase.clients.postgres import DRIVER_CONNECTIONS, ConnectionTarget, driverErrors
-from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
+from twophase.protocol import Committer, Handle, Prepared, RecoveryScope, TransactionLostError
 from twophase.redaction import getLogger, redact
 from twophase.sinks.postgres.dialect import parseTableName
 from twophase.sinks.postgres.errors import PostgresSinkError, RowRejectedError
@@ -43,7 +45,7 @@ from twophase.sinks.postgres.staging import (
     markerInsert,
     moveStatement,
     pruneMarkers,
-    sweepStaged,
+    stagedTokens,
 )
 from twophase.sinks.relational.naming import TransactionName as GlobalXid
 from twophase.sinks.relational.naming import batchPrefix, sinkPrefix
@@ -58,7 +60,8 @@ class PostgresCommitter(Committer):
       transaction (``pg_xact_status``): committed (or too old to know) is a no-op, logged at
       INFO, because the coordinator only commits decided handles; rolled back raises
       ``TransactionLostError``.
-    - ``recoverAndAbort`` touches only gids with this sink's prefix, in the sink's database.
+    - ``recoverAndAbort`` (the framework's sweep over ``listPrepared``) touches only gids and
+      staging tokens with this sink's prefix, in the sink's database.
     - An unreachable server raises ``TransientCommitError`` (the coordinator retries).
     """
 
@@ -225,73 +228,102 @@ class PostgresCommitter(Committer):
         log.debug("postgres: rolled back %s", h["gid"])
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
-        """Idempotent: roll back this sink's prepared transactions that no kept handle names,
-        in the sink's database (all batches, or only ``scope.batchId``).
-
-        One query on ``pg_prepared_xacts`` when there is nothing to do. Prepared transactions
-        of this sink in another database are reported, not touched. Returns one brief handle
-        per transaction rolled back.
+        """Idempotent: the framework's sweep (``listPrepared``, ``abortPrepared``); after a
+        batch's decision (``scope.batchId``), also prune the commit markers no commit can ask
+        for any more. Returns one brief handle per transaction rolled back or token deleted.
         """
+        aborted = list(super().recoverAndAbort(scope) or ())
+        if scope.batchId is not None:
+            s = self.settings
+            what = f"recoverAndAbort of postgres sink {scope.sinkId}"
+            with self._connection(what) as conn:
+                pruned = pruneMarkers(conn, StagingNames.of(s), scope.sinkId, scope.batchId)
+            if pruned:
+                log.debug("postgres: pruned %d commit marker(s) of sink %s", pruned, scope.sinkId)
+        return aborted
+
+    def preparedNames(self, handle: Handle) -> tuple[str, ...]:
+        """What a handle names on the server: its staging token, else its gid."""
+        return preparedNames(handle)
+
+    def listPrepared(self, scope: RecoveryScope) -> list[Prepared]:
+        """Read-only: this sink's prepared transactions (``pg_prepared_xacts``, every database
+        of the server; one in another database is foreign: recovery of this sink connects only
+        to its own) and its staged tokens, all batches or only ``scope.batchId``."""
         s = self.settings
         prefix = (
             sinkPrefix(scope.sinkId)
             if scope.batchId is None
             else batchPrefix(scope.sinkId, scope.batchId)
         )
-        keep = {h.get("gid") for h in scope.keep if h.get("kind") == KIND and not isStaged(h)}
-        aborted: list[Handle] = []
-        what = f"recoverAndAbort of postgres sink {scope.sinkId}"
+        names = StagingNames.of(s)
+        what = f"listing of postgres sink {scope.sinkId}"
+        with self._connection(what) as conn:
+            rows = conn.execute(
+                "SELECT gid, prepared, database, database = current_database(), owner"
+                " FROM pg_prepared_xacts WHERE starts_with(gid, %s) ORDER BY prepared",
+                (prefix,),
+            ).fetchall()
+            staged = stagedTokens(conn, names, scope.sinkId, scope.batchId)
+        elsewhere = sorted({str(r[2]) for r in rows if not r[3]})
+        if elsewhere:
+            log.warning(
+                "postgres: sink %s has prepared transactions in other databases %s; "
+                "connect a recovery to each (twophase recover with its url) to finish them",
+                scope.sinkId,
+                elsewhere,
+            )
+        found = [
+            _listed(
+                str(gid),
+                briefHandle(str(gid), s),
+                scope.sinkId,
+                what="prepared transaction",
+                since=prepared,
+                detail=f"database {database}, owner {owner}",
+                foreign=None
+                if here
+                else f"it is prepared in database {database}, and recovery of this sink "
+                "only connects to its own; run twophase recover with a url naming "
+                f"database {database}",
+            )
+            for gid, prepared, database, here, owner in rows
+        ]
+        found.extend(
+            _listed(
+                token,
+                briefStagedHandle(token, count, s),
+                scope.sinkId,
+                what="staged rows",
+                detail=f"{count} row(s) in {names.stagingText}",
+            )
+            for token, count in staged
+        )
+        return found
+
+    def abortPrepared(self, item: Prepared) -> bool:
+        """Idempotent: ``ROLLBACK PREPARED`` a listed gid, or delete a listed token's staged
+        rows; ``False`` when it was finished meanwhile by another process."""
+        with self._connection(f"recoverAndAbort of {item.name}") as conn:
+            if isStaged(item.handle):
+                return deleteToken(conn, StagingNames.of(self.settings), item.name) > 0
+            try:
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(item.name)))
+            except pgerrors.UndefinedObject:
+                return False
+        return True
+
+    @contextmanager
+    def _connection(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection to the sink's own server; trouble reaching it is transient."""
+        s = self.settings
         with (
             driverErrors(what, s.target),
             DRIVER_CONNECTIONS.borrow(
                 s.target, s.secrets, what, socketTimeout=s.socketTimeout
             ) as conn,
         ):
-            rows = conn.execute(
-                "SELECT gid, database = current_database(), database FROM pg_prepared_xacts"
-                " WHERE starts_with(gid, %s) ORDER BY prepared",
-                (prefix,),
-            ).fetchall()
-            elsewhere = sorted({str(r[2]) for r in rows if not r[1]})
-            if elsewhere:
-                log.warning(
-                    "postgres: sink %s has prepared transactions in other databases %s; "
-                    "connect a recovery to each (twophase recover with its url) to finish them",
-                    scope.sinkId,
-                    elsewhere,
-                )
-            for gid, here, _ in rows:
-                if not here or gid in keep:
-                    continue
-                try:
-                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-                except pgerrors.UndefinedObject:
-                    continue  # finished meanwhile by someone else
-                aborted.append(briefHandle(gid, s))
-            aborted.extend(self._sweepStaged(conn, scope))
-        if aborted:
-            log.info(
-                "postgres: recoverAndAbort rolled back %d prepared or staged transaction(s) of "
-                "sink %s: %s",
-                len(aborted),
-                scope.sinkId,
-                ", ".join(str(h.get("gid") or h.get("token")) for h in aborted),
-            )
-        return aborted
-
-    def _sweepStaged(self, conn: Any, scope: RecoveryScope) -> list[Handle]:
-        """Delete this sink's staged rows that no kept handle names; after a batch's decision
-        (``scope.batchId``), prune the markers no commit can ask for any more."""
-        s = self.settings
-        names = StagingNames.of(s)
-        keep = {str(h["token"]) for h in scope.keep if h.get("kind") == KIND and isStaged(h)}
-        swept = sweepStaged(conn, names, scope.sinkId, scope.batchId, keep)
-        pruned = (
-            0 if scope.batchId is None else pruneMarkers(conn, names, scope.sinkId, scope.batchId)
-        )
-        if pruned:
-            log.debug("postgres: pruned %d commit marker(s) of sink %s", pruned, scope.sinkId)
-        return [briefStagedHandle(token, rows, s) for token, rows in swept]
+            yield conn
 
     def describe(self, handle: Handle) -> str:
         """``postgres batch N partition p attempt a: r row(s) into <table> as <gid> at <where>``."""
@@ -306,6 +338,30 @@ class PostgresCommitter(Committer):
             f"attempt {handle.get('attempt')}: {rows} into {handle.get('table')} {how} "
             f"at {where}"
         )
+
+
+def preparedNames(handle: Handle) -> tuple[str, ...]:
+    """What a logged handle names on the server: its staging token, else its gid."""
+    if handle.get("kind") != KIND:
+        return ()
+    name = handle.get("token") if isStaged(handle) else handle.get("gid")
+    return (name,) if isinstance(name, str) else ()
+
+
+def _listed(name: str, handle: Handle, sinkId: str, *, what: str, **found: Any) -> Prepared:
+    """A listed gid or token, with the batch and partition its name gives when the sink made
+    it (``madeBySink`` false for a name with the sink's prefix that it does not make)."""
+    parts = GlobalXid.parse(name)
+    ours = parts is not None and parts.sinkId == sinkId
+    return Prepared(
+        name,
+        handle,
+        what=what,
+        batchId=parts.batchId if ours and parts else None,
+        partitionId=parts.partitionId if ours and parts else None,
+        madeBySink=ours,
+        **found,
+    )
 
 
 def _tableParts(text: str, s: PostgresSettings) -> tuple[str, str]:

@@ -288,26 +288,21 @@ def _likePrefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def sweepStaged(
-    conn: psycopg.Connection[Any],
-    n: StagingNames,
-    sinkId: str,
-    batchId: int | None,
-    keep: set[str],
+def stagedTokens(
+    conn: psycopg.Connection[Any], n: StagingNames, sinkId: str, batchId: int | None
 ) -> list[tuple[str, int]]:
-    """Delete this sink's staged rows (all batches, or one) whose token ``keep`` does not
-    name; returns ``(token, rows)`` per token deleted. A missing staging table: nothing."""
+    """Read-only: this sink's staged tokens (all batches, or one) and their row counts, in
+    token order. A missing staging table: none."""
     row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (n.stagingText,)).fetchone()
     if row is None or not row[0]:
         return []
     prefix = sinkPrefix(sinkId) if batchId is None else batchPrefix(sinkId, batchId)
     rows = conn.execute(
         sql.SQL(
-            "WITH gone AS (DELETE FROM {staging} WHERE {token} LIKE %s "
-            "AND NOT ({token} = ANY(%s)) RETURNING {token}) "
-            "SELECT {token}, count(*) FROM gone GROUP BY {token} ORDER BY {token}"
+            "SELECT {token}, count(*) FROM {staging} WHERE {token} LIKE %s "
+            "GROUP BY {token} ORDER BY {token}"
         ).format(staging=n.stagingId, token=sql.Identifier(TOKEN_COLUMN)),
-        (_likePrefix(prefix), sorted(keep)),
+        (_likePrefix(prefix),),
     ).fetchall()
     return [(str(t), int(c)) for t, c in rows]
 
