@@ -9,7 +9,9 @@ recover=True)``) on an autocommit connection.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
 from typing import ClassVar
 
 import sqlalchemy as sa
@@ -18,12 +20,13 @@ from sqlalchemy.engine import Connection
 from twophase.protocol import (
     Committer,
     Handle,
+    Prepared,
     RecoveryScope,
     TransactionLostError,
     TransientCommitError,
 )
 from twophase.redaction import getLogger
-from twophase.sinks.relational.naming import batchPrefix, sinkPrefix
+from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix
 from twophase.sinks.sql.connections import (
     connection,
     engineFor,
@@ -58,7 +61,8 @@ class SqlCommitter(Committer):
     - ``commit`` of an xid that is not prepared any more reads the commit marker its
       transaction wrote: there, the commit happened before (a no-op, logged at INFO); absent,
       the transaction was rolled back: ``TransactionLostError``.
-    - ``recoverAndAbort`` rolls back only xids with this sink's prefix.
+    - ``recoverAndAbort`` (the framework's sweep over ``listPrepared``) rolls back only xids
+      with this sink's prefix.
     - An unreachable server raises ``TransientCommitError`` (the coordinator retries).
     """
 
@@ -161,34 +165,68 @@ class SqlCommitter(Committer):
         return True
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
-        """Idempotent: roll back this sink's prepared xids that no kept handle names (all
-        batches, or only ``scope.batchId``); after a batch, prune old commit markers."""
+        """Idempotent: the framework's sweep (``listPrepared``, ``abortPrepared``); after a
+        batch (``scope.batchId``), prune old commit markers."""
+        aborted = list(super().recoverAndAbort(scope) or ())
+        if scope.batchId is not None:
+            what = f"recoverAndAbort of sql sink {scope.sinkId}"
+            with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as c:
+                self._pruneMarkers(c, scope.sinkId, scope.batchId)
+        return aborted
+
+    def preparedNames(self, handle: Handle) -> tuple[str, ...]:
+        """What a handle names on the server: its xid."""
+        return preparedNames(handle)
+
+    def listPrepared(self, scope: RecoveryScope) -> list[Prepared]:
+        """Read-only: this sink's prepared xids (``XA RECOVER``, or ``pg_prepared_xacts`` of the
+        sink's database with their age), all batches or only ``scope.batchId``."""
         s = self.settings
         prefix = (
             sinkPrefix(scope.sinkId)
             if scope.batchId is None
             else batchPrefix(scope.sinkId, scope.batchId)
         )
-        keep = {h.get("xid") for h in scope.keep if h.get("kind") == KIND}
-        aborted: list[Handle] = []
-        what = f"recoverAndAbort of sql sink {scope.sinkId}"
+        since: dict[str, datetime] = {}
+        what = f"listing of sql sink {scope.sinkId}"
+        with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as conn:
+            xids = preparedXids(conn, s.family, prefix)
+            if s.family == "postgresql" and xids:
+                rows = conn.execute(
+                    sa.text("SELECT gid, prepared FROM pg_prepared_xacts WHERE gid = ANY(:g)"),
+                    {"g": xids},
+                )
+                since = {str(g): p for g, p in rows}
+        found = []
+        for xid in xids:
+            parts = TransactionName.parse(xid)
+            ours = parts is not None and parts.sinkId == scope.sinkId
+            found.append(
+                Prepared(
+                    xid,
+                    foundHandle(xid, s),
+                    batchId=parts.batchId if ours and parts else None,
+                    partitionId=parts.partitionId if ours and parts else None,
+                    since=since.get(xid),
+                    detail=f"{s.url.get_backend_name()} database {s.url.database}",
+                    madeBySink=ours,
+                )
+            )
+        return found
+
+    def abortPrepared(self, item: Prepared) -> bool:
+        """Idempotent: roll back a listed xid; ``False`` when it was finished meanwhile."""
+        what = f"recoverAndAbort of {item.name}"
+        with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as conn:
+            return self._rollback(conn, item.name)
+
+    @contextmanager
+    def _driverErrors(self, what: str) -> Iterator[None]:
+        """An unreachable server becomes ``TransientCommitError`` (the coordinator retries)."""
         try:
-            with connection(self._engine(), what, autocommit=True) as conn:
-                for xid in preparedXids(conn, s.family, prefix):
-                    if xid not in keep and self._rollback(conn, xid):
-                        aborted.append(foundHandle(xid, s))
-                if scope.batchId is not None:
-                    self._pruneMarkers(conn, scope.sinkId, scope.batchId)
+            yield
         except SqlUnavailableError as exc:
             raise TransientCommitError(str(exc)) from None
-        if aborted:
-            log.info(
-                "sql: recoverAndAbort rolled back %d prepared transaction(s) of sink %s: %s",
-                len(aborted),
-                scope.sinkId,
-                ", ".join(str(h["xid"]) for h in aborted),
-            )
-        return aborted
 
     def _pruneMarkers(self, conn: Connection, sinkId: str, batchId: int) -> None:
         """Delete this sink's markers of batches other than ``batchId`` and the one before.
@@ -220,4 +258,10 @@ class SqlCommitter(Committer):
         )
 
 
-__all__ = ["SqlCommitter"]
+def preparedNames(handle: Handle) -> tuple[str, ...]:
+    """What a logged handle names on the server: its xid."""
+    xid = handle.get("xid") if handle.get("kind") == KIND else None
+    return (xid,) if isinstance(xid, str) else ()
+
+
+__all__ = ["SqlCommitter", "preparedNames"]
