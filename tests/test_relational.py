@@ -16,10 +16,13 @@ import pytest
 from twophase.protocol import TransactionContext
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import PostgresSettings
+from twophase.sinks.postgres import rejections as pgRejections
 from twophase.sinks.postgres.dialect import gidFor
 from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix
+from twophase.sinks.relational.rejections import Rejection
 from twophase.sinks.relational.sessions import IdleSessions
 from twophase.sinks.sql import SqlSettings
+from twophase.sinks.sql import rejections as sqlRejections
 from twophase.sinks.sql.dialect import xidFor
 
 SINKS: dict[str, tuple[Callable[[dict[str, str]], Any], str]] = {
@@ -40,7 +43,7 @@ def settings(sink: str, **options: str) -> Any:
         ({}, "sink needs option dbtable (or table): the target table"),
         (
             {"dbtable": "orders", "table": "events"},
-            "options dbtable='orders' and table='events' name different tables",
+            "options dbtable='orders' and table='events' disagree; give one of them",
         ),
         ({"dbtable": "t", "mode": "merge"}, "option mode='merge' is not supported; use append or"),
         ({"dbtable": "t", "mode": "upsert"}, "option mode=upsert needs option keyColumns"),
@@ -62,6 +65,7 @@ def settings(sink: str, **options: str) -> Any:
             "connectRetrySeconds=-2.0 must be 0 or more",
         ),
         ({"dbtable": "t", "createTable": "maybe"}, "createTable"),
+        ({"dbtable": "t", "batchsize": "0"}, "option batchsize=0 must be at least 1"),
     ],
 )
 def test_both_sinks_refuse_the_same_options_with_the_same_message(
@@ -87,6 +91,16 @@ def test_both_sinks_read_the_shared_options_alike(sink: str) -> None:
     plain = settings(sink, dbtable="t")
     assert (plain.mode, plain.keyColumns, plain.createTable) == ("append", (), False)
     assert (plain.connectRetrySeconds, plain.socketTimeout, plain.badRecords) == (30, 120, None)
+
+
+def test_postgres_takes_sparks_batchsize_for_its_upsert_statements_too() -> None:
+    assert settings("postgres", dbtable="t").upsertBatchRows == 20000
+    assert settings("postgres", dbtable="t", batchsize="500").upsertBatchRows == 500
+    assert settings("postgres", dbtable="t", upsertBatchRows="500").upsertBatchRows == 500
+    both = settings("postgres", dbtable="t", batchsize="500", upsertBatchRows="500")
+    assert both.upsertBatchRows == 500
+    with pytest.raises(TwoPhaseConfigError, match="options batchsize='5' and upsertBatchRows="):
+        settings("postgres", dbtable="t", batchsize="5", upsertBatchRows="500")
 
 
 def test_each_dialect_names_a_dead_letter_table_as_its_database_does() -> None:
@@ -183,3 +197,40 @@ def test_a_forked_process_never_reuses_nor_drops_its_parents_sessions() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert pool.take("a") is parents  # the parent's pool is untouched
+
+
+# -- a refused row ------------------------------------------------------------------------------
+
+REJECTIONS = {"postgres": pgRejections, "sql": sqlRejections}
+
+
+@pytest.mark.parametrize("sink", REJECTIONS)
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("null", ["NULLs of column v upstream", "df.na.drop(subset=['v'])", "take NULL (ALTER"]),
+        ("tooLong", ["widen", "ALTER TABLE s.t", "truncate the value upstream"]),
+        ("duplicate", ["deduplicate the key upstream", "mode=upsert and keyColumns"]),
+        ("check", ["filter the rows that break constraint c upstream"]),
+        ("foreignKey", ["write the rows constraint c refers to first"]),
+        ("outOfRange", ["widen the type of v"]),
+        ("", ["fix the value upstream"]),
+    ],
+)
+def test_both_sinks_give_the_same_fix_for_each_kind_of_refused_row(
+    sink: str, kind: str, words: list[str]
+) -> None:
+    rejection = Rejection("code 1", kind, "refused", column="v", constraint="c", row=3)
+    fix = REJECTIONS[sink].fixFor(rejection, "s.t")
+    for word in words:
+        assert word in fix
+    told = REJECTIONS[sink].describe(rejection, 2)
+    assert (
+        told == "row 3 of partition 2 (counting from 0), column v: refused (code 1; constraint c)"
+    )
+
+
+def test_a_null_in_a_column_the_server_does_not_name_still_gets_the_null_fix() -> None:
+    for module in REJECTIONS.values():
+        fix = module.fixFor(Rejection("code 1", "null", "refused"), "t")
+        assert "NULLs of the column upstream" in fix and "<column>" in fix

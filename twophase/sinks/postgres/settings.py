@@ -25,6 +25,7 @@ from twophase.sinks.relational.options import (
     checkBadRecords,
     checkModeAndKeys,
     readShared,
+    sparkNamed,
 )
 
 COMMIT_MODES = ("auto", "prepared", "staged")
@@ -50,6 +51,7 @@ SAFE_OPTIONS = frozenset(
         "locktimeoutseconds",
         "sockettimeout",
         "upsertbatchrows",
+        "batchsize",
         "commitmode",
         "maxpreparedpartitions",
         "badrecords",
@@ -66,6 +68,13 @@ def publicOptionValue(key: str, value: str) -> str | None:
     if key.lower() == "url":
         return publicConninfo(value)
     return value
+
+
+def _batchsizeName(options: Mapping[str, str]) -> str:
+    """Which of ``batchsize`` (Spark's JDBC name) and ``upsertBatchRows`` to read: the one
+    given (both given must agree)."""
+    sparkNamed(options, "batchsize", "upsertBatchRows")
+    return "batchsize" if optionOf(options, "batchsize") is not None else "upsertBatchRows"
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class PostgresSettings:
       call (a statement, a chunk of COPY) before dropping the connection and failing,
       retryably (default 120, above ``lockTimeoutSeconds``; 0: no limit). Bounds a frozen or
       partitioned server, which libpq alone waits for forever (``clients.postgres.AnswerWatch``).
-    - ``upsertBatchRows``: rows per ``INSERT ... ON CONFLICT`` statement (default 20000).
+    - ``batchsize`` (Spark's JDBC name) or ``upsertBatchRows``: rows per ``INSERT ... ON
+      CONFLICT`` statement (default 20000; ``COPY`` in append mode sends a record batch whole).
     - ``commitMode``: ``auto`` (default), ``prepared`` or ``staged``. ``prepared``: every task
       holds one prepared transaction until the driver commits, so a batch needs one slot of
       the server's ``max_prepared_transactions`` per partition. ``staged``: every task commits
@@ -191,7 +201,7 @@ class PostgresSettings:
             connectRetrySeconds=shared.connectRetrySeconds,
             lockTimeoutSeconds=floatOption(options, "lockTimeoutSeconds", 60.0, zero=True),
             socketTimeout=shared.socketTimeout,
-            upsertBatchRows=intOption(options, "upsertBatchRows", 20000, minimum=1),
+            upsertBatchRows=intOption(options, _batchsizeName(options), 20000, minimum=1),
             commitMode=(optionOf(options, "commitMode") or "auto").strip().lower(),
             maxPreparedPartitions=(
                 intOption(options, "maxPreparedPartitions", 0, minimum=0)

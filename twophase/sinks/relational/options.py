@@ -72,19 +72,26 @@ def readShared(
 def tableOption(options: Mapping[str, str], sink: str) -> str:
     """The target table's text: option ``dbtable`` (Spark's JDBC name) or ``table``; both
     given must name the same table."""
-    dbtable = (optionOf(options, "dbtable") or "").strip()
-    table = (optionOf(options, "table") or "").strip()
-    if dbtable and table and dbtable != table:
-        raise TwoPhaseConfigError(
-            f"options dbtable={dbtable!r} and table={table!r} name different tables; give one "
-            "of them (dbtable, as Spark's JDBC writer names it, or table)"
-        )
-    if not (dbtable or table):
+    text = sparkNamed(options, "dbtable", "table")
+    if not text:
         raise TwoPhaseConfigError(
             f"the {sink} sink needs option dbtable (or table): the target table, e.g. "
             '.option("dbtable", "<schema>.<table>")'
         )
-    return dbtable or table
+    return text
+
+
+def sparkNamed(options: Mapping[str, str], spark: str, ours: str) -> str | None:
+    """An option that has Spark's JDBC name ``spark`` and the name ``ours``: its value under
+    either (stripped); both given must say the same."""
+    first = (optionOf(options, spark) or "").strip()
+    second = (optionOf(options, ours) or "").strip()
+    if first and second and first != second:
+        raise TwoPhaseConfigError(
+            f"options {spark}={first!r} and {ours}={second!r} disagree; give one of them "
+            f"({spark}, as Spark's JDBC writer names it, or {ours})"
+        )
+    return first or second or None
 
 
 def checkModeAndKeys(mode: str, keys: tuple[str, ...]) -> None:
@@ -157,6 +164,7 @@ __all__ = [
     "checkBadRecords",
     "checkModeAndKeys",
     "readShared",
+    "sparkNamed",
     "splitColumns",
     "tableOption",
 ]
