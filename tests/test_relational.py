@@ -18,7 +18,7 @@ from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import PostgresSettings
 from twophase.sinks.postgres import rejections as pgRejections
 from twophase.sinks.postgres.dialect import gidFor
-from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix
+from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix, taskOf
 from twophase.sinks.relational.rejections import Rejection
 from twophase.sinks.relational.sessions import IdleSessions
 from twophase.sinks.sql import SqlSettings
@@ -139,6 +139,7 @@ def test_names_in_existing_logs_and_servers_still_parse_and_print_the_same(
     assert name is not None and str(name) == written
     assert (name.sinkId, name.batchId, name.partitionId, name.attempt) == (CONTEXT.sinkId, 7, 3, 1)
     assert (name.run, name.nonce) == (run, nonce)
+    assert taskOf(written) == {"batchId": 7, "partitionId": 3, "attempt": 1}  # found handles
 
 
 @pytest.mark.parametrize("sink", NEW_NAME)
@@ -168,7 +169,7 @@ def test_a_new_name_parses_back_and_its_prefixes_select_one_sink_and_one_batch(s
     ],
 )
 def test_names_of_others_do_not_parse(text: str) -> None:
-    assert TransactionName.parse(text) is None
+    assert TransactionName.parse(text) is None and taskOf(text) == {}
 
 
 # -- idle sessions ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import psycopg
 from twophase.clients.postgres import ConnectionTarget, Secrets
 from twophase.protocol import Handle, TransactionContext
 from twophase.sinks.postgres.settings import PostgresSettings
-from twophase.sinks.relational.naming import TransactionName
+from twophase.sinks.relational.naming import TransactionName, taskOf
 
 KIND = "postgres"
 """The ``kind`` of every handle of the postgres sink."""
@@ -96,10 +96,7 @@ def briefHandle(gid: str, s: PostgresSettings) -> Handle:
 
 def _found(handle: Handle, gid: str, s: PostgresSettings) -> Handle:
     """``handle`` with the target, and the batch, partition and attempt its gid names."""
-    handle.update(table=s.qualifiedName, connection=s.target.toJson())
-    parts = TransactionName.parse(gid)
-    if parts is not None:
-        handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
+    handle.update(table=s.qualifiedName, connection=s.target.toJson(), **taskOf(gid))
     return handle
 
 

@@ -95,6 +95,15 @@ class TransactionName:
         )
 
 
+def taskOf(text: str) -> dict[str, int]:
+    """The batch, partition and attempt a name gives, as a handle's fields (``batchId``,
+    ``partitionId``, ``attempt``); none for a name no relational sink wrote."""
+    name = TransactionName.parse(text)
+    if name is None:
+        return {}
+    return {"batchId": name.batchId, "partitionId": name.partitionId, "attempt": name.attempt}
+
+
 def runTag(runId: str) -> str:
     """``runId`` as it appears in a name: kept when short and alphanumeric, else a hash."""
     if not runId:
@@ -121,4 +130,5 @@ __all__ = [
     "batchPrefix",
     "runTag",
     "sinkPrefix",
+    "taskOf",
 ]

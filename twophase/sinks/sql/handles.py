@@ -15,7 +15,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, make_url
 
 from twophase.protocol import Handle, TransactionContext
-from twophase.sinks.relational.naming import TransactionName
+from twophase.sinks.relational.naming import TransactionName, taskOf
 from twophase.sinks.sql.settings import SqlSettings
 
 KIND = "sql"
@@ -37,11 +37,13 @@ def taskHandle(ctx: TransactionContext, s: SqlSettings, xid: str | None, rows: i
 
 def foundHandle(xid: str, s: SqlSettings) -> Handle:
     """A handle for a prepared transaction found by recovery (no row count)."""
-    handle: Handle = {"kind": KIND, "xid": xid, "table": s.qualifiedName, "url": s.publicUrl}
-    parts = TransactionName.parse(xid)
-    if parts is not None:
-        handle.update(batchId=parts.batchId, partitionId=parts.partitionId, attempt=parts.attempt)
-    return handle
+    return {
+        "kind": KIND,
+        "xid": xid,
+        "table": s.qualifiedName,
+        "url": s.publicUrl,
+        **taskOf(xid),
+    }
 
 
 def checkHandle(handle: Handle) -> Handle:
