@@ -12,11 +12,9 @@ from __future__ import annotations
 import errno
 from collections.abc import Mapping
 
-from twophase.protocol import Committer, Handle, RecoveryScope, TransactionLostError
+from twophase.protocol import Committer, Handle, Prepared, RecoveryScope, TransactionLostError
 from twophase.redaction import getLogger
 from twophase.sinks.files.handles import (
-    KIND,
-    abortedHandle,
     checkHandle,
     describeHandle,
     isMultipartHandle,
@@ -25,12 +23,17 @@ from twophase.sinks.files.handles import (
 from twophase.sinks.files.layout import (
     LEGACY_ROOT,
     LEGACY_STAGING_ROOT,
-    AttemptName,
-    attemptOfStagedFile,
     legacySinkStagingDir,
     sinkStagingDir,
 )
-from twophase.sinks.files.multipart import Multipart, uploadIds
+from twophase.sinks.files.leftovers import (
+    abortLeftover,
+    legacyAttempts,
+    pendingUploads,
+    preparedNames,
+    stagedAttempts,
+)
+from twophase.sinks.files.multipart import Multipart
 from twophase.sinks.files.s3 import isS3
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import (
@@ -170,42 +173,55 @@ class FilesCommitter(Committer):
         log.debug("files: aborted %s (%s)", self.describe(h), "deleted" if removed else "gone")
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
-        """Idempotent: delete this sink's staging attempts that no kept handle names.
+        """Idempotent: the framework's sweep of this sink's staging attempts and uploads that
+        no kept handle names (``listPrepared``, ``abortPrepared``).
 
-        Lists ``<stagingPath>/<sinkTag>/`` once (attempts of batch ``scope.batchId`` only, when
-        set), so it is cheap when there is nothing to do. A full sweep (``batchId`` unset)
-        also sweeps the earlier layout's ``<path>/_twophase/staging/<sinkTag>/`` and removes
-        ``<path>/_twophase`` once empty, so nothing an earlier release staged stays visible,
-        and first checks that the staging path can be used (``ValueError`` otherwise). Kept
-        handles are matched by their ``staging`` key. Returns one brief handle per deleted
-        attempt (same shape as a prepared handle, with ``files`` empty).
+        A full sweep (``batchId`` unset) first checks that the staging path can be used
+        (``ValueError`` otherwise), and after it removes the earlier layout's emptied
+        directories, ``<path>/_twophase`` included, so nothing an earlier release staged stays
+        visible. Returns one brief handle per deleted attempt or aborted upload (same shape as
+        a prepared handle, with ``files`` empty).
         """
-        keep = {h.get("staging") for h in scope.keep if h.get("kind") == KIND}
-        aborted: list[Handle] = []
-        storage, stagingStore = self.storage, self.stagingStorage
+        storage = self.storage
         with transientErrors(f"recoverAndAbort of files sink {scope.sinkId} at {storage.url()}"):
             if scope.batchId is None:
                 self.checkStagingArea()
-            stagingStore.invalidateCache()
-            aborted += _sweep(
-                stagingStore, sinkStagingDir(scope.sinkId), scope, keep, storage.url()
-            )
-            if isS3(storage.fs):
-                aborted += Multipart(storage).sweep(scope, uploadIds(scope.keep))
+            aborted = list(super().recoverAndAbort(scope) or ())
             if scope.batchId is None:
-                storage.invalidateCache()
                 legacy = legacySinkStagingDir(scope.sinkId)
-                aborted += _sweepLegacy(storage, legacy, keep)
+                for batch in [n for n in storage.listDirNames(legacy) if n.isdigit()]:
+                    storage.removeEmptyDir(f"{legacy}/{batch}")
                 for directory in (legacy, LEGACY_STAGING_ROOT, LEGACY_ROOT):
                     storage.removeEmptyDir(directory)
-        if aborted:
-            log.info(
-                "files: recoverAndAbort removed %d leftover attempt(s) or upload(s) of sink %s: %s",
-                len(aborted),
-                scope.sinkId,
-                ", ".join(str(h["staging"]) for h in aborted),
-            )
         return aborted
+
+    def preparedNames(self, handle: Handle) -> tuple[str, ...]:
+        """What a handle names: its attempt (``staging``), or on S3 its upload ids."""
+        return preparedNames(handle)
+
+    def listPrepared(self, scope: RecoveryScope) -> list[Prepared]:
+        """Read-only: the sink's staged attempts in ``<stagingPath>/<sinkTag>/`` (of
+        ``scope.batchId`` only, when set: one listing, cheap when there is nothing), and for
+        a full listing the earlier layout's ``<path>/_twophase/staging/<sinkTag>/``; on S3 also
+        the sink's incomplete multipart uploads below the output path."""
+        storage, stagingStore = self.storage, self.stagingStorage
+        with transientErrors(f"listing of files sink {scope.sinkId} at {storage.url()}"):
+            stagingStore.invalidateCache()
+            found = stagedAttempts(
+                stagingStore, sinkStagingDir(scope.sinkId), scope.batchId, storage.url()
+            )
+            if scope.batchId is None:
+                storage.invalidateCache()
+                found += legacyAttempts(storage, legacySinkStagingDir(scope.sinkId))
+            if isS3(storage.fs):
+                found += pendingUploads(storage, scope.sinkId, scope.batchId)
+        return found
+
+    def abortPrepared(self, item: Prepared) -> None:
+        """Idempotent: delete a listed attempt's staged files (or its directory, of the earlier
+        layout), or abort a listed upload; never a final file."""
+        with transientErrors(f"recoverAndAbort of {item.name}"):
+            abortLeftover(item, self.stagingStorage, self.storage)
 
     def fingerprint(self, handle: Handle) -> str | None:
         """The records' fingerprint of a multipart handle: an upload a bucket lifecycle rule
@@ -226,46 +242,6 @@ class FilesCommitter(Committer):
     def describe(self, handle: Handle) -> str:
         """``files batch N partition p attempt a: k file(s), r row(s) at <path>``."""
         return describeHandle(handle)
-
-
-def _sweep(
-    storage: Storage, root: str, scope: RecoveryScope, keep: set[object], path: str
-) -> list[Handle]:
-    """Delete the staged files in ``root`` of attempts (of ``scope.batchId``, if set) not kept."""
-    byAttempt: dict[str, list[str]] = {}
-    for name in storage.listFileNames(root):
-        attempt = attemptOfStagedFile(name)
-        if attempt is not None:
-            byAttempt.setdefault(attempt, []).append(name)
-    aborted: list[Handle] = []
-    for name, files in sorted(byAttempt.items()):
-        parsed = AttemptName.parse(name)
-        if parsed is None or parsed.batchId is None:
-            continue
-        if scope.batchId is not None and parsed.batchId != scope.batchId:
-            continue
-        staging = f"{root}/{name}"
-        if staging in keep:
-            continue
-        for file in files:
-            storage.removeFile(f"{root}/{file}")
-        aborted.append(abortedHandle(path, storage.url(), parsed.batchId, staging, name))
-    return aborted
-
-
-def _sweepLegacy(storage: Storage, root: str, keep: set[object]) -> list[Handle]:
-    """The earlier layout inside the output path: ``root/<batch>/<attempt>``, not kept."""
-    aborted: list[Handle] = []
-    for batch in [n for n in storage.listDirNames(root) if n.isdigit()]:
-        batchDir = f"{root}/{batch}"
-        for name in storage.listDirNames(batchDir):
-            staging = f"{batchDir}/{name}"
-            if staging in keep:
-                continue
-            storage.removeTree(staging)
-            aborted.append(abortedHandle(storage.url(), None, int(batch), staging, name))
-        storage.removeEmptyDir(batchDir)
-    return aborted
 
 
 def _rename(source: Storage, src: str, target: Storage, dst: str, what: str) -> None:

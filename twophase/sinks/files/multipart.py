@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from twophase.protocol import Handle, RecoveryScope, TransactionLostError
+from twophase.protocol import Handle, TransactionLostError
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import EXTENSIONS
-from twophase.sinks.files.handles import COMMIT, isMultipartHandle
+from twophase.sinks.files.handles import COMMIT, KIND
 from twophase.sinks.files.jsonlines import encodeBatch
 from twophase.sinks.files.layout import sinkTag
 from twophase.sinks.files.s3 import MAX_PARTS, S3Calls, multipartEtag, splitKey
@@ -110,17 +109,6 @@ def recordFingerprint(fingerprint: Fingerprint, batch: pa.RecordBatch) -> None:
     """Fold a batch's rows into ``fingerprint``: each row as its JSON line (order-free)."""
     lines = bytes(encodeBatch(batch)).split(b"\n")
     fingerprint.add(lines[:-1] if lines and not lines[-1] else lines)
-
-
-def uploadIds(handles: Iterable[Handle]) -> set[str]:
-    """Every upload id the multipart handles among ``handles`` name."""
-    return {
-        str(f.get("uploadId"))
-        for h in handles
-        if isMultipartHandle(h)
-        for f in h.get("files") or []
-        if isinstance(f, dict)
-    }
 
 
 @dataclass(frozen=True)
@@ -221,28 +209,23 @@ class Multipart:
             if self.isComplete(entry):
                 self.calls.delete(bucket, key)
 
-    def sweep(self, scope: RecoveryScope, keep: set[str]) -> list[Handle]:
-        """Abort this sink's incomplete uploads (of ``scope.batchId``, if set) not kept."""
-        aborted: list[Handle] = []
-        for upload in sinkUploads(self.storage, scope.sinkId):
-            if scope.batchId is not None and upload.batchId != scope.batchId:
-                continue
-            if upload.uploadId in keep:
-                continue
-            bucket, key = self._where(upload.rel)
-            self.calls.abort(bucket, key, upload.uploadId)
-            aborted.append(
-                {
-                    "kind": "files",
-                    "commit": COMMIT,
-                    "path": self.storage.url(),
-                    "batchId": upload.batchId,
-                    "partitionId": upload.partitionId,
-                    "staging": upload.uploadId,
-                    "files": [],
-                }
-            )
-        return aborted
+    def abortUpload(self, rel: str, uploadId: str) -> None:
+        """Abort one listed upload of the sink (gone already is fine)."""
+        bucket, key = self._where(rel)
+        self.calls.abort(bucket, key, uploadId)
+
+
+def sweptHandle(storage: Storage, upload: SinkUpload) -> Handle:
+    """A brief handle for an upload the sweep aborted (``staging`` is its upload id)."""
+    return {
+        "kind": KIND,
+        "commit": COMMIT,
+        "path": storage.url(),
+        "batchId": upload.batchId,
+        "partitionId": upload.partitionId,
+        "staging": upload.uploadId,
+        "files": [],
+    }
 
 
 __all__ = [
@@ -251,5 +234,5 @@ __all__ = [
     "SinkUpload",
     "recordFingerprint",
     "sinkUploads",
-    "uploadIds",
+    "sweptHandle",
 ]
