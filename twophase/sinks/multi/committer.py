@@ -67,6 +67,9 @@ class MultiCommitter(Committer):
             committer.completeBatch(target.sinkId, batchId, parts)
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
+        """Every target's own sweep under its own sink id, keeping the parts of the kept
+        handles: the framework's sweep for the built-in sinks, with each one's concurrency and
+        housekeeping (Kafka's parallel fencing, the postgres and sql commit markers)."""
         aborted: list[Handle] = []
         for target, committer in self.parts:
             keep = tuple(
@@ -80,6 +83,19 @@ class MultiCommitter(Committer):
             for handle in committer.recoverAndAbort(sub) or ():
                 aborted.append({"kind": KIND, "parts": {target.name: handle}})
         return aborted
+
+    def preparedNames(self, handle: Handle) -> tuple[str, ...]:
+        """What a multi handle names in its targets' systems: each part's names, as that
+        target's committer gives them."""
+        if handle.get("kind") != KIND:
+            return ()
+        return tuple(
+            name
+            for target, committer in self.parts
+            for part in (partOf(handle, target.name),)
+            if part is not None
+            for name in committer.preparedNames(part)
+        )
 
     def fingerprint(self, handle: Handle) -> str | None:
         """The fingerprints of the parts that have one (``name=fp;...``), or ``None``."""

@@ -28,20 +28,20 @@ def _inspector(package: str) -> ModuleType:
     return importlib.import_module(f"twophase.sinks.{package}.inspect")
 
 
-def handleKey(handle: Handle) -> tuple[str, ...] | None:
-    """The keys of a multi handle's parts, as each built-in target's inspect names them."""
+def handleKey(handle: Handle) -> tuple[str, ...]:
+    """The names of a multi handle's parts, as each built-in target's committer names them."""
     if handle.get("kind") != KIND or not isinstance(handle.get("parts"), dict):
-        return None
+        return ()
     keys: list[str] = []
     for part in handle["parts"].values():
         if not isinstance(part, dict):
             continue
         for package in BUILT_IN:
-            key = _inspector(package).handleKey(part)
-            if key is not None:
-                keys.append(key)
+            names = tuple(_inspector(package).handleKey(part))
+            if names:
+                keys.extend(names)
                 break
-    return tuple(keys) or None
+    return tuple(keys)
 
 
 def inspect(committer: MultiCommitter, sinkId: str, now: datetime) -> Inspection:
