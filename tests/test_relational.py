@@ -11,18 +11,21 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from twophase.protocol import TransactionContext
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import PostgresSettings
 from twophase.sinks.postgres import rejections as pgRejections
+from twophase.sinks.postgres import validateTarget as pgValidate
 from twophase.sinks.postgres.dialect import gidFor
 from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix, taskOf
 from twophase.sinks.relational.rejections import Rejection
 from twophase.sinks.relational.sessions import IdleSessions
 from twophase.sinks.sql import SqlSettings
 from twophase.sinks.sql import rejections as sqlRejections
+from twophase.sinks.sql import validateTarget as sqlValidate
 from twophase.sinks.sql.dialect import xidFor
 
 SINKS: dict[str, tuple[Callable[[dict[str, str]], Any], str]] = {
@@ -91,6 +94,16 @@ def test_both_sinks_read_the_shared_options_alike(sink: str) -> None:
     plain = settings(sink, dbtable="t")
     assert (plain.mode, plain.keyColumns, plain.createTable) == ("append", (), False)
     assert (plain.connectRetrySeconds, plain.socketTimeout, plain.badRecords) == (30, 120, None)
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_both_sinks_refuse_key_columns_the_stream_does_not_have_before_connecting(
+    sink: str,
+) -> None:
+    s = settings(sink, dbtable="t", mode="upsert", keyColumns="id,day")
+    validate = pgValidate if sink == "postgres" else lambda s, schema: sqlValidate(s, schema, "s")
+    with pytest.raises(TwoPhaseConfigError, match=re.escape("keyColumns names ['day'], which")):
+        validate(s, pa.schema([("id", pa.int64()), ("v", pa.string())]))
 
 
 def test_postgres_takes_sparks_batchsize_for_its_upsert_statements_too() -> None:

@@ -29,6 +29,7 @@ from twophase.sinks.postgres.types import (
     sqlalchemyType,
     unsupportedProblem,
 )
+from twophase.sinks.relational.options import checkKeysInStream
 
 log = getLogger(__name__)
 
@@ -49,12 +50,7 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema) -> None:
         problem = unsupportedProblem(f.name, f.type)
         if problem:
             raise TwoPhaseConfigError(f"postgres sink, table {s.qualifiedName}: {problem}")
-    missingKeys = [k for k in s.keyColumns if k not in schema.names]
-    if missingKeys:
-        raise TwoPhaseConfigError(
-            f"option keyColumns names {missingKeys}, which the stream does not have (its "
-            f"columns: {schema.names}); fix keyColumns or add the columns"
-        )
+    checkKeysInStream(s.keyColumns, schema.names)
     what = f"checking table {s.qualifiedName}"
     deadline = time.monotonic() + s.connectRetrySeconds
     while True:

@@ -110,6 +110,16 @@ def checkModeAndKeys(mode: str, keys: tuple[str, ...]) -> None:
         )
 
 
+def checkKeysInStream(keys: tuple[str, ...], columns: list[str]) -> None:
+    """Driver, before a batch: every ``keyColumns`` name is a column of the stream."""
+    missing = [k for k in keys if k not in columns]
+    if missing:
+        raise TwoPhaseConfigError(
+            f"option keyColumns names {missing}, which the stream does not have (its columns: "
+            f"{columns}); fix keyColumns or add the columns"
+        )
+
+
 def splitColumns(text: str) -> tuple[str, ...]:
     """Option ``keyColumns``: names separated by commas, each as written (a name may be
     quoted with ``"`` or backticks, which are dropped)."""
@@ -162,6 +172,7 @@ __all__ = [
     "SharedOptions",
     "badRecordsOption",
     "checkBadRecords",
+    "checkKeysInStream",
     "checkModeAndKeys",
     "readShared",
     "sparkNamed",

@@ -16,6 +16,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from twophase.sinks.relational.options import checkKeysInStream
 from twophase.sinks.sql.connections import connection, engineFor, isAccessDenied
 from twophase.sinks.sql.dialect import (
     MAX_XID_BYTES,
@@ -32,7 +33,7 @@ from twophase.sinks.sql.settings import SqlSettings
 def validateTarget(s: SqlSettings, schema: pa.Schema, sinkId: str) -> None:
     """Driver: raise ``SqlSinkError`` naming the fix, or ``SqlUnavailableError`` (retryable)."""
     checkXidRoom(sinkId, MAX_XID_BYTES[s.family])
-    _checkColumnsOfOptions(s, schema)
+    checkKeysInStream(s.keyColumns, schema.names)
     engine = engineFor(
         s.url, pooled=True, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
     )
@@ -79,14 +80,6 @@ def _checkBadRecordsTable(s: SqlSettings, conn: Connection, name: str) -> None:
             f"sql sink: the badRecords table {qualified} has no column(s) {missing}; it holds "
             f"rows the database rejected ({', '.join(c.name for c in table.columns)}): name "
             "another table in option badRecords and the sink creates it, or drop this one"
-        )
-
-
-def _checkColumnsOfOptions(s: SqlSettings, schema: pa.Schema) -> None:
-    absent = [k for k in s.keyColumns if k not in schema.names]
-    if absent:
-        raise SqlSinkError(
-            f"sql sink: keyColumns {absent} are not columns of the stream {schema.names}"
         )
 
 
