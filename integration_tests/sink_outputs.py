@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 from twophase.sinks.files import defaultStagingPath
 from twophase.sinks.files.layout import AttemptName, attemptOfStagedFile
 
-FILES_SINK = "twophase.spark.files:FilesSink"
+FILES_SINK = "twophase.spark.declared:FilesSink"
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def delta(tmp_path: Path) -> Target:
     table = tmp_path / "delta"
     options = {"path": str(table)}
     return Target(
-        "twophase.spark.delta:DeltaSink",
+        "twophase.spark.declared:DeltaSink",
         held("delta", options),
         lambda _: FILES.prepared(table, None),  # staged beside the table, as the files sink
         options,

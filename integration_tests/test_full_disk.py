@@ -45,8 +45,8 @@ from twophase.coordinator.storage import TMP_PREFIX, LogStorage
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.settings import SinkSettings
 from twophase.sinks.files import FilesCommitter, FilesNotWritableError
+from twophase.spark.declared import FilesSink
 from twophase.spark.driver import BatchPlan, abortFailedBatch, beforeBatch, openCoordinator
-from twophase.spark.files import FilesSink
 from twophase.spark.task import runTask
 
 SINK = "full-disk"

@@ -130,7 +130,8 @@ assert twophase.__version__ == sys.argv[1], twophase.__version__
 assert twophase.__file__.startswith(sys.prefix), twophase.__file__
 present = [m for m in sys.argv[2:] if importlib.util.find_spec(m) is not None]
 assert not present, f"dev dependencies importable: {present}"
-import twophase.spark.files, twophase.spark.connect, twophase.sinks.postgres, twophase.sinks.kafka
+import twophase.spark.declared, twophase.spark.connect
+import twophase.sinks.postgres, twophase.sinks.kafka
 print(twophase.__file__)
 """
 

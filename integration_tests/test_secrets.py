@@ -227,7 +227,7 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
         tmp_path / "query",
         "local",
         sink={
-            "delta": "twophase.spark.delta:DeltaSink",
+            "delta": "twophase.spark.declared:DeltaSink",
             "iceberg": "twophase.spark.iceberg:IcebergSink",
         }.get(sink, FILES_SINK),
         rows=ROWS,

@@ -31,7 +31,7 @@ from integration_tests.spark_harness import FOREACH_BATCH, Harness, assertExactl
 from twophase.protocol import TransactionContext
 from twophase.settings import optionOf
 from twophase.sinks.files import FilesTransaction, FilesWriter
-from twophase.spark.files import FilesSink
+from twophase.spark.declared import FilesSink
 
 ATTEMPTS_DIR = "it.attemptsDir"
 """Sink option: where each attempt records what it did (one JSON file per event)."""

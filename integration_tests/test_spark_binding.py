@@ -32,7 +32,7 @@ from integration_tests.test_multi import SINK_SPEC, kafkaIds, multiOptions, pgId
 from twophase.coordinator import DecisionLog
 from twophase.settings import SinkSettings, TwoPhaseConfigError
 from twophase.spark import task_advice
-from twophase.spark.files import FilesSink
+from twophase.spark.declared import FilesSink
 from twophase.spark.stream_writer import TwoPhaseStreamWriter
 
 PARTITIONS = 24

@@ -21,8 +21,8 @@ from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.settings import SinkSettings
+from twophase.spark.declared import FilesSink
 from twophase.spark.driver import describeSink, openCoordinator
-from twophase.spark.files import FilesSink
 from twophase.spark.task import runTask
 
 
@@ -169,7 +169,7 @@ def test_sink_description_keeps_only_allowed_options(tmp_path: Path) -> None:
     describeSink(sink, settings)
     description = readSinkDescription(settings.logLocation)
     assert description is not None
-    assert description.className == "twophase.spark.files:FilesSink"
+    assert description.className == "twophase.spark.declared:FilesSink"
     assert set(description.options) == {"checkpointLocation", "commitRetries", "path"}
     text = (Path(settings.logLocation) / "sink.json").read_text()
     assert "s3cret" not in text and "opaque-user-value" not in text

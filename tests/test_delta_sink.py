@@ -272,7 +272,7 @@ def test_options_and_what_the_checkpoint_keeps(tmp_path: Path) -> None:
     }
     settings = DeltaSettings.fromOptions(options)
     assert settings.files.format == "parquet" and settings.files.compression == "zstd"
-    from twophase.spark.delta import DeltaSink
+    from twophase.spark.declared import DeltaSink
 
     kept = publicOptions(options, DeltaSink.safeOptions)
     assert json.loads(json.dumps(kept)) == {k: v for k, v in options.items()}
@@ -285,7 +285,7 @@ def test_doctor_finds_a_decided_batch_and_recover_commits_it_to_the_table(
     unfinished batch, ``twophase recover`` moves its files and makes its Delta commit."""
     from twophase import cli
     from twophase.settings import SinkSettings
-    from twophase.spark.delta import DeltaSink
+    from twophase.spark.declared import DeltaSink
     from twophase.spark.driver import describeSink
 
     table = str(tmp_path / "table")

@@ -24,8 +24,8 @@ from twophase.doctor.classify import Commands, classify
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.settings import SinkSettings
 from twophase.sinks.files.layout import legacySinkStagingDir, sinkStagingDir
+from twophase.spark.declared import FilesSink
 from twophase.spark.driver import describeSink
-from twophase.spark.files import FilesSink
 
 
 class Query:

@@ -49,7 +49,7 @@ from twophase.sinks.files import (
 )
 from twophase.sinks.files.partitioning import escapePathName, partitionValueText
 from twophase.sinks.files.storage import Storage
-from twophase.spark.files import FilesSink
+from twophase.spark.declared import FilesSink
 
 SINK = "sink-1"
 _POOLS: list[pa.MemoryPool] = []
@@ -1056,11 +1056,12 @@ def test_the_driver_refuses_a_schema_the_options_cannot_write_before_tasks_run()
     schema = StructType(
         [StructField("id", LongType()), StructField("tags", ArrayType(StringType()))]
     )
-    FilesSink({"path": "/tmp/out"}).validate(schema)
+    base = {"path": "/tmp/out", "checkpointLocation": "/tmp/checkpoint"}
+    FilesSink(base).validate(schema)
     with pytest.raises(ValueError, match="option partitionBy: column 'missing' is missing"):
-        FilesSink({"path": "/tmp/out", "partitionBy": "missing"}).validate(schema)
+        FilesSink({**base, "partitionBy": "missing"}).validate(schema)
     with pytest.raises(ValueError, match="option format=csv cannot write column 'tags'"):
-        FilesSink({"path": "/tmp/out", "format": "csv"}).validate(schema)
+        FilesSink({**base, "format": "csv"}).validate(schema)
     with pytest.raises(ValueError, match="option format='avro' is not supported"):
         FilesSink({"path": "/tmp/out", "format": "avro"}).validate(schema)
 

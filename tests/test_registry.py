@@ -130,3 +130,43 @@ def test_an_error_is_mapped_to_its_system_by_type_and_origin_not_text() -> None:
     assert errors._fixFor(OSError("postgres"), "connection refused") == GENERIC_FIX
     assert errors._fixFor(kafka, "connection refused") == specOf("kafka").unreachableFix
     assert errors._fixFor(kafka, "SASL authentication failed") == specOf("kafka").authFix
+
+
+def test_a_sink_declared_by_its_parts_is_bound_once_and_pickles_by_reference() -> None:
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from twophase.spark.declared import DeclaredSink, FilesSink
+
+    assert issubclass(FilesSink, DeclaredSink) and FilesSink.__module__ == "twophase.spark.declared"
+    assert FilesSink is specOf("files").bindingClass()
+    assert FilesSink.safeOptions == FilesSettingsSafe()
+    assert pickle.loads(pickle.dumps(FilesSink)) is FilesSink
+    assert len(cloudpickle.dumps(FilesSink)) < 200, "by reference, not by value"
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchSink'"):
+        from twophase.spark import declared
+
+        declared.NoSuchSink  # noqa: B018
+
+
+def FilesSettingsSafe() -> frozenset[str]:
+    from twophase.sinks.files import SAFE_OPTIONS
+
+    return SAFE_OPTIONS
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "twophase.sinks.files:FilesSink",  # before the Spark binding had a package of its own
+        "twophase.spark.files:FilesSink",  # before the binding came from the registry
+        "twophase.spark.declared:FilesSink",
+    ],
+)
+def test_a_sink_json_of_an_earlier_version_names_the_binding_of_today(named: str) -> None:
+    from twophase.sinks.registry import bindingNamed
+
+    assert bindingNamed(named) == "twophase.spark.declared:FilesSink"
+    assert bindingNamed("twophase.spark.kafka:KafkaSink") == "twophase.spark.kafka:KafkaSink"
+    assert bindingNamed("my.module:FilesSink") == "my.module:FilesSink"

@@ -19,8 +19,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from twophase.sinks.files import FilesSettings
-from twophase.spark.delta import DeltaSink
-from twophase.spark.files import FilesSink
+from twophase.spark.declared import DeltaSink, FilesSink
 from twophase.spark.iceberg import IcebergSink
 from twophase.testing import SinkContract
 

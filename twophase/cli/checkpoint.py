@@ -19,13 +19,7 @@ from twophase.coordinator.paths import LOG_DIRECTORY, sinkLogLocations
 from twophase.loading import importQualified
 from twophase.protocol import Committer
 from twophase.redaction import rememberSecrets
-
-MOVED_CLASSES = {
-    "twophase.sinks.files:FilesSink": "twophase.spark.files:FilesSink",
-    "twophase.sinks.postgres:PostgresSink": "twophase.spark.postgres:PostgresSink",
-    "twophase.sinks.kafka:KafkaSink": "twophase.spark.kafka:KafkaSink",
-}
-"""Built-in sink classes named in ``sink.json`` by earlier versions, and where they live now."""
+from twophase.sinks.registry import bindingNamed
 
 
 def addCheckpointArguments(cmd: Any) -> None:
@@ -81,7 +75,7 @@ def loadSink(url: str, extraOptions: Mapping[str, str]) -> tuple[Committer, dict
             "version of twophase, so recover cannot know which sink finishes its transactions. "
             "Fix: restart the query (its start finishes what the log decided)"
         )
-    className = MOVED_CLASSES.get(description.className, description.className)
+    className = bindingNamed(description.className)
     try:
         target: Any = importQualified(className)
     except (ImportError, AttributeError) as exc:

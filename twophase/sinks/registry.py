@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from twophase.loading import importQualified
-from twophase.settings import TwoPhaseConfigError
 from twophase.options import SinkOption
+from twophase.settings import TwoPhaseConfigError
 
 
 class SinkReader(Protocol):
@@ -37,6 +37,43 @@ class SinkReader(Protocol):
 
 
 @dataclass(frozen=True)
+class SinkParts:
+    """Where a sink's Spark-free parts live, as ``module:name``: all the generic binding
+    (``twophase.spark.declared``) needs to make the sink a PySpark data source.
+
+    ``settings`` parses the options (``FilesSettings.fromOptions``: a ``TwoPhaseConfigError``
+    or ``ValueError`` names a bad one); ``writer`` and ``committer`` are built from the parsed
+    settings; ``validate(settings, schema, sinkId)`` checks, on the driver before each batch,
+    that the target can take the stream's Arrow schema; ``publicValue(key, value)``, when
+    given, is the form ``sink.json`` keeps of an allowed option (a URL without its password).
+    """
+
+    settings: str
+    writer: str
+    committer: str
+    validate: str
+    publicValue: str | None = None
+
+    def parse(self, options: Any) -> Any:
+        return importQualified(self.settings)(options)
+
+    def newWriter(self, settings: Any) -> Any:
+        return importQualified(self.writer)(settings)
+
+    def newCommitter(self, settings: Any) -> Any:
+        return importQualified(self.committer)(settings)
+
+    def check(self, settings: Any, schema: pa.Schema, sinkId: str) -> None:
+        importQualified(self.validate)(settings, schema, sinkId)
+
+    def publicOptionValue(self, key: str, value: str) -> str | None:
+        if self.publicValue is None:
+            return value
+        shown: str | None = importQualified(self.publicValue)(key, value)
+        return shown
+
+
+@dataclass(frozen=True)
 class SinkSpec:
     """One built-in sink: its names and where each of its parts lives.
 
@@ -47,9 +84,6 @@ class SinkSpec:
     kind: str
     system: str
     """The system as an operator names it (``PostgreSQL``), for messages."""
-    binding: str
-    """``module:Class`` of the Spark data source (``twophase.spark``: the only part that needs
-    pyspark)."""
     reader: str | None
     """``module:function`` of the ``SinkReader`` that verify uses; ``None``: verify cannot read
     it."""
@@ -62,6 +96,11 @@ class SinkSpec:
     """The fix for a server that does not answer, as ``twophase recover`` takes options."""
     authFix: str
     """The fix for refused credentials, naming where a secret may come from."""
+    parts: SinkParts | None = None
+    """The sink's Spark-free parts, bound by the generic binding; ``None`` with ``binding``."""
+    binding: str | None = None
+    """``module:Class`` of a binding of the sink's own, for a sink the generic binding cannot
+    make (a source as well, a driver step before the tasks); ``None`` with ``parts``."""
     options: str | None = None
     """``module:NAME`` of the sink's declared options (a tuple of ``SinkOption``): the
     allow-list of ``sink.json`` and the table of its docs page come from it."""
@@ -70,18 +109,40 @@ class SinkSpec:
     multiTarget: bool = True
     """Whether ``twophase.multi`` takes it as a target kind."""
 
+    def __post_init__(self) -> None:
+        if (self.parts is None) == (self.binding is None):
+            raise ValueError(f"sink {self.kind}: declare either its parts or its own binding")
+
     def name(self) -> str:
         """The format name: ``twophase.<kind>``."""
         return f"twophase.{self.kind}"
+
+    @property
+    def className(self) -> str:
+        """The name of its data source class: ``FilesSink`` for ``files``."""
+        return f"{self.kind.capitalize()}Sink"
 
     @property
     def package(self) -> str:
         """The Spark-free package of the sink's writer and committer."""
         return f"twophase.sinks.{self.kind}"
 
+    @property
+    def bindingPath(self) -> str:
+        """``module:Class`` of its data source: the sink's own binding, or the one
+        ``twophase.spark.declared`` makes from its parts."""
+        return self.binding or f"twophase.spark.declared:{self.className}"
+
     def bindingClass(self) -> Any:
         """The Spark data source class (imports pyspark)."""
-        return importQualified(self.binding)
+        return importQualified(self.bindingPath)
+
+    def namedBy(self, className: str) -> bool:
+        """Whether ``module:Class`` text from a ``sink.json`` names this sink's data source, as
+        this version or an earlier one placed it (its package, ``twophase.spark.<kind>``)."""
+        module, _, name = className.partition(":")
+        places = (self.package, f"twophase.spark.{self.kind}", "twophase.spark.declared")
+        return name == self.className and module in places
 
     def readerFunction(self) -> SinkReader:
         """The reader verify uses; ``TwoPhaseConfigError`` when verify cannot read this sink."""
@@ -110,7 +171,12 @@ SINKS: tuple[SinkSpec, ...] = (
         system="files",
         options="twophase.sinks.files.settings:OPTIONS",
         page="docs/files.md",
-        binding="twophase.spark.files:FilesSink",
+        parts=SinkParts(
+            settings="twophase.sinks.files:FilesSettings.fromOptions",
+            writer="twophase.sinks.files:FilesWriter",
+            committer="twophase.sinks.files:FilesCommitter",
+            validate="twophase.sinks.files:validateTarget",
+        ),
         reader="twophase.verify.held:readFilesSink",
         inspector="twophase.sinks.files.inspect",
         errorModules=("twophase.sinks.files",),
@@ -190,7 +256,12 @@ SINKS: tuple[SinkSpec, ...] = (
         system="Delta Lake",
         options="twophase.sinks.delta.settings:OPTIONS",
         page="docs/delta.md",
-        binding="twophase.spark.delta:DeltaSink",
+        parts=SinkParts(
+            settings="twophase.sinks.delta:DeltaSettings.fromOptions",
+            writer="twophase.sinks.delta:DeltaWriter",
+            committer="twophase.sinks.delta:DeltaCommitter",
+            validate="twophase.sinks.delta:validateTarget",
+        ),
         reader="twophase.verify.delta:readDeltaSink",
         inspector="twophase.sinks.delta.inspect",
         errorModules=("twophase.sinks.delta", "deltalake"),
@@ -271,9 +342,19 @@ def specOf(kindOrName: str) -> SinkSpec:
             return spec
     raise TwoPhaseConfigError(
         f"{kindOrName!r} is not a built-in twophase sink; the built-in sinks are "
-        f"{', '.join(s.name() for s in SINKS)} (or by kind: {', '.join(kinds())}). For a sink "
+        f"{', '.join(sorted(s.name() for s in SINKS))} (or by kind: "
+        f"{', '.join(sorted(kinds()))}). For a sink "
         "of your own, pass its class (or an instance) instead of a name"
     )
+
+
+def bindingNamed(className: str) -> str:
+    """Where the data source that a ``sink.json`` names lives now: a built-in sink's binding
+    however an earlier version placed it; any other class as named."""
+    for spec in SINKS:
+        if spec.namedBy(className):
+            return spec.bindingPath
+    return className
 
 
 def specOfModule(module: str) -> SinkSpec | None:
@@ -312,7 +393,9 @@ def specOfError(exc: BaseException) -> SinkSpec | None:
 
 __all__ = [
     "GENERIC_FIX",
+    "bindingNamed",
     "SINKS",
+    "SinkParts",
     "SinkReader",
     "SinkSpec",
     "kinds",

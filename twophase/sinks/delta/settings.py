@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from twophase.options import SinkOption, keptOptions
 from twophase.redaction import redact
 from twophase.sinks.files.settings import (
     KEPT_STORAGE_OPTIONS,
@@ -19,7 +20,6 @@ from twophase.sinks.files.settings import (
     TABLE_FILE_OPTIONS,
     FilesSettings,
 )
-from twophase.options import SinkOption, keptOptions
 
 DELTA_PREFIX = "storage."
 """Options ``storage.<KEY>`` go to delta-rs as storage option ``<KEY>`` (``AWS_REGION``...)."""

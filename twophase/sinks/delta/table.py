@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from twophase.sinks.delta.settings import DeltaSettings
+from twophase.sinks.files import checkWritable
 from twophase.sinks.files.formats import utcTimestamps
 
 if TYPE_CHECKING:
@@ -213,6 +215,19 @@ def ensureTable(
 
 
 _ENSURED: set[tuple[str, pa.Schema, tuple[str, ...] | None]] = set()
+
+
+def validateTarget(settings: DeltaSettings, schema: pa.Schema, sinkId: str) -> None:
+    """Driver, before each batch: the options can write the stream, and the table exists (or
+    is created) and takes it."""
+    checkWritable(schema, settings.files)
+    ensureTable(
+        settings.tableUri,
+        schema,
+        settings.partitionBy if settings.partitionGiven else None,
+        settings.createTable,
+        settings.storage,
+    )
 
 
 @dataclass(frozen=True)

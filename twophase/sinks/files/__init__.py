@@ -7,7 +7,7 @@ names once the batch is decided (:class:`FilesCommitter`), so no reader of the o
 (DuckDB and polars ``**`` globs included) sees a staged row. On ``s3://`` each file is
 instead a multipart upload to its final key, invisible until the commit completes it
 (``multipart``; docs/files.md has the table of commits by file system). Plain Python: no
-Spark here; ``twophase.spark.files`` binds both as the data source ``twophase.files``.
+Spark here; the registry (``twophase.sinks.registry``) declares it as ``twophase.files``.
 
 Modules by role: ``settings`` (options), ``formats`` (encoders), ``layout`` (staging and final
 names), ``partitioning`` (Hive directories), ``jsonlines`` (JSON encoding), ``storage`` (the
@@ -27,7 +27,12 @@ from twophase.sinks.files.layout import (
     sinkTag,
 )
 from twophase.sinks.files.settings import SAFE_OPTIONS, FilesSettings
-from twophase.sinks.files.writer import FilesTransaction, FilesWriter, checkWritable
+from twophase.sinks.files.writer import (
+    FilesTransaction,
+    FilesWriter,
+    checkWritable,
+    validateTarget,
+)
 
 __all__ = [
     "FORMATS",
@@ -47,4 +52,5 @@ __all__ = [
     "finalFileName",
     "sinkTag",
     "stagedFiles",
+    "validateTarget",
 ]

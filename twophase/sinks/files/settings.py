@@ -13,6 +13,7 @@ from typing import Any
 
 import fsspec
 
+from twophase.options import SinkOption, keptOptions
 from twophase.redaction import redact
 from twophase.sinks.files.formats import (
     COMPRESSION_ALIASES,
@@ -22,7 +23,6 @@ from twophase.sinks.files.formats import (
 )
 from twophase.sinks.files.layout import defaultStagingPath, strippedPath
 from twophase.sinks.files.s3 import MIN_PART_SIZE
-from twophase.options import SinkOption, keptOptions
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 """Bytes per uploaded part on S3 (option ``partSize``): the memory one open file holds."""

@@ -69,6 +69,11 @@ def checkWritable(schema: pa.Schema, settings: FilesSettings) -> list[int]:
     return columns
 
 
+def validateTarget(settings: FilesSettings, schema: pa.Schema, sinkId: str) -> None:
+    """Driver, before each batch: the options can write the query's columns (``checkWritable``)."""
+    checkWritable(schema, settings)
+
+
 def inUtc(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with every zoned timestamp in UTC (the same instants; Spark hands them in
     the session's zone)."""
