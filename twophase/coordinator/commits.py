@@ -26,7 +26,14 @@ from twophase.coordinator.records import BatchState
 from twophase.coordinator.reports import CommitOutcome, CommitReport
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import crashPoint
-from twophase.protocol import Committer, Handle, TaskResult, TransactionLostError
+from twophase.protocol import (
+    CommitStatus,
+    Committer,
+    Handle,
+    TaskResult,
+    TransactionLostError,
+)
+from twophase.protocol.outcomes import CommitAnswer, settleCommit
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
@@ -84,6 +91,7 @@ class BatchCommits:
                 again=sorted(p for p, o in lost.items() if o.job.entry.key in rewrites),
             )
         self.raiseFailures(batchId, outcomes)
+        self._logAlreadyCommitted(batchId, outcomes)
         crashPoint("driver.beforeCompleteBatch", batchId)
         self.complete(state, deadline=commitStart + self.settings.commitTimeoutSeconds)
         commitSeconds = time.monotonic() - commitStart
@@ -129,18 +137,38 @@ class BatchCommits:
         )
         return report
 
-    def jobs(self, state: BatchState, action: Callable[[Handle], None]) -> list[CommitJob]:
-        """One job per live handle: ``action``, or ``commitReplacement`` for a replay's handle."""
+    def jobs(self, state: BatchState, action: Callable[[Handle], CommitAnswer]) -> list[CommitJob]:
+        """One job per live handle: ``action``, or ``commitReplacement`` for a replay's handle;
+        each settles what the commit answered (``settleCommit``): a status to go on with, or the
+        error whose path the coordinator takes (retry, lost, failed)."""
         replaced = {r.key for r in state.replacements}
         jobs = []
         for entry in state.liveHandles:
             original = state.loggedHandleOf(entry.partitionId)
             if entry.key in replaced and original is not None:
                 replace = functools.partial(self.committer.commitReplacement, original.handle)
-                jobs.append(CommitJob(state.batchId, entry, replace))
+                jobs.append(CommitJob(state.batchId, entry, self._settled(replace)))
             else:
-                jobs.append(CommitJob(state.batchId, entry, action))
+                jobs.append(CommitJob(state.batchId, entry, self._settled(action)))
         return jobs
+
+    def _settled(self, call: Callable[[Handle], CommitAnswer]) -> Callable[[Handle], CommitStatus]:
+        def settled(handle: Handle) -> CommitStatus:
+            return settleCommit(self.committer, call(handle), f"commit of {self.describe(handle)}")
+
+        return settled
+
+    def _logAlreadyCommitted(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
+        before = [o for o in outcomes if o.status is CommitStatus.ALREADY_COMMITTED]
+        if before:
+            log.info(
+                "twophase sink %s: batch %d: %d of its transaction(s) were committed before "
+                "(the sink said already committed): %s",
+                self.sinkId,
+                batchId,
+                len(before),
+                ", ".join(self.describe(o.job.entry.handle) for o in before),
+            )
 
     def complete(self, state: BatchState, *, deadline: float) -> None:
         """``Committer.completeBatch`` for a batch whose handles are all committed, retried as a

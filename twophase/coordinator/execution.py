@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -25,7 +25,7 @@ from tenacity.stop import stop_base
 from twophase.coordinator.records import LoggedHandle
 from twophase.coordinator.settings import CoordinatorSettings
 from twophase.faults import armed, crashPoint
-from twophase.protocol import Handle, TransientCommitError
+from twophase.protocol import CommitStatus, Handle, TransientCommitError
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
@@ -37,14 +37,17 @@ _T = TypeVar("_T")
 class CommitJob:
     batchId: int
     entry: LoggedHandle
-    action: Callable[[Handle], None]
+    action: Callable[[Handle], Any]
 
 
 @dataclass(frozen=True)
 class JobOutcome:
+    """How one job ended: its error, or the ``CommitStatus`` a settled commit returned."""
+
     job: CommitJob
     attempts: int
     error: Exception | None
+    status: CommitStatus | None = None
 
 
 class _stopAtDeadline(stop_base):
@@ -108,7 +111,7 @@ class CommitExecutor:
     def runOne(self, job: CommitJob, deadline: float) -> JobOutcome:
         attempts = [0]
         try:
-            self.retrying(
+            value = self.retrying(
                 lambda: job.action(job.entry.handle),
                 what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
                 deadline=deadline,
@@ -116,7 +119,8 @@ class CommitExecutor:
             )
         except Exception as exc:
             return JobOutcome(job, attempts[0], exc)
-        return JobOutcome(job, attempts[0], None)
+        status = value if isinstance(value, CommitStatus) else None
+        return JobOutcome(job, attempts[0], None, status)
 
     def retrying(
         self,

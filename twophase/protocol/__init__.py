@@ -17,11 +17,15 @@ from twophase.protocol.handles import (
     dumpsHandle,
     loadsHandle,
 )
+from twophase.protocol.outcomes import CommitResult, CommitStatus, CommitUnknownError
 from twophase.protocol.participant import TwoPhaseParticipant
 from twophase.protocol.sweep import Prepared
 from twophase.protocol.writer import TransactionWriter, Txn
 
 __all__ = [
+    "CommitResult",
+    "CommitStatus",
+    "CommitUnknownError",
     "Committer",
     "Handle",
     "Prepared",

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from twophase.protocol.errors import SinkContractError
 from twophase.protocol.handles import Handle, RecoveryScope, dumpsHandle
+from twophase.protocol.outcomes import CommitAnswer
 from twophase.protocol.sweep import Prepared, sweepPrepared
 
 
@@ -43,16 +44,21 @@ class Committer(ABC):
         return super().__new__(cls)
 
     @abstractmethod
-    def commit(self, handle: Handle) -> None:
-        """Idempotent: make a prepared transaction visible; no-op when already done."""
+    def commit(self, handle: Handle) -> CommitAnswer:
+        """Idempotent: make a prepared transaction visible; no-op when already done.
+
+        May say how it ended (``twophase.protocol.outcomes``): ``None`` means committed, a
+        ``CommitStatus`` (or a ``CommitResult`` with a reason) already committed, retry
+        later, lost or unknown.
+        """
 
     @abstractmethod
     def abort(self, handle: Handle) -> None:
         """Idempotent: discard a prepared transaction; no-op when already gone."""
 
-    def recoverAndCommit(self, handle: Handle) -> None:
+    def recoverAndCommit(self, handle: Handle) -> CommitAnswer:
         """Idempotent: commit a handle of a decided batch after a restart."""
-        self.commit(handle)
+        return self.commit(handle)
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle] | None:
         """Idempotent: abort this sink's prepared transactions that no decision keeps.
@@ -101,14 +107,14 @@ class Committer(ABC):
         batch's live handles before it writes ``committed(N)``, batches in order.
         """
 
-    def commitReplacement(self, original: Handle, replacement: Handle) -> None:
+    def commitReplacement(self, original: Handle, replacement: Handle) -> CommitAnswer:
         """Idempotent: commit the replay's handle that stands for a decided, lost ``original``.
 
         Default: ``commit(replacement)``. A sink whose handle spans several transactions (one
         per target of ``twophase.multi``) commits the replacement's part only where the
         original's part is lost, and aborts the rest, so what did commit is not written twice.
         """
-        self.commit(replacement)
+        return self.commit(replacement)
 
     def fingerprint(self, handle: Handle) -> str | None:
         """The fingerprint of the records ``handle`` holds (``twophase.protocol.fingerprint``).

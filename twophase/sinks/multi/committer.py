@@ -19,6 +19,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.protocol.fingerprint import combined
+from twophase.protocol.outcomes import CommitAnswer, settleCommit
 from twophase.sinks.multi.targets import KIND, Target, partOf
 
 
@@ -29,10 +30,10 @@ class MultiCommitter(Committer):
         self.parts = list(parts)
 
     def commit(self, handle: Handle) -> None:
-        self._each(handle, lambda c, h: c.commit(h))
+        self._each(handle, lambda c, h: _settled(c, c.commit(h)))
 
     def recoverAndCommit(self, handle: Handle) -> None:
-        self._each(handle, lambda c, h: c.recoverAndCommit(h))
+        self._each(handle, lambda c, h: _settled(c, c.recoverAndCommit(h)))
 
     def abort(self, handle: Handle) -> None:
         self._each(handle, lambda c, h: c.abort(h))
@@ -45,7 +46,7 @@ class MultiCommitter(Committer):
             old, new = partOf(original, target.name), partOf(replacement, target.name)
             try:
                 if old is not None:
-                    committer.recoverAndCommit(old)
+                    _settled(committer, committer.recoverAndCommit(old))
                 if new is not None:
                     committer.abort(new)
             except TransactionLostError as exc:
@@ -54,7 +55,7 @@ class MultiCommitter(Committer):
                     raise
                 if new is not None:
                     try:
-                        committer.commit(new)
+                        _settled(committer, committer.commit(new))
                     except TransactionLostError as again:
                         lost.append(again)
         if lost:
@@ -136,3 +137,9 @@ class MultiCommitter(Committer):
                 lost.append(exc)
         if lost:
             raise next((e for e in lost if not e.rewritable), lost[0])
+
+
+def _settled(committer: Committer, answer: CommitAnswer) -> None:
+    """A target's commit answer as the coordinator reads it: retry later, lost and unknown
+    raised (so a part's outcome is never dropped), committed or already committed passed."""
+    settleCommit(committer, answer)
