@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from twophase.clients.kafka import errorText, newClient
 from twophase.protocol import (
+    CommitStatus,
     Committer,
     Handle,
     Prepared,
@@ -92,25 +93,25 @@ class KafkaCommitter(Committer):
             self.settings.producerConfig, timeoutSeconds=self.settings.requestTimeoutSeconds
         )
 
-    def commit(self, handle: Handle) -> None:
+    def commit(self, handle: Handle) -> CommitStatus | None:
         """Driver, idempotent: EndTxn(commit) with the handle's producer id and epoch.
 
         Success, also for a transaction committed before. Retriable broker answers and network
         failures raise ``TransientCommitError``. A transaction the broker no longer lets this
-        producer id and epoch end is read back: committed -> success, aborted ->
+        producer id and epoch end is read back: committed -> ``ALREADY_COMMITTED``, aborted ->
         ``TransactionLostError``.
         """
         h = checkHandle(handle)
         if h["records"] == 0:
-            return
+            return None
         self._warnIfOld(h)
         code = self.client().endTransaction(
             h["transactionalId"], h["producerId"], h["producerEpoch"], commit=True
         )
         if code == NONE:
             log.debug("kafka: committed %s", self.describe(h))
-            return
-        self._settleUnended(h, code)
+            return None
+        return self._settleUnended(h, code)
 
     def abort(self, handle: Handle) -> None:
         """Driver, idempotent: EndTxn(abort) with exactly this producer id and epoch.
@@ -227,7 +228,7 @@ class KafkaCommitter(Committer):
                 timeoutMs / 1000,
             )
 
-    def _settleUnended(self, h: Handle, code: int) -> None:
+    def _settleUnended(self, h: Handle, code: int) -> CommitStatus:
         """EndTxn(commit) said the transaction cannot be ended: committed before, or lost?"""
         verdict, detail = self._probe(h)
         if verdict is ProbeVerdict.COMMITTED:
@@ -237,7 +238,7 @@ class KafkaCommitter(Committer):
                 errorName(code),
                 detail,
             )
-            return
+            return CommitStatus.ALREADY_COMMITTED
         if verdict is ProbeVerdict.UNDECIDED:
             raise TransientCommitError(
                 f"kafka: commit of {self.describe(h)}: EndTxn answered {errorName(code)} and "

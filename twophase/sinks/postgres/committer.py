@@ -17,7 +17,14 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 
 from twophase.clients.postgres import DRIVER_CONNECTIONS, ConnectionTarget, driverErrors
-from twophase.protocol import Committer, Handle, Prepared, RecoveryScope, TransactionLostError
+from twophase.protocol import (
+    CommitStatus,
+    Committer,
+    Handle,
+    Prepared,
+    RecoveryScope,
+    TransactionLostError,
+)
 from twophase.redaction import getLogger, redact
 from twophase.sinks.postgres.dialect import parseTableName
 from twophase.sinks.postgres.errors import PostgresSinkError, RowRejectedError
@@ -80,20 +87,19 @@ class PostgresCommitter(Committer):
             f"PostgresCommitter(table={s.qualifiedName}, mode={s.mode}, at={s.target.describe()})"
         )
 
-    def commit(self, handle: Handle) -> None:
+    def commit(self, handle: Handle) -> CommitStatus | None:
         """Idempotent: ``COMMIT PREPARED``; a gid no longer prepared is checked.
 
         The coordinator commits only decided handles, so a gid that is not prepared any more
         was committed by an earlier call: logged at INFO, nothing done. When the server says
         the transaction was rolled back instead, ``TransactionLostError``. Unreachable server:
-        ``TransientCommitError``.
+        ``TransientCommitError``. Returns ``ALREADY_COMMITTED`` for a commit found done before.
         """
         h = checkHandle(handle)
         if isStaged(h):
-            self._commitStaged(h)
-            return
+            return self._commitStaged(h)
         if h["gid"] is None:
-            return
+            return None
         target, secrets = handleTarget(h, self.settings)
         what = f"commit of {self.describe(h)}"
         with (
@@ -118,15 +124,16 @@ class PostgresCommitter(Committer):
                     what,
                     status or "unknown",
                 )
-                return
+                return CommitStatus.ALREADY_COMMITTED
             except pgerrors.InsufficientPrivilege as exc:
                 raise PostgresSinkError(
                     f"postgres: {what}: {exc.diag.message_primary}; connect as the role that "
                     "prepared it (or a superuser)"
                 ) from None
         log.debug("postgres: committed %s", h["gid"])
+        return None
 
-    def _commitStaged(self, h: Handle) -> None:
+    def _commitStaged(self, h: Handle) -> CommitStatus | None:
         """Idempotent: move a token's staged rows into the target with a marker, at once.
 
         No rows left and a marker: committed before, a no-op. No rows and no marker: the rows
@@ -159,7 +166,7 @@ class PostgresCommitter(Committer):
                     if moved == 0:
                         if markerExists(conn, names, token):
                             log.info("postgres: %s: moved before (marker found): no-op", what)
-                            return
+                            return CommitStatus.ALREADY_COMMITTED
                         if h["rows"] > 0:
                             raise TransactionLostError(
                                 f"postgres: {what}: its staged rows are gone from "
@@ -195,6 +202,7 @@ class PostgresCommitter(Committer):
                     "and INSERT (UPDATE in upsert mode) on the target"
                 ) from None
         log.debug("postgres: moved %d staged row(s) of %s", h["rows"], token)
+        return None
 
     def abort(self, handle: Handle) -> None:
         """Idempotent: ``ROLLBACK PREPARED``, or delete the staged rows; gone is a no-op."""

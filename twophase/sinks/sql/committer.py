@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from twophase.protocol import (
+    CommitStatus,
     Committer,
     Handle,
     Prepared,
@@ -86,12 +87,13 @@ class SqlCommitter(Committer):
             url, pooled=True, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
         )
 
-    def commit(self, handle: Handle) -> None:
-        """Idempotent: commit the prepared xid; one no longer prepared is checked (marker)."""
+    def commit(self, handle: Handle) -> CommitStatus | None:
+        """Idempotent: commit the prepared xid; one no longer prepared is checked (marker):
+        ``ALREADY_COMMITTED`` when its marker is there."""
         h = checkHandle(handle)
         xid = h["xid"]
         if xid is None:
-            return
+            return None
         what = f"commit of {self.describe(h)}"
         engine = self._engine(h)
         deadline = time.monotonic() + ATTACHED_WAIT_SECONDS
@@ -101,7 +103,7 @@ class SqlCommitter(Committer):
                     try:
                         engine.dialect.do_commit_twophase(conn, xid, is_prepared=True, recover=True)
                         log.debug("sql: committed %s", xid)
-                        return
+                        return None
                     except Exception as exc:  # the psycopg dialect raises psycopg's own
                         if not isUnknownXid(exc, self.settings.family):
                             raise
@@ -117,7 +119,7 @@ class SqlCommitter(Committer):
                     log.info(
                         "sql: %s: not prepared any more, marker found: already committed", what
                     )
-                    return
+                    return CommitStatus.ALREADY_COMMITTED
         except SqlUnavailableError as exc:
             raise TransientCommitError(str(exc)) from None
         except DRIVER_ERRORS as exc:
