@@ -50,6 +50,7 @@ from twophase.protocol import (
 SINK = "s1"
 QUERY = "q1"
 RECORDS_PER_BATCH = 6
+HELD_SECONDS = 10.0  # the bound on a held commit and on the wait for commit threads to end
 
 
 # ---------------------------------------------------------------------------- the fake system
@@ -90,7 +91,10 @@ class FakeParticipant(TwoPhaseParticipant[FakeTxn]):
     def __init__(self, system: FakeSystem) -> None:
         self.system = system
         self.dead = False
-        self.slowCommitsExcept: str | None = None  # every other txn's commit takes a while
+        # Every other txn's commit is held until the test releases it: the commits a crashed
+        # process still had in flight, released once the restarted one has finished.
+        self.slowCommitsExcept: str | None = None
+        self.released = threading.Event()
 
     def _alive(self) -> None:
         if self.dead:
@@ -123,7 +127,7 @@ class FakeParticipant(TwoPhaseParticipant[FakeTxn]):
     def commit(self, handle: Handle) -> None:
         txnId = handle["txn"]
         if self.slowCommitsExcept is not None and txnId != self.slowCommitsExcept:
-            time.sleep(0.3)
+            assert self.released.wait(HELD_SECONDS), f"commit of {txnId} never released"
         self._alive()
         with self.system.lock:
             self.system.commitCalls[txnId] += 1
@@ -195,11 +199,13 @@ class World:
         self.system = FakeSystem()
         self.url = str(tmp_path / "checkpoint" / "twophase" / SINK)
         self.options = {"retryInitialSeconds": 0.001, "retryMaxSeconds": 0.01, **options}
+        self.participants: list[FakeParticipant] = []
         self.driver = self.start()
 
     def start(self) -> Driver:
         """(Re)start the driver process."""
         participant = FakeParticipant(self.system)
+        self.participants.append(participant)
         log = DecisionLog(self.url)
         settings = CoordinatorSettings(**self.options)
         self.driver = Driver(participant, log, Coordinator(participant, log, SINK, settings))
@@ -245,6 +251,12 @@ class World:
         self.driver.coordinator.commitBatch(batchId, results)
         return results
 
+    def releaseHeldCommits(self) -> None:
+        """Let every held commit go on, and wait until no commit thread is left."""
+        for participant in self.participants:
+            participant.released.set()
+        assertNoCommitThreads()
+
     def assertExactlyOnce(self, batches: range) -> None:
         expected = [f"{b}-{i}" for b in batches for i in range(RECORDS_PER_BATCH)]
         assert sorted(self.system.visible) == sorted(expected), "each record visible once"
@@ -279,8 +291,10 @@ def crashAt(monkeypatch: pytest.MonkeyPatch) -> CrashAt:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    return World(tmp_path)
+def world(tmp_path: Path) -> Iterator[World]:
+    made = World(tmp_path)
+    yield made
+    made.releaseHeldCommits()  # a test that left commits held must not leave their threads
 
 
 def crashAndRestart(world: World, batchId: int, results: list[TaskResult]) -> Driver:
@@ -358,7 +372,7 @@ def test_crash_after_the_decision_before_all_commits(
     )
     world.runBatch(1)
     world.assertExactlyOnce(range(2))
-    time.sleep(0.35)  # the dead process's slow commits wake up and reach nothing
+    world.releaseHeldCommits()  # the dead process's held commits go on and reach nothing
     world.assertExactlyOnce(range(2))
 
 
@@ -719,14 +733,22 @@ def test_results_of_another_sink_or_batch_are_refused(world: World) -> None:
     assert DecisionLog(world.url).state(0) is None
 
 
+def assertNoCommitThreads(seconds: float = HELD_SECONDS) -> None:
+    """Wait, at most ``seconds``, for every ``twophase-commit`` thread to end; fail naming the
+    ones left."""
+    deadline = time.monotonic() + seconds
+    for thread in threading.enumerate():
+        if thread.name.startswith("twophase-commit"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in threading.enumerate() if t.name.startswith("twophase-commit")]
+    assert left == [], f"commit threads still running after {seconds} s: {left}"
+
+
 @pytest.fixture(autouse=True)
 def _noLeakedThreads() -> Iterator[None]:
+    """After each test, no commit thread of the coordinator is left running."""
     yield
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline and any(
-        t.name.startswith("twophase-commit") for t in threading.enumerate()
-    ):
-        time.sleep(0.05)
+    assertNoCommitThreads()
 
 
 # ---------------------------------------------------------------------------- figures
