@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 
 from twophase.options import keptOptions
 from twophase.protocol import Committer, TransactionWriter
-from twophase.settings import SinkSettings
+from twophase.settings import SinkSettings, optionOf
 from twophase.sinks.registry import SINKS, SinkParts, SinkSpec
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.schema import arrowSchemaOf
@@ -55,8 +55,14 @@ class DeclaredSink(TwoPhaseDataSource):
     def validate(self, schema: StructType) -> None:
         """Driver, before each batch: check the options, the system and the target."""
         settings = self.settings()
-        sinkId = SinkSettings.fromOptions(self.options, self.name()).sinkId
-        self.parts().check(settings, arrowSchemaOf(schema, self.name()), sinkId)
+        self.parts().check(settings, arrowSchemaOf(schema, self.name()), self._sinkId())
+
+    def _sinkId(self) -> str:
+        """The sink id the query's tasks will use; without a checkpoint location (a check run
+        outside a query) the ``sinkId`` option, or empty."""
+        if optionOf(self.options, "checkpointLocation"):
+            return SinkSettings.fromOptions(self.options, self.name()).sinkId
+        return optionOf(self.options, "sinkId") or ""
 
 
 def _bind(spec: SinkSpec) -> type[DeclaredSink]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from twophase.options import SinkOption, keptOptions
 from twophase.redaction import redact
 from twophase.settings import intOption
 from twophase.sinks.files.settings import (
@@ -23,7 +24,6 @@ from twophase.sinks.files.settings import (
     TABLE_FILE_OPTIONS,
     FilesSettings,
 )
-from twophase.options import SinkOption, keptOptions
 
 CATALOG_PREFIX = "catalog."
 """Options ``catalog.<property>`` go to pyiceberg's ``load_catalog`` as ``<property>``."""

@@ -16,8 +16,8 @@ from twophase.clients.kafka import (
     brokerTransactionMaxTimeoutMs,
     librdkafkaConfig,
 )
-from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
 from twophase.options import SinkOption, keptOptions
+from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 """``transaction.timeout.ms`` unless set: how long, at most, a crashed query's open transactions
