@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,18 @@ import pytest
 
 from twophase import cli
 from twophase.coordinator import DecisionLog
+from twophase.coordinator.description import SinkDescription, writeSinkDescription
 from twophase.doctor import Held, Inspection, Kind, Stall
 from twophase.doctor.classify import Commands, classify
-from twophase.protocol import TaskResult, TransactionContext
+from twophase.doctor.run import checkSink
+from twophase.protocol import (
+    Committer,
+    Handle,
+    Prepared,
+    RecoveryScope,
+    TaskResult,
+    TransactionContext,
+)
 from twophase.settings import SinkSettings
 from twophase.sinks.files.layout import legacySinkStagingDir, sinkStagingDir
 from twophase.spark.declared import FilesSink
@@ -300,3 +310,60 @@ def test_a_multi_sink_is_checked_target_by_target(
     assert cli.main(["recover", "--checkpoint", str(checkpoint)]) == 0
     capsys.readouterr()
     assert cli.main(["doctor", "--checkpoint", str(checkpoint)]) == 0
+
+
+class DirectoryCommitter(Committer):
+    """A user's sink in the narrow form over a real directory: one file per prepared attempt,
+    ``<sinkId>.<batch>.<partition>``; committing or aborting removes it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def commit(self, handle: Handle) -> None:
+        (self.root / handle["name"]).unlink(missing_ok=True)
+
+    def abort(self, handle: Handle) -> None:
+        (self.root / handle["name"]).unlink(missing_ok=True)
+
+    def listPrepared(self, scope: RecoveryScope) -> Iterable[Prepared]:
+        for path in sorted(self.root.glob(f"{scope.sinkId}.*.*")):
+            batch, partition = path.name.rsplit(".", 2)[1:]
+            yield Prepared(
+                path.name, {"name": path.name}, batchId=int(batch), partitionId=int(partition)
+            )
+
+    def abortPrepared(self, item: Prepared) -> bool:
+        path = self.root / item.name
+        gone = not path.exists()
+        path.unlink(missing_ok=True)
+        return not gone
+
+
+def test_a_sink_of_a_users_own_in_the_narrow_form_is_asked_through_its_listing(
+    tmp_path: Path,
+) -> None:
+    system = tmp_path / "system"
+    system.mkdir()
+    url = str(tmp_path / "log")
+    writeSinkDescription(url, SinkDescription("s1", "my.module:MySink", {}))
+    log = DecisionLog(url)
+    log.claim("s1", "q-1")
+    handles = {b: {"name": f"s1.{b}.0"} for b in (0, 1)}
+    for name in ("s1.0.0", "s1.1.0", "other.0.0"):
+        (system / name).write_text("rows")
+    log.decide(0, [TaskResult("s1", "q-1", 0, 0, 0, handles[0], 2)])
+    committer = DirectoryCommitter(system)
+
+    def loadSink(_url: str, _options: Any) -> tuple[Committer, dict[str, str]]:
+        return committer, {}
+
+    now = datetime.now(UTC)
+    report = checkSink("s1", url, str(tmp_path), loadSink, {}, now, 0.0)
+    assert report.cannotCheck is None
+    assert report.system == "DirectoryCommitter" and "listPrepared" in report.where
+    found = {f.kind.value: f for f in report.findings}
+    assert found["decided-unfinished"].facts["stillHeld"] == 1
+    [orphan] = [f for f in report.findings if f.kind.value == "undecided"]
+    assert [h.key for h in orphan.held] == ["s1.1.0"], "another sink's file is not listed"
+    assert committer.recoverAndAbort(RecoveryScope("s1", keep=(handles[0],))) == [handles[1]]
+    assert sorted(p.name for p in system.iterdir()) == ["other.0.0", "s1.0.0"]

@@ -21,7 +21,7 @@ import fsspec.core
 from twophase.coordinator import DecisionLog
 from twophase.coordinator.description import SINK_DESCRIPTION, readSinkDescription
 from twophase.coordinator.paths import LOG_DIRECTORY, sinkLogLocations
-from twophase.doctor.classify import Commands, classify
+from twophase.doctor.classify import Commands, HandleKey, classify
 from twophase.doctor.findings import (
     EXIT_CANNOT_CHECK,
     CannotCheck,
@@ -29,7 +29,9 @@ from twophase.doctor.findings import (
     SinkReport,
     exitStatus,
 )
+from twophase.doctor.listing import listedHeld
 from twophase.doctor.render import writeJson, writeText
+from twophase.protocol import Committer, Handle, listsPrepared
 from twophase.redaction import getLogger, redact
 from twophase.sinks.registry import specOfModule
 
@@ -63,6 +65,18 @@ def inspectorOf(committer: object) -> ModuleType | None:
     return None if spec is None else spec.inspectorModule()
 
 
+def listedBySink(committer: Committer, sinkId: str) -> tuple[Inspection, HandleKey]:
+    """A user's sink in the narrow form, asked through its own ``listPrepared``: what it holds
+    prepared, named as its ``preparedNames`` names a logged handle."""
+    system = type(committer).__name__
+    held = listedHeld(committer, system, sinkId)
+
+    def handleKey(handle: Handle) -> tuple[str, ...] | None:
+        return tuple(committer.preparedNames(handle)) or None
+
+    return Inspection(system, "as its listPrepared lists it", held), handleKey
+
+
 def checkSink(
     sinkId: str,
     url: str,
@@ -87,9 +101,15 @@ def checkSink(
             )
         committer, _ = loadSink(url, extraOptions)
         inspector = inspectorOf(committer)
-        if inspector is None:
+        if inspector is None and listsPrepared(committer):
+            inspection, handleKey = listedBySink(committer, sinkId)
+            report.system, report.where = inspection.system, inspection.where
+        elif inspector is None:
             report.system = type(committer).__name__
-            report.where = "not asked: doctor knows only the built-in sinks' systems"
+            report.where = (
+                "not asked: the sink lists nothing it prepared (listPrepared, "
+                "docs/writing-a-sink.md); its decision log alone is checked"
+            )
         else:
             report.system = inspector.__name__.split(".")[-2]
             inspection = inspector.inspect(committer, sinkId, now)

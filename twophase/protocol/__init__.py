@@ -7,7 +7,7 @@ Spark binding (``twophase.spark``) runs the writer in tasks, the coordinator
 """
 
 from twophase.protocol.checks import checkedAborted, checkedHandle
-from twophase.protocol.committer import Committer
+from twophase.protocol.committer import Committer, listsPrepared
 from twophase.protocol.errors import SinkContractError, TransactionLostError, TransientCommitError
 from twophase.protocol.handles import (
     Handle,
@@ -41,5 +41,6 @@ __all__ = [
     "checkedAborted",
     "checkedHandle",
     "dumpsHandle",
+    "listsPrepared",
     "loadsHandle",
 ]

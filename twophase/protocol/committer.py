@@ -136,6 +136,12 @@ def _overrides(cls: type, name: str) -> bool:
     return getattr(cls, name) is not getattr(Committer, name)
 
 
+def listsPrepared(committer: object) -> bool:
+    """Whether ``committer`` speaks the narrow form: it lists what it prepared
+    (``listPrepared``), so the framework's sweep and ``twophase doctor`` can read it."""
+    return isinstance(committer, Committer) and _overrides(type(committer), "listPrepared")
+
+
 def _missingSweep(cls: type) -> str:
     return (
         f"{cls.__module__}.{cls.__qualname__} has no sweep: implement recoverAndAbort(scope), "
