@@ -1,15 +1,12 @@
-"""The Kafka source's planning without a broker: options, offsets, limits, partitions, columns.
+"""The Kafka source's pure pieces without a broker: options, offsets, limits, ranges, columns.
 
-The cluster's answers (partitions, earliest and stable offsets) are faked on the planner, so
-each planning rule is checked directly, without Spark; one test checks the Spark adapter.
-Reading real records, transaction markers and aborted transactions included, is in
-integration_tests/test_kafka_source.py.
+What needs the cluster's answers is against the real broker: the planning rules (starting
+offsets, batch ends, new and gone partitions, AvailableNow, the Spark adapter's limits) in
+integration_tests/test_kafka_planning.py, reading records, transaction markers and aborted
+transactions included, in integration_tests/test_kafka_source.py.
 """
 
 from __future__ import annotations
-
-import json
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -17,9 +14,7 @@ import pytest
 from twophase.settings import TwoPhaseConfigError
 from twophase.sources.kafka import (
     BASE_SCHEMA,
-    KafkaPlanner,
     KafkaRange,
-    KafkaSourceError,
     KafkaSourceSettings,
     RecordBatchBuilder,
     cappedEnd,
@@ -35,35 +30,6 @@ BOOTSTRAP = {"kafka.bootstrap.servers": "127.0.0.1:9"}
 
 def settings(**options: str) -> KafkaSourceSettings:
     return KafkaSourceSettings.fromOptions({**BOOTSTRAP, "subscribe": "a", **options})
-
-
-class FakeCluster:
-    """Partitions and offsets the planner would get from the brokers; counts the requests."""
-
-    def __init__(self, latest: dict[tuple[str, int], int], earliest: dict[Any, int] | None = None):
-        self.latest = latest
-        self.earliest = earliest or dict.fromkeys(latest, 0)
-        self.requests = 0
-
-    def install(self, planner: KafkaPlanner, monkeypatch: pytest.MonkeyPatch) -> None:
-        def partitions() -> list[tuple[str, int]]:
-            self.requests += 1
-            return sorted(self.latest)
-
-        def offsets(partitions: list[tuple[str, int]], spec: str) -> dict[Any, int]:
-            self.requests += 1
-            return {
-                tp: (self.earliest if spec == "earliest" else self.latest)[tp] for tp in partitions
-            }
-
-        monkeypatch.setattr(planner, "topicPartitions", partitions)
-        monkeypatch.setattr(planner, "listOffsets", offsets)
-
-
-def planner(monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, **options: str) -> Any:
-    r = KafkaPlanner(settings(**options))
-    cluster.install(r, monkeypatch)
-    return r
 
 
 # -- options --------------------------------------------------------------------------------
@@ -123,120 +89,16 @@ def test_headers_are_a_column_only_when_asked_for_as_in_spark() -> None:
 # -- planning -------------------------------------------------------------------------------
 
 
-def test_starting_offsets_resolve_earliest_latest_and_json(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    cluster = FakeCluster({("a", 0): 50, ("a", 1): 70}, {("a", 0): 5, ("a", 1): 0})
-    assert planner(monkeypatch, cluster).initialOffset() == {"a": {"0": 50, "1": 70}}
-    earliest = planner(monkeypatch, cluster, startingOffsets="earliest")
-    assert earliest.initialOffset() == {"a": {"0": 5, "1": 0}}
-    given = planner(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": -2, "1": 9}}))
-    assert given.initialOffset() == {"a": {"0": 5, "1": 9}}
-    partial = planner(monkeypatch, cluster, startingOffsets=json.dumps({"a": {"0": 1}}))
-    with pytest.raises(TwoPhaseConfigError, match="missing: a-1"):
-        partial.initialOffset()
-
-
-def test_a_batch_ends_at_what_is_stable_now(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = planner(monkeypatch, FakeCluster({("a", 0): 120, ("a", 1): 40}))
-    end = r.latestOffset({"a": {"0": 100, "1": 40}})
-    assert end == {"a": {"0": 120, "1": 40}}
-    assert r.partitions({"a": {"0": 100, "1": 40}}, end) == [KafkaRange("a", 0, 100, 120)]
-
-
-def test_max_offsets_per_trigger_is_shared_in_proportion_to_the_backlog(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    r = planner(
-        monkeypatch, FakeCluster({("a", 0): 1000, ("a", 1): 100}), maxOffsetsPerTrigger="110"
-    )
-    end = r.latestOffset({"a": {"0": 0, "1": 0}}, r.settings.maxOffsetsPerTrigger)
-    assert end == {"a": {"0": 100, "1": 10}}
-    assert cappedEnd({("a", 0): 0}, {("a", 0): 3}, 10) == {("a", 0): 3}
+def test_max_offsets_per_trigger_is_shared_in_proportion_to_the_backlog() -> None:
+    a0, a1 = ("a", 0), ("a", 1)
+    assert cappedEnd({a0: 0, a1: 0}, {a0: 1000, a1: 100}, 110) == {a0: 100, a1: 10}
+    assert cappedEnd({a0: 0}, {a0: 3}, 10) == {a0: 3}
     # rounding never loses the limit: 3 partitions, 10 offsets
     three = [("x", 0), ("y", 0), ("z", 0)]
     capped = cappedEnd(dict.fromkeys(three, 0), dict.fromkeys(three, 100), 10)
     assert sum(capped.values()) == 10
-
-
-def test_new_partitions_are_read_from_their_first_offset(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    r = planner(monkeypatch, FakeCluster({("a", 0): 10, ("a", 1): 4}))
-    end = r.latestOffset({"a": {"0": 10}})
-    assert end == {"a": {"0": 10, "1": 4}}
-    assert r.partitions({"a": {"0": 10}}, end) == [KafkaRange("a", 1, 0, 4)]
-
-
-def test_deleted_partitions_fail_the_query_by_name_unless_told_otherwise(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    start = {"a": {"0": 10, "1": 3}}
-    strict = planner(monkeypatch, FakeCluster({("a", 0): 10}))
-    with pytest.raises(KafkaSourceError, match=r"partition\(s\) a-1 no longer exist"):
-        strict.latestOffset(start)
-    lenient = planner(monkeypatch, FakeCluster({("a", 0): 12}), failOnDataLoss="false")
-    assert lenient.latestOffset(start) == {"a": {"0": 12}}
-    assert "a-1 no longer exist" in caplog.text
-
-
-def test_offsets_that_went_back_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = planner(monkeypatch, FakeCluster({("a", 0): 5}))
-    with pytest.raises(KafkaSourceError, match="went back"):
-        r.latestOffset({"a": {"0": 10}})
-    lenient = planner(monkeypatch, FakeCluster({("a", 0): 5}), failOnDataLoss="false")
-    end = lenient.latestOffset({"a": {"0": 10}})
-    assert end == {"a": {"0": 5}}
-    assert lenient.partitions({"a": {"0": 10}}, end) == []
-
-
-def test_available_now_stops_at_the_offsets_of_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in Spark's Kafka source, the offsets read when the trigger starts end every batch:
-    no batch asks the cluster again, so a late or empty answer cannot end the run early."""
-    cluster = FakeCluster({("a", 0): 10, ("a", 1): 4})
-    r = planner(monkeypatch, cluster, maxOffsetsPerTrigger="6")
-    r.prepareForTriggerAvailableNow()
-    asked = cluster.requests
-    cluster.latest = {("a", 0): 50, ("a", 1): 2, ("a", 2): 7}  # meanwhile: anything at all
-    start: dict[str, Any] = {"a": {"0": 0, "1": 0}}
-    ends = []
-    while (end := r.latestOffset(start, r.settings.maxOffsetsPerTrigger)) != start:
-        assert sum(end["a"].values()) - sum(start["a"].values()) <= 6
-        ends.append(end)
-        start = end
-    assert len(ends) == 3 and start == {"a": {"0": 10, "1": 4}}
-    assert r.reportLatestOffset() == {"a": {"0": 10, "1": 4}}
-    assert cluster.requests == asked
-
-
-def test_available_now_below_its_start_is_data_loss_not_the_end(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The trigger's offsets below where the query stands (the topic was recreated between
-    runs) fail the query; they never read as "nothing new", which would end it as drained."""
-    strict = planner(monkeypatch, FakeCluster({("a", 0): 5, ("a", 1): 30}))
-    strict.prepareForTriggerAvailableNow()
-    with pytest.raises(KafkaSourceError, match=r"a-0 \(10 -> 5\) went back"):
-        strict.latestOffset({"a": {"0": 10, "1": 20}})
-    lenient = planner(monkeypatch, FakeCluster({("a", 0): 5, ("a", 1): 30}), failOnDataLoss="false")
-    lenient.prepareForTriggerAvailableNow()
-    assert lenient.latestOffset({"a": {"0": 10, "1": 20}}) == {"a": {"0": 5, "1": 30}}
-    gone = planner(monkeypatch, FakeCluster({("a", 0): 5}))
-    gone.prepareForTriggerAvailableNow()
-    with pytest.raises(KafkaSourceError, match=r"a-1 no longer exist"):
-        gone.latestOffset({"a": {"0": 0, "1": 3}})
-
-
-def test_the_progress_report_is_the_last_plans_listing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spark asks for the latest offsets after every plan, for its progress report: the plan's
-    own listing answers it, without two more requests per batch."""
-    cluster = FakeCluster({("a", 0): 120})
-    r = planner(monkeypatch, cluster)
-    assert r.reportLatestOffset() is None
-    r.latestOffset({"a": {"0": 100}}, 5)
-    asked = cluster.requests
-    assert r.reportLatestOffset() == {"a": {"0": 120}}
-    assert cluster.requests == asked
+    # a partition that went back reads nothing and goes on from where it is now
+    assert cappedEnd({a0: 10, a1: 0}, {a0: 5, a1: 100}, 10) == {a0: 5, a1: 10}
 
 
 def test_min_partitions_splits_the_largest_ranges() -> None:
@@ -311,26 +173,3 @@ def test_offsets_json_rows_and_back() -> None:
     assert offsetsOf(rowsOf(offsets)) == {"a": {"0": -2, "1": 7}, "b": {"0": 3}}
     with pytest.raises(TwoPhaseConfigError, match="option endingOffsets"):
         parseOffsetsJson("[1]", "endingOffsets")
-
-
-# -- the Spark adapter ----------------------------------------------------------------------
-
-
-def test_sparks_read_limits_reach_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-
-    from twophase.spark.kafka import KafkaStreamReader
-
-    r = KafkaStreamReader(settings(maxOffsetsPerTrigger="110"))
-    FakeCluster({("a", 0): 1000, ("a", 1): 100}).install(r.planner, monkeypatch)
-    limit = r.getDefaultReadLimit()
-    assert isinstance(limit, ReadMaxRows) and limit.max_rows == 110
-    start = {"a": {"0": 0, "1": 0}}
-    assert r.latestOffset(start, limit) == {"a": {"0": 100, "1": 10}}
-    end = r.latestOffset(start, ReadAllAvailable())
-    assert end == {"a": {"0": 1000, "1": 100}}
-    assert [p.value for p in r.partitions(start, end)] == [
-        KafkaRange("a", 0, 0, 1000),
-        KafkaRange("a", 1, 0, 100),
-    ]
-    assert isinstance(KafkaStreamReader(settings()).getDefaultReadLimit(), ReadAllAvailable)
