@@ -35,7 +35,6 @@ from twophase.protocol import (
     RecoveryScope,
     TransactionContext,
     TransactionLostError,
-    TransientCommitError,
     dumpsHandle,
     loadsHandle,
 )
@@ -48,7 +47,6 @@ from twophase.sinks.files import (
     finalFileName,
 )
 from twophase.sinks.files.partitioning import escapePathName, partitionValueText
-from twophase.sinks.files.storage import Storage
 from twophase.spark.declared import FilesSink
 
 SINK = "sink-1"
@@ -300,37 +298,18 @@ def test_commit_of_a_handle_whose_files_vanished_fails_loudly(target: Target) ->
         sink.committer.commit(handle)
 
 
-def test_transient_filesystem_errors_become_TransientCommitError(
-    target: Target, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sink = sinkOf(target)
-    handle = prepare(sink.writer, [rows(0, 5)])
-    realMove = Storage.move
-
-    def flakyMove(self: Any, src: str, dst: str, into: Any = None) -> None:
-        raise ConnectionResetError("connection reset by peer")
-
-    monkeypatch.setattr(Storage, "move", flakyMove)
-    with pytest.raises(TransientCommitError, match="commit of files batch 0"):
-        sink.committer.commit(handle)
-    monkeypatch.setattr(Storage, "move", realMove)
-
-    sink.committer.commit(handle)  # the retry finishes the job
-    assert target.dataset().count_rows() == 5
-
-
-def test_permanent_errors_propagate_unchanged(
-    local: Target, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_permanent_errors_propagate_unchanged(local: Target) -> None:
+    """A real refusal of the filesystem (the output path is a file, not a directory) is not
+    retried as transient: it reaches the coordinator as it is. A transient one (the server
+    down) is integration_tests/test_files_s3.py's."""
     sink = sinkOf(local)
     handle = prepare(sink.writer, [rows(0, 5)])
-
-    def deniedMove(self: Any, src: str, dst: str, into: Any = None) -> None:
-        raise PermissionError("read-only filesystem")
-
-    monkeypatch.setattr(Storage, "move", deniedMove)
-    with pytest.raises(PermissionError):
+    if local.fs.exists(local.root):
+        local.fs.rm(local.root, recursive=True)
+    Path(local.root).write_text("not a directory")
+    with pytest.raises(OSError) as info:
         sink.committer.commit(handle)
+    assert isinstance(info.value, (NotADirectoryError, FileExistsError)), info.value
 
 
 def test_empty_task_prepares_and_commits_nothing(target: Target) -> None:
