@@ -163,6 +163,7 @@ def terminal() -> Iterator[tuple[TextIO, list[bytes]]]:
         out.close()
         reader.join(10)
         os.close(leader)
+    assert not reader.is_alive(), "the terminal's reader did not reach the end of the output"
 
 
 def screen(raw: str) -> str:
