@@ -118,6 +118,7 @@ def race(kind: str, base: str, env: dict[str, str]) -> list[dict[int, str]]:
         rounds[url][index] = outcome
     for racer in racers:
         racer.join(timeout=60)
+    assert [r.exitcode for r in racers] == [0] * RACERS, "a racer failed or never ended"
     return [rounds[url] for url in urls]
 
 
