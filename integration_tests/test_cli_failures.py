@@ -27,8 +27,8 @@ from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import PgRole
 from integration_tests.test_kafka_helpers import createTopic
 from twophase import cli
+from twophase.spark.declared import PostgresSink
 from twophase.spark.kafka import KafkaSink
-from twophase.spark.postgres import PostgresSink
 
 MAX_LINES = 12
 

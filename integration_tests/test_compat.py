@@ -125,7 +125,7 @@ def sql(mariadb_url: str) -> Iterator[Target]:
         return [x for x in xids if x.startswith(sinkPrefix(sinkId))]
 
     options = {"url": mariadb_url, "dbtable": table, "sinkId": sinkId}
-    yield Target("twophase.spark.sql:SqlSink", held("sql", options), prepared, options)
+    yield Target("twophase.spark.declared:SqlSink", held("sql", options), prepared, options)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}")
     engine.dispose()
@@ -217,7 +217,7 @@ def postgres(pg_url: str, pg_table: str) -> Target:
         return [g[0] for g in gids]
 
     return Target(
-        "twophase.spark.postgres:PostgresSink",
+        "twophase.spark.declared:PostgresSink",
         read,
         prepared,
         {"url": pg_url, "table": pg_table, "createTable": "true", "sinkId": sinkId},

@@ -30,8 +30,8 @@ from twophase.clients.kafka import brokerTransactionMaxTimeoutMs
 from twophase.protocol import TransactionContext
 from twophase.sinks.postgres import validateTarget
 from twophase.sinks.relational.naming import sinkPrefix
+from twophase.spark.declared import PostgresSink
 from twophase.spark.kafka import KafkaSink
-from twophase.spark.postgres import PostgresSink
 
 
 def run(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -297,7 +297,7 @@ def test_sql_password_stays_out_of_the_checkpoint_and_the_logs(
         query = Harness(
             tmp_path / "query",
             "local",
-            sink="twophase.spark.sql:SqlSink",
+            sink="twophase.spark.declared:SqlSink",
             rows=ROWS,
             rowsPerBatch=ROWS_PER_BATCH,
             options={"url": url, "dbtable": table, "createTable": "true"},

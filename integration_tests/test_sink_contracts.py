@@ -27,10 +27,8 @@ from integration_tests.conftest import S3Service
 from integration_tests.test_kafka_helpers import createTopic, readTopic
 from twophase.sinks.files.s3 import S3Calls
 from twophase.sinks.kafka.inspect import OPEN_STATES
-from twophase.spark.declared import FilesSink
+from twophase.spark.declared import FilesSink, PostgresSink, SqlSink
 from twophase.spark.kafka import KafkaSink
-from twophase.spark.postgres import PostgresSink
-from twophase.spark.sql import SqlSink
 from twophase.testing import SinkContract
 
 STREAM = StructType([StructField("id", LongType()), StructField("payload", StringType())])

@@ -21,7 +21,7 @@ from integration_tests.checkpoints import SinkCheckpoint
 from twophase import cli
 from twophase.sinks.relational.naming import sinkPrefix
 from twophase.sinks.sql import validateTarget
-from twophase.spark.sql import SqlSink
+from twophase.spark.declared import SqlSink
 
 
 def run(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -218,7 +218,7 @@ def postgresSink(pg_url: str, pg_table: str) -> Sink:
             ).fetchall()
 
     options = {"url": pg_url, "table": pg_table, "createTable": "true", "sinkId": sinkId}
-    return Sink("twophase.spark.postgres:PostgresSink", options, read, prepared)
+    return Sink("twophase.spark.declared:PostgresSink", options, read, prepared)
 
 
 def s3FilesSink(s3: S3Service, prefix: str) -> Sink:

@@ -177,7 +177,7 @@ SECRET_PIECES = ("s3cret", "hidden", "k3y-pass", "0pt-pw")
 
 def sinkJson(options: dict[str, str]) -> dict[str, str]:
     """The options as the binding writes them to sink.json: the sink's public form, redacted."""
-    from twophase.spark.postgres import PostgresSink
+    from twophase.spark.declared import PostgresSink
 
     shown = {
         key: public
@@ -189,7 +189,7 @@ def sinkJson(options: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("url", PASSWORD_URLS)
 def test_redacted_options_never_hold_a_url_password_in_any_form(url: str) -> None:
-    from twophase.spark.postgres import PostgresSink
+    from twophase.spark.declared import PostgresSink
 
     options = {
         "url": url,
@@ -222,7 +222,7 @@ def test_sink_json_keeps_the_url_without_its_password_and_pointing_at_the_same_d
 def test_a_url_redacted_in_sink_json_reads_back_without_a_password(url: str) -> None:
     """Without the sink's public form, sink.json holds the url redacted: its ``***`` must not
     be sent as a password, so that libpq falls back to PGPASSWORD or ~/.pgpass."""
-    from twophase.spark.postgres import PostgresSink
+    from twophase.spark.declared import PostgresSink
 
     public = publicOptions({"url": url, "table": "t"}, PostgresSink.safeOptions)
     settings = PostgresSettings.fromOptions(public)

@@ -194,7 +194,15 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="postgres",
         system="PostgreSQL",
-        binding="twophase.spark.postgres:PostgresSink",
+        options="twophase.sinks.postgres.settings:OPTIONS",
+        page="docs/postgres.md",
+        parts=SinkParts(
+            settings="twophase.sinks.postgres:PostgresSettings.fromOptions",
+            writer="twophase.sinks.postgres:PostgresWriter",
+            committer="twophase.sinks.postgres:PostgresCommitter",
+            validate="twophase.sinks.postgres:validateTarget",
+            publicValue="twophase.sinks.postgres:publicOptionValue",
+        ),
         reader="twophase.verify.held:readPostgresSink",
         inspector="twophase.sinks.postgres.inspect",
         errorModules=("twophase.sinks.postgres", "twophase.clients.postgres", "psycopg"),
@@ -211,7 +219,15 @@ SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="sql",
         system="the SQL database",
-        binding="twophase.spark.sql:SqlSink",
+        options="twophase.sinks.sql.settings:OPTIONS",
+        page="docs/sql.md",
+        parts=SinkParts(
+            settings="twophase.sinks.sql:SqlSettings.fromOptions",
+            writer="twophase.sinks.sql:SqlWriter",
+            committer="twophase.sinks.sql:SqlCommitter",
+            validate="twophase.sinks.sql:validateTarget",
+            publicValue="twophase.sinks.sql:publicOptionValue",
+        ),
         reader="twophase.verify.sql:readSql",
         inspector="twophase.sinks.sql.inspect",
         errorModules=("twophase.sinks.sql", "sqlalchemy", "pymysql", "MySQLdb", "mariadb"),

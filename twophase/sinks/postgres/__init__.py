@@ -8,8 +8,8 @@ returns holds the gid (or staging token), the transaction's id and where to reac
 ``PostgresCommitter`` (driver, any process) runs ``COMMIT PREPARED`` / ``ROLLBACK PREPARED``,
 or moves staged rows into the target with a marker in one transaction (``staging``); a prepared
 transaction survives its session, the executor and a server restart. ``validateTarget`` checks
-the server and the table before a batch. Spark-free: the data source ``twophase.postgres`` is
-``twophase.spark.postgres.PostgresSink``.
+the server and the table before a batch. Spark-free: the registry declares it as
+``twophase.postgres``.
 
 Modules by role: ``settings`` (options), ``dialect`` (what is PostgreSQL's own: names, gids;
 what it shares with ``twophase.sql`` is ``twophase.sinks.relational``), ``schema`` (table

@@ -34,8 +34,11 @@ from twophase.sinks.relational.options import checkKeysInStream
 log = getLogger(__name__)
 
 
-def validateTarget(settings: PostgresSettings, schema: pa.Schema) -> None:
+def validateTarget(settings: PostgresSettings, schema: pa.Schema, sinkId: str = "") -> None:
     """Driver, before each batch: check the server, the table and the stream's columns.
+
+    ``sinkId`` is taken as every sink's check takes it (``twophase.sinks.registry``); a gid
+    holds any sink id, so PostgreSQL has nothing to check of it.
 
     Fails with ``TwoPhaseConfigError`` naming the problem and the fix when
     ``max_prepared_transactions`` is 0 under ``commitMode=prepared``, the table is missing (and

@@ -19,9 +19,15 @@ from twophase.clients.postgres import (
     connectionOf,
     publicConninfo,
 )
+from twophase.options import SinkOption, keptOptions
 from twophase.settings import TwoPhaseConfigError, floatOption, intOption, optionOf
 from twophase.sinks.postgres.dialect import NAMES, parseTableName, quoteIdent
 from twophase.sinks.relational.options import (
+    BAD_RECORDS,
+    CONNECT,
+    CREATE_TABLE,
+    KEY_COLUMNS,
+    TABLE,
     checkBadRecords,
     checkModeAndKeys,
     readShared,
@@ -31,33 +37,87 @@ from twophase.sinks.relational.options import (
 COMMIT_MODES = ("auto", "prepared", "staged")
 """Values of option ``commitMode``: how a task's rows wait for the driver's decision."""
 
-SAFE_OPTIONS = frozenset(
-    {
-        "url",
-        "table",
-        "dbtable",
-        "mode",
-        "keycolumns",
-        "createtable",
-        "user",
-        "sslmode",
-        "sslrootcert",
-        "sslcert",
-        "sslcrl",
-        "applicationname",
-        "targetsessionattrs",
-        "connecttimeout",
-        "connectretryseconds",
-        "locktimeoutseconds",
-        "sockettimeout",
-        "upsertbatchrows",
-        "batchsize",
-        "commitmode",
-        "maxpreparedpartitions",
-        "badrecords",
-    }
-    | {f"pg.{keyword}" for keyword in PUBLIC_LIBPQ_KEYWORDS}
+OPTIONS = (
+    SinkOption(
+        ("url",),
+        "string",
+        "required",
+        "`postgresql://user[:password]@host:port/dbname?sslmode=...` (a `jdbc:` prefix is "
+        "accepted) or a libpq `key=value` string; kept without its password",
+    ),
+    TABLE,
+    SinkOption(
+        ("mode",),
+        "choice",
+        "`append`",
+        "`append` (`COPY`) or `upsert` on `keyColumns` (`INSERT ... ON CONFLICT`)",
+    ),
+    KEY_COLUMNS,
+    CREATE_TABLE,
+    SinkOption(
+        ("commitMode",),
+        "choice",
+        "`auto`",
+        "`prepared`: every task holds a prepared transaction until the driver commits; "
+        "`staged`: tasks commit into a staging table and the driver moves the rows; `auto`: "
+        "partitions below `maxPreparedPartitions` prepared, the others staged",
+    ),
+    SinkOption(
+        ("maxPreparedPartitions",),
+        "integer",
+        "half the server's `max_prepared_transactions`",
+        "in `auto`, how many partitions (ids `0..n-1`) use a prepared transaction",
+    ),
+    SinkOption(
+        ("batchsize", "upsertBatchRows"),
+        "integer",
+        "`20000`",
+        "rows per `INSERT ... ON CONFLICT` statement (Spark's JDBC name, or ours); `COPY` "
+        "sends a record batch whole",
+    ),
+    BAD_RECORDS,
+    SinkOption(
+        ("user", "sslmode", "sslrootcert", "sslcert", "sslcrl", "targetSessionAttrs"),
+        "string",
+        "from the URL",
+        "override the URL's libpq parameters",
+    ),
+    SinkOption(("applicationName",), "string", "`twophase`", "the session's `application_name`"),
+    SinkOption(
+        ("password", "sslpassword", "sslkey"),
+        "string",
+        "from the URL, `PGPASSWORD`, `~/.pgpass`",
+        "never written to the checkpoint: `twophase recover` takes them from the environment "
+        "or `--sink-option`",
+        secret=True,
+    ),
+    SinkOption(
+        ("pg.*",),
+        "prefix",
+        "",
+        "any other libpq parameter (`pg.keepalives`); the checkpoint keeps only those that "
+        "cannot hold a secret",
+        kept=tuple(f"pg.{keyword}" for keyword in sorted(PUBLIC_LIBPQ_KEYWORDS)),
+    ),
+    CONNECT,
+    SinkOption(
+        ("lockTimeoutSeconds",),
+        "seconds",
+        "`60`",
+        "a task waiting longer for a row lock fails, naming the prepared transactions it "
+        "waits for (0: waits forever)",
+    ),
+    SinkOption(
+        ("socketTimeout",),
+        "seconds",
+        "`120`",
+        "how long a task or the driver waits for the server to answer one call before "
+        "dropping the connection and failing, retryably (0: no limit)",
+    ),
 )
+"""The postgres sink's options, declared once (docs/postgres.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-cased) that may be persisted: never ``password``, ``sslpassword``, ``sslkey``
 or a ``pg.*`` keyword that can hold a secret. ``url`` is persisted without its password."""
 

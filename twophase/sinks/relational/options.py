@@ -13,10 +13,56 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from twophase.options import SinkOption
 from twophase.settings import TwoPhaseConfigError, boolOption, floatOption, optionOf
 
 MODES = ("append", "upsert")
 """Values of option ``mode``: rows added (``append``), or updated where their keys exist."""
+
+TABLE = SinkOption(
+    ("dbtable", "table"),
+    "string",
+    "required",
+    "the target, `table` or `schema.table`, in the database's identifier rules; both options "
+    "given must name the same table",
+)
+KEY_COLUMNS = SinkOption(
+    ("keyColumns",),
+    "columns",
+    "-",
+    'the primary key or unique index columns, comma separated (a name may be quoted with `"` '
+    "or backticks); required by upsert, refused in append mode",
+)
+CREATE_TABLE = SinkOption(
+    ("createTable",),
+    "boolean",
+    "`false`",
+    "create a missing table from the stream's schema (`keyColumns` as primary key)",
+)
+CONNECT = SinkOption(
+    ("connectTimeout", "connectRetrySeconds"),
+    "seconds",
+    "`10`, `30`",
+    "seconds for one connection attempt; how long tasks and the driver's checks keep retrying "
+    "to connect to a server that is down or restarting (fractions allowed; 0: try once)",
+)
+BAD_RECORDS = SinkOption(
+    ("badRecords",),
+    "string",
+    "`fail`",
+    "`fail`: a row the database refuses fails the batch, naming the row and the fix; or the "
+    "name of a dead-letter table beside the target (created when missing), e.g. "
+    "`events_rejected`: refused rows go there in the task's own transaction and the query "
+    "goes on",
+)
+PASSWORD = SinkOption(
+    ("password",),
+    "string",
+    "from the URL",
+    "overrides the URL's; never written to the checkpoint (`twophase recover` takes it again)",
+    secret=True,
+)
+"""The option rows both relational sinks declare alike (``OPTIONS`` in their settings)."""
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ dialect's: XA on MySQL/MariaDB, ``PREPARE TRANSACTION`` on PostgreSQL) with a co
 and prepares it; the handle holds the xid and the URL without its password. A
 ``SqlCommitter`` (driver, any process) commits or rolls it back by xid from another connection,
 and tells an already committed xid (its marker is there) from a lost one. ``validateTarget``
-checks the server and the table before a batch. Spark-free: the data source ``twophase.sql``
-is ``twophase.spark.sql.SqlSink``.
+checks the server and the table before a batch. Spark-free: the registry declares it as
+``twophase.sql``.
 
 Modules by role: ``settings`` (options), ``dialect`` (what differs between MySQL and
 PostgreSQL; what the sink shares with ``twophase.postgres`` is ``twophase.sinks.relational``),

@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from twophase.options import SinkOption, keptOptions
 from twophase.settings import TwoPhaseConfigError, intOption, optionOf
 from twophase.sinks.relational.options import (
+    BAD_RECORDS,
+    CONNECT,
+    CREATE_TABLE,
+    KEY_COLUMNS,
     MODES,
+    PASSWORD,
+    TABLE,
     checkBadRecords,
     checkModeAndKeys,
     readShared,
@@ -26,10 +33,53 @@ from twophase.sinks.sql.dialect import NAMES, parseTableName
 FAMILIES = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql"}
 """SQLAlchemy dialect names the sink supports, and the family whose statements they take."""
 
-SAFE_OPTIONS = frozenset(
-    {"url", "dbtable", "table", "user", "mode", "keycolumns", "batchsize", "createtable"}
-    | {"markertable", "connecttimeout", "connectretryseconds", "sockettimeout", "badrecords"}
+OPTIONS = (
+    SinkOption(
+        ("url",),
+        "string",
+        "required",
+        "an SQLAlchemy URL: `mysql+pymysql://user:pw@host:3306/db` or "
+        "`postgresql+psycopg://user:pw@host:5432/db`; kept without its password",
+    ),
+    TABLE,
+    SinkOption(("user",), "string", "from the URL", "overrides the URL's"),
+    PASSWORD,
+    SinkOption(
+        ("mode",),
+        "choice",
+        "`append`",
+        "`append`, or `upsert` on `keyColumns` (`INSERT ... ON DUPLICATE KEY UPDATE` on "
+        "MySQL/MariaDB, `ON CONFLICT ... DO UPDATE` on PostgreSQL)",
+    ),
+    KEY_COLUMNS,
+    SinkOption(
+        ("batchsize",),
+        "integer",
+        "`1000`",
+        "rows per multi-row `INSERT` (as Spark's JDBC writer's option)",
+    ),
+    CREATE_TABLE,
+    SinkOption(
+        ("markerTable",),
+        "string",
+        "`twophase_sql_commits`",
+        "the commit markers' table, created beside the target",
+    ),
+    CONNECT,
+    BAD_RECORDS,
+    SinkOption(
+        ("socketTimeout",),
+        "seconds",
+        "`120`",
+        "how long to wait for the server to answer one statement or take one: MySQL/MariaDB "
+        "through PyMySQL's `read_timeout` and `write_timeout` (unless the URL sets them); "
+        "PostgreSQL, whose libpq has no read timeout, by cutting the connection; above "
+        "InnoDB's 50 s lock wait (0: no limit)",
+    ),
 )
+"""The sql sink's options, declared once (docs/sql.md's table comes from it)."""
+
+SAFE_OPTIONS = keptOptions(OPTIONS)
 """Options (lower-cased) that may be persisted: never ``password``; ``url`` without it."""
 
 _SECRET_PARAMETER = re.compile(r"pass|secret|key|token|credential", re.IGNORECASE)
