@@ -51,12 +51,16 @@ class LocalContract(SinkContract):
             pytest.importorskip(self.needs)
         self.root = tmp_path
 
+    def checkpoint(self) -> dict[str, str]:
+        """The query's checkpoint, which the driver's check requires, as Spark passes it."""
+        return {"checkpointLocation": str(self.root / "checkpoint")}
+
 
 class TestFilesContract(LocalContract):
     sink = FilesSink
 
     def newTarget(self) -> dict[str, str]:
-        return validated(FilesSink({"path": str(self.root / "out")}))
+        return validated(FilesSink({"path": str(self.root / "out"), **self.checkpoint()}))
 
     def readCommitted(self, options: Mapping[str, str]) -> pa.Table:
         path = options["path"]
@@ -73,7 +77,7 @@ class TestDeltaContract(LocalContract):
     needs = "deltalake"
 
     def newTarget(self) -> dict[str, str]:
-        return validated(DeltaSink({"path": str(self.root / "table")}))
+        return validated(DeltaSink({"path": str(self.root / "table"), **self.checkpoint()}))
 
     def readCommitted(self, options: Mapping[str, str]) -> pa.Table:
         import deltalake
@@ -94,6 +98,7 @@ class TestIcebergContract(LocalContract):
             "catalog.type": "sql",
             "catalog.uri": f"sqlite:///{self.root}/catalog.db",
             "catalog.warehouse": f"file://{self.root}/warehouse",
+            **self.checkpoint(),
         }
         return validated(IcebergSink(options))
 
