@@ -261,16 +261,6 @@ def test_commit_of_a_transaction_rolled_back_behind_our_back_is_a_loud_loss(
         c.commit(handle)
 
 
-def test_abort_is_idempotent_and_leaves_nothing(pg_url: str, table: str) -> None:
-    createIdTable(pg_url, table)
-    w, c = sink(pg_url, table)
-    handle = writeAndPrepare(w, context(table), idsBatch([1, 2]))
-    c.abort(handle)
-    c.abort(handle)
-    assert prepared(pg_url, table) == []
-    assert execute(pg_url, f"SELECT count(*) FROM {table}") == [(0,)]
-
-
 def test_recover_and_abort_keeps_decided_handles_and_spares_other_sinks(
     pg_url: str, table: str
 ) -> None:

@@ -292,47 +292,6 @@ def test_crash_after_precommit_before_the_decision_is_aborted_by_recovery(target
         SqlCommitter(t.settings()).commit(h0)
 
 
-def test_crash_after_the_decision_before_all_commits_recover_and_commit_finishes(
-    target: Target,
-) -> None:
-    t = target
-    createSimple(t)
-    handles = [prepare(t, 1, simple(range(p * 2, p * 2 + 2)), p) for p in range(3)]
-    # The driver committed one handle, then died; a new committer (another process) recovers.
-    SqlCommitter(t.settings()).commit(handles[0])
-    fresh = SqlCommitter.fromOptions(t.options())
-    scope = RecoveryScope(t.sinkId, keep=tuple(handles), batchId=1)
-    assert fresh.recoverAndAbort(scope) == []  # kept handles are never aborted
-    for h in handles:
-        fresh.recoverAndCommit(h)
-    assert [r[0] for r in t.rows()] == list(range(6))
-
-
-def test_crash_after_all_commits_before_committed_mark_recommit_is_a_noop(target: Target) -> None:
-    t = target
-    createSimple(t)
-    h = prepare(t, 1, simple(range(4)))
-    committer = SqlCommitter(t.settings())
-    committer.commit(h)
-    committer.recoverAndCommit(h)
-    committer.commit(h)
-    assert [r[0] for r in t.rows()] == [0, 1, 2, 3]
-
-
-def test_failed_attempt_or_speculative_duplicate_is_swept_after_the_decision(
-    target: Target,
-) -> None:
-    t = target
-    createSimple(t)
-    loser = prepare(t, 1, simple(range(2), "old"))
-    winner = prepare(t, 1, simple(range(2), "new"))
-    committer = SqlCommitter(t.settings())
-    committer.commit(winner)
-    aborted = committer.recoverAndAbort(RecoveryScope(t.sinkId, keep=(winner,), batchId=1))
-    assert [h["xid"] for h in aborted] == [loser["xid"]]
-    assert t.rows() == [(0, "new0"), (1, "new1")]
-
-
 def test_recovery_touches_only_this_sinks_prefix(target: Target) -> None:
     t = target
     createSimple(t)

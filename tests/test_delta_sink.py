@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from twophase.coordinator import Coordinator, CoordinatorSettings, DecisionLog
-from twophase.protocol import RecoveryScope, TaskResult, TransactionContext
+from twophase.protocol import TaskResult, TransactionContext
 from twophase.redaction import publicOptions
 from twophase.sinks.delta import DeltaCommitter, DeltaSettings, DeltaTableError, ensureTable
 from twophase.sinks.files import FilesWriter
@@ -174,22 +174,6 @@ def test_crash_after_the_delta_commit_before_committed_is_logged(tmp_path: Path)
     assert query.deltaTable().version() == version, "the batch found in the table, not added again"
     assert query.ids() == expected(0)
     assert query.log.outstanding() == []
-
-
-def test_an_undecided_batch_is_swept_and_leaves_the_table_alone(tmp_path: Path) -> None:
-    query = Query(tmp_path)
-    query.run(0)
-    query.tasks(1)  # prepared, then the driver died before deciding
-    version = query.deltaTable().version()
-
-    query.restart()
-    aborted = query.committer.recoverAndAbort(RecoveryScope(SINK, (), 1, {}))
-
-    assert aborted and len(aborted) == 3
-    assert query.deltaTable().version() == version
-    assert query.ids() == expected(0)
-    query.run(1)
-    assert query.ids() == expected(0, 1)
 
 
 def test_partitioned_table_holds_the_partition_values_in_its_log(tmp_path: Path) -> None:

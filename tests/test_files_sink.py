@@ -169,16 +169,6 @@ def idsOf(table: pa.Table) -> list[int]:
 # -- visibility and commit ------------------------------------------------------------------
 
 
-def test_prepared_batch_is_invisible_to_readers(target: Target) -> None:
-    sink = sinkOf(target)
-    handle = prepare(sink.writer, [rows(0, 100), rows(100, 50)])
-
-    assert target.visibleFiles() == []
-    assert len(target.stagingFiles()) == 1
-    assert target.dataset().count_rows() == 0
-    assert handle["files"][0]["staging"] in target.stagingFiles()
-
-
 def test_commit_makes_every_row_visible(target: Target) -> None:
     sink = sinkOf(target)
     handle = prepare(sink.writer, [rows(0, 100), rows(100, 50)], context(batchId=3, partitionId=7))
@@ -233,19 +223,6 @@ def test_handle_is_small_json_with_the_documented_keys(local: Target) -> None:
             "rows": 10,
         }
     ]
-
-
-def test_commit_twice_is_a_noop(target: Target) -> None:
-    sink = sinkOf(target)
-    handle = prepare(sink.writer, [rows(0, 20)])
-    sink.committer.commit(handle)
-    before = {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()}
-
-    sink.committer.commit(handle)
-    sink.committer.recoverAndCommit(handle)
-
-    assert {f: target.fs.info(f"{target.root}/{f}")["size"] for f in target.files()} == before
-    assert idsOf(target.dataset().to_table()) == list(range(20))
 
 
 def test_commit_from_another_process_needs_only_the_handle(target: Target) -> None:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from twophase.coordinator import Coordinator, CoordinatorSettings, DecisionLog
-from twophase.protocol import RecoveryScope, TaskResult, TransactionContext, TransactionLostError
+from twophase.protocol import TaskResult, TransactionContext, TransactionLostError
 from twophase.redaction import publicOptions
 from twophase.sinks.files import FilesWriter
 from twophase.sinks.iceberg import (
@@ -201,21 +201,6 @@ def test_crash_after_the_snapshot_before_committed_is_logged(tmp_path: Path) -> 
     assert query.snapshots() == 1, "the batch found in the table, not appended again"
     assert query.ids() == expected(0)
     assert query.log.outstanding() == []
-
-
-def test_an_undecided_batch_is_swept_and_leaves_the_table_alone(tmp_path: Path) -> None:
-    query = Query(tmp_path)
-    query.run(0)
-    query.tasks(1)  # prepared, then the driver died before deciding
-
-    query.restart()
-    aborted = query.committer.recoverAndAbort(RecoveryScope(SINK, (), 1, {}))
-
-    assert aborted and len(aborted) == 3
-    assert query.snapshots() == 1
-    assert query.ids() == expected(0)
-    query.run(1)
-    assert query.ids() == expected(0, 1)
 
 
 def test_partitioned_table_holds_the_partition_values_in_its_manifests(tmp_path: Path) -> None:
