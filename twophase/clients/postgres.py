@@ -25,6 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from twophase.protocol import TransientCommitError
 from twophase.redaction import REDACTED, getLogger, redact
+from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError, intOption, optionOf
 
 log = getLogger(__name__)
@@ -342,8 +343,27 @@ class AnswerWatch:
             duplicate.close()
 
 
+class _IdleConnections:
+    """The idle driver connections of one process, by (target, secrets)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: dict[tuple[object, ...], list[psycopg.Connection[Any]]] = {}
+
+    def close(self) -> None:
+        with self.lock:
+            conns = [c for idle in self.idle.values() for c in idle]
+            self.idle = {}
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:  # best effort: the server ends the session when the socket goes
+                log.debug("postgres: closing a driver connection failed", exc_info=True)
+
+
 class DriverConnections:
-    """Autocommit connections of one process, reused across commits (thread-safe).
+    """Autocommit connections of a process, reused across commits (thread-safe), kept in its
+    :class:`Resources` and closed with them.
 
     The coordinator commits handles from a thread pool, and recovery commits many: a fresh
     connection (TCP plus SCRAM) per handle would dominate the commit time. Broken connections
@@ -352,9 +372,13 @@ class DriverConnections:
 
     maxIdle: ClassVar[int] = 16
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[tuple[object, ...], list[psycopg.Connection[Any]]] = {}
+    def __init__(self, resources: Resources | None = None) -> None:
+        self.resources = resources
+
+    def _pool(self) -> _IdleConnections:
+        return (self.resources or Resources.ofProcess()).get(
+            "postgres.driverConnections", _IdleConnections, _IdleConnections.close
+        )
 
     @contextmanager
     def borrow(
@@ -368,8 +392,9 @@ class DriverConnections:
         """An idle autocommit connection to ``target`` (or a new one), returned when done; the
         block's wait for answers bounded by ``socketTimeout`` (``AnswerWatch``)."""
         key = (target.params, secrets)
-        with self._lock:
-            idle = self._idle.get(key) or []
+        pool = self._pool()
+        with pool.lock:
+            idle = pool.idle.get(key) or []
             conn = idle.pop() if idle else None
         if conn is None or conn.closed or conn.broken:
             conn = connect(target, secrets, autocommit=True, retrySeconds=retrySeconds, what=what)
@@ -386,8 +411,9 @@ class DriverConnections:
                 and conn.info.transaction_status == TransactionStatus.IDLE
             )
             kept = False
-            with self._lock:
-                idle = self._idle.setdefault(key, [])
+            pool = self._pool()  # the one of now: a closed pool's connection is closed
+            with pool.lock:
+                idle = pool.idle.setdefault(key, [])
                 if healthy and len(idle) < self.maxIdle:
                     idle.append(conn)
                     kept = True
@@ -396,7 +422,7 @@ class DriverConnections:
 
 
 DRIVER_CONNECTIONS = DriverConnections()
-"""The process's pool of driver-side connections."""
+"""The driver-side connections of the process's :class:`Resources` (holds nothing itself)."""
 
 
 @contextmanager

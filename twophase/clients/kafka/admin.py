@@ -5,7 +5,6 @@ creating a topic a sink needs (a dead-letter topic) when it is missing.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
 from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
 
 log = getLogger(__name__)
@@ -39,8 +39,6 @@ _PRODUCER_ONLY = (
 )
 _CONSUMER_ONLY = ("isolation.level", "group.id", "enable.partition.eof", "fetch.", "session.")
 
-_TIMEOUT_CACHE: dict[str, tuple[int, float]] = {}
-_TIMEOUT_LOCK = threading.Lock()
 _TIMEOUT_CACHE_SECONDS = 300.0
 
 
@@ -71,10 +69,11 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
     unreachable cluster raises ``KafkaUnreachableError``.
     """
     key = config["bootstrap.servers"]
-    with _TIMEOUT_LOCK:
-        cached = _TIMEOUT_CACHE.get(key)
-        if cached is not None and time.monotonic() - cached[1] < _TIMEOUT_CACHE_SECONDS:
-            return cached[0]
+    # the brokers' answers by cluster, with when they were read (dict steps are atomic)
+    cache: dict[str, tuple[int, float]] = Resources.ofProcess().get("kafka.maxTimeouts", dict)
+    cached = cache.get(key)
+    if cached is not None and time.monotonic() - cached[1] < _TIMEOUT_CACHE_SECONDS:
+        return cached[0]
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -103,8 +102,7 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
             DEFAULT_TRANSACTION_MAX_TIMEOUT_MS,
         )
     value = min(values) if values else DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
-    with _TIMEOUT_LOCK:
-        _TIMEOUT_CACHE[key] = (value, time.monotonic())
+    cache[key] = (value, time.monotonic())
     return value
 
 
@@ -127,14 +125,12 @@ def topicMaxMessageBytes(
     return None, "the topic's configuration has no max.message.bytes"
 
 
-_TOPICS_SEEN: set[tuple[str, str]] = set()
-
-
 def ensureTopic(config: Mapping[str, Any], topic: str, option: str, timeoutSeconds: float) -> None:
     """Create ``topic`` with the brokers' defaults (partitions, replication) when it is missing,
     once per process; ``option`` names the option that asked for it in an error."""
     key = (str(config.get("bootstrap.servers")), topic)
-    if key in _TOPICS_SEEN:
+    seen: set[tuple[str, str]] = Resources.ofProcess().get("kafka.topicsSeen", set)
+    if key in seen:
         return
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
@@ -164,4 +160,4 @@ def ensureTopic(config: Mapping[str, Any], topic: str, option: str, timeoutSecon
                     f"created: {errorText(exc)}; create it, or grant the sink's principal "
                     "CREATE on it"
                 ) from None
-    _TOPICS_SEEN.add(key)
+    seen.add(key)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from twophase.resources import Resources
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.files import checkWritable
 from twophase.sinks.files.formats import utcTimestamps
@@ -199,7 +200,11 @@ def ensureTable(
     table changed later is found by the batch's commit, which reads the table again.
     """
     key = (path, schema, tuple(partitionBy) if partitionBy is not None else None)
-    if key in _ENSURED:
+    # tables this process has found (or made) able to take the stream
+    ensured: set[tuple[str, pa.Schema, tuple[str, ...] | None]] = Resources.ofProcess().get(
+        "delta.ensured", set
+    )
+    if key in ensured:
         return
     stream = deltaSchemaOf(schema)
     table = openTable(path, storage)
@@ -211,10 +216,7 @@ def ensureTable(
             )
         table = createTable(path, stream, partitionBy or (), storage)
     checkTable(table, path, stream, partitionBy)
-    _ENSURED.add(key)
-
-
-_ENSURED: set[tuple[str, pa.Schema, tuple[str, ...] | None]] = set()
+    ensured.add(key)
 
 
 def validateTarget(settings: DeltaSettings, schema: pa.Schema, sinkId: str) -> None:

@@ -6,14 +6,16 @@ every directory above it that was made recently. This module syncs each of those
 
 - :func:`closeDurably` syncs an open file's data (``fdatasync``: the data and the size, not
   the times) through its own descriptor, then closes it;
-- :data:`DIRECTORIES` fsyncs a directory; threads that ask for one directory at once (the
-  committer's pool) share a single fsync that starts after each caller's change (group
-  commit), so 200 renames into one directory do not cost 200 fsyncs in a row;
+- :func:`directories` (the process's :class:`DirectorySyncer`) fsyncs a directory; threads
+  that ask for one directory at once (the committer's pool) share a single fsync that starts
+  after each caller's change (group commit), so 200 renames into one directory do not cost
+  200 fsyncs in a row;
 - :func:`syncAncestorsOnce` fsyncs every directory above a long-lived one (the staging path,
   the sink's staging directory, the output path) once per process, keyed by the directory's
   device and inode, so it is made durable whoever made it and at no cost afterwards.
 
-Everything here is for the local filesystem; elsewhere closing a file is what makes it durable.
+What is shared by the process lives in its :class:`~twophase.resources.Resources`. Everything
+here is for the local filesystem; elsewhere closing a file is what makes it durable.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import errno
 import os
 import threading
 from typing import IO
+
+from twophase.resources import Resources
 
 
 def fsyncDirectory(path: str) -> None:
@@ -83,12 +87,14 @@ class DirectorySyncer:
                     self._cond.notify_all()
 
 
-DIRECTORIES = DirectorySyncer()
-"""The process's directory syncer (the committer's threads share it)."""
+def directories(resources: Resources | None = None) -> DirectorySyncer:
+    """The process's directory syncer (the committer's threads share it)."""
+    return (resources or Resources.ofProcess()).get("files.directories", DirectorySyncer)
 
-_DURABLE: set[tuple[int, int, str]] = set()
-"""Directories (device, inode, path) whose every ancestor this process has fsynced."""
-_DURABLE_LOCK = threading.Lock()
+
+def _durable(resources: Resources | None = None) -> set[tuple[int, int, str]]:
+    """Directories (device, inode, path) whose every ancestor this process has fsynced."""
+    return (resources or Resources.ofProcess()).get("files.durable", set)
 
 
 def syncAncestorsOnce(path: str) -> None:
@@ -99,23 +105,24 @@ def syncAncestorsOnce(path: str) -> None:
     """
     st = os.stat(path)
     key = (st.st_dev, st.st_ino, path)
-    if key in _DURABLE:
+    durable = _durable()
+    if key in durable:
         return
+    syncer = directories()
     current = os.path.abspath(path)
     while True:
         parent = os.path.dirname(current)
         if parent == current:
             break
-        DIRECTORIES.sync(parent)
+        syncer.sync(parent)
         current = parent
-    with _DURABLE_LOCK:
-        _DURABLE.add(key)
+    durable.add(key)  # one atomic step under the GIL
 
 
 __all__ = [
-    "DIRECTORIES",
     "DirectorySyncer",
     "closeDurably",
+    "directories",
     "fsyncDirectory",
     "syncAncestorsOnce",
 ]

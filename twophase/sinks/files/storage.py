@@ -24,7 +24,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from twophase.protocol import TransientCommitError
 from twophase.redaction import redact
-from twophase.sinks.files.durability import DIRECTORIES, closeDurably, syncAncestorsOnce
+from twophase.resources import Resources
+from twophase.sinks.files.durability import closeDurably, directories, syncAncestorsOnce
 from twophase.sinks.files.s3 import isTransient as s3IsTransient
 
 _TRANSIENT_ERRNOS = frozenset(
@@ -138,13 +139,13 @@ class Storage:
 
         Missing directories are skipped. Sorted deepest first, so a new directory's entry in
         its parent is synced after its own contents. Threads syncing one directory at once
-        share the fsync (:data:`twophase.sinks.files.durability.DIRECTORIES`).
+        share the fsync (:func:`twophase.sinks.files.durability.directories`).
         """
         if not self.isLocal:
             return
         depth = {r: r.strip("/").count("/") + 1 if r.strip("/") else 0 for r in set(rels)}
         for rel in sorted(depth, key=lambda r: (-depth[r], r)):
-            DIRECTORIES.sync(self.full(rel))
+            directories().sync(self.full(rel))
 
     def syncAncestorsOnce(self, rel: str = "") -> None:
         """Local filesystem: make ``rel`` (a directory the sink never deletes) and every
@@ -272,10 +273,6 @@ class Storage:
         return True
 
 
-_CHECKED_STAGING: set[tuple[str, str]] = set()
-"""(output URL, staging URL) pairs this process has proven a rename can join."""
-
-
 def checkStagingArea(output: Storage, staging: Storage) -> None:
     """Prove the commit's rename can move a staged entry into ``output``; once per process.
 
@@ -286,7 +283,9 @@ def checkStagingArea(output: Storage, staging: Storage) -> None:
     where a rename is copy + delete within the store) it only creates the staging directory.
     """
     key = (output.url(), staging.url())
-    if key in _CHECKED_STAGING:
+    # (output URL, staging URL) pairs this process has proven a rename can join
+    checked: set[tuple[str, str]] = Resources.ofProcess().get("files.checkedStaging", set)
+    if key in checked:
         return
     fix = (
         "set option stagingPath to a writable directory on the same filesystem as path, "
@@ -317,12 +316,7 @@ def checkStagingArea(output: Storage, staging: Storage) -> None:
                 f"place atomically; {fix}"
             ) from exc
         os.rmdir(output.full(name))
-    _CHECKED_STAGING.add(key)
-
-
-_OPEN: dict[tuple[str, str], Storage] = {}
-"""Every :class:`Storage` this process opened, by (path, storage options): a Python worker
-that runs many tasks opens each filesystem once. In memory only."""
+    checked.add(key)
 
 
 class Storages:
@@ -330,8 +324,10 @@ class Storages:
 
     A committer may meet handles naming its output path as a URL (``file:///out``) or as the
     user wrote it (``out``): both keys lead to one ``Storage``, shared by every writer and
-    committer of the process with the same storage options. Pickled (to a task) as its
-    options only: the open filesystems are opened again where it lands.
+    committer of the process with the same storage options: every :class:`Storage` the
+    process opened is kept in its :class:`Resources`, by (path, storage options), so a Python
+    worker that runs many tasks opens each filesystem once. Pickled (to a task) as its options
+    only: the open filesystems are opened again where it lands.
     """
 
     def __init__(self, storageOptions: Mapping[str, Any]) -> None:
@@ -346,11 +342,12 @@ class Storages:
 
     def get(self, path: str) -> Storage:
         """The storage of base directory ``path`` (any fsspec URL or local path)."""
-        storage = _OPEN.get((path, self._key))
+        opened: dict[tuple[str, str], Storage] = Resources.ofProcess().get("files.storages", dict)
+        storage = opened.get((path, self._key))
         if storage is None:
             storage = Storage(path, self.storageOptions)
-            _OPEN[(path, self._key)] = storage
-            _OPEN.setdefault((storage.url(), self._key), storage)
+            opened[(path, self._key)] = storage
+            opened.setdefault((storage.url(), self._key), storage)
         return storage
 
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 from sqlalchemy.engine import make_url
 
 from twophase.clients.postgres_answers import boundAnswers
+from twophase.resources import Resources
 from twophase.sinks.files.formats import utcTimestamps
 
 if TYPE_CHECKING:
@@ -82,8 +83,8 @@ def loadCatalog(
     ``socketTimeout`` seconds without an answer (a frozen server's kernel still acknowledges
     TCP, so nothing else ends the wait)."""
     key = (name, tuple(sorted(properties.items())), connectTimeout, socketTimeout)
-    catalog = _CATALOGS.get(key)
-    if catalog is None:
+
+    def open() -> Catalog:
         module = pyiceberg()
         given = dict(properties)
         uri = given.get("uri", "")
@@ -99,8 +100,16 @@ def loadCatalog(
                 pingOnCheckout=True,
                 what="a statement of the Iceberg catalog",
             )
-        _CATALOGS[key] = catalog
-    return catalog
+        return catalog
+
+    return Resources.ofProcess().get(("iceberg.catalog", key), open, _closeCatalog)
+
+
+def _closeCatalog(catalog: Catalog) -> None:
+    """Close a SQL catalog's connections (other catalogs hold none of ours)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
 
 
 def catalogOf(settings: IcebergSettings) -> Catalog:
@@ -128,9 +137,6 @@ def _boundedUri(uri: str, connectTimeout: int) -> str:
     }
     added = {k: v for k, v in bounds.items() if k not in url.query}
     return url.update_query_dict(added).render_as_string(hide_password=False)
-
-
-_CATALOGS: dict[tuple[str, tuple[tuple[str, str], ...], int, int], Catalog] = {}
 
 
 def openTable(catalog: Catalog, identifier: str) -> Table | None:

@@ -30,6 +30,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 from twophase.sinks.kafka.errors import KafkaCommitError
 from twophase.sinks.kafka.handles import KIND, checkHandle, describeHandle
 from twophase.sinks.kafka.probe import ProbeVerdict, probeRecord
@@ -75,8 +76,10 @@ class KafkaCommitter(Committer):
 
     abortConcurrency: ClassVar[int] = 8
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.resources = resources or Resources.ofProcess()
+        """Where the transaction client is kept (the process's, unless a test gives its own)."""
         self._warnedNoListing = False
 
     @classmethod
@@ -90,7 +93,9 @@ class KafkaCommitter(Committer):
     def client(self) -> TransactionClient:
         """The driver's transaction client (shared by the process, see ``sharedClient``)."""
         return sharedClient(
-            self.settings.producerConfig, timeoutSeconds=self.settings.requestTimeoutSeconds
+            self.settings.producerConfig,
+            timeoutSeconds=self.settings.requestTimeoutSeconds,
+            resources=self.resources,
         )
 
     def commit(self, handle: Handle) -> CommitStatus | None:

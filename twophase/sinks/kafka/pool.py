@@ -25,10 +25,9 @@ its id kept for a later task, which takes it over with ``init_transactions``.
 
 from __future__ import annotations
 
-import os
+import enum
 import secrets
 import threading
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 
 log = getLogger(__name__)
 
@@ -46,14 +46,22 @@ KEEPER_INTERVAL_SECONDS = 1.0
 """How often the keeper thread serves the event queues of producers no task uses."""
 
 
+class State(enum.StrEnum):
+    """Where a pooled id stands (a string enum: equal to its value)."""
+
+    BUSY = "busy"
+    """A task holds it."""
+    PREPARED = "prepared"
+    """Its transaction holds records of batch ``batchId`` of run ``runId`` (ended by the
+    driver or by nobody), or whatever is open on it is left for a take-over."""
+    READY = "ready"
+    """No transaction open: the next task can begin at once."""
+
+
 @dataclass(eq=False)
 class Pooled:
-    """One pooled transactional id and, while it is alive, its producer.
-
-    ``state``: ``busy`` (a task holds it), ``prepared`` (its transaction holds records of batch
-    ``batchId`` of run ``runId``; ended by the driver or by nobody), ``ready`` (no transaction
-    open: the next task can begin at once). ``producer`` is ``None`` when it was dropped.
-    """
+    """One pooled transactional id and, while it is alive, its producer (``None`` when it was
+    dropped)."""
 
     transactionalId: str
     prefix: str
@@ -65,35 +73,68 @@ class Pooled:
     """The producer's delivery-report callback, reset by each task."""
     runId: str = ""
     batchId: int = -1
-    state: str = "busy"
+    state: State = State.BUSY
 
 
-class _Pool:
-    """The pooled ids of one worker process (forked workers start with an empty pool)."""
+class Pool:
+    """The pooled ids of one worker process, kept in its :class:`Resources` (a forked worker
+    starts with an empty pool), and the keeper thread that serves idle producers."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.token = secrets.token_hex(6)
+        self.lock = threading.RLock()
         self.entries: list[Pooled] = []
         self.counters: dict[str, int] = {}
         self.listed: dict[tuple[str, str, int], frozenset[str] | None] = {}
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def startKeeper(self) -> None:
+        with self.lock:
+            if self._stop.is_set() or (self._keeper is not None and self._keeper.is_alive()):
+                return
+            self._keeper = threading.Thread(
+                target=self._keep, name="twophase-kafka-keeper", daemon=True
+            )
+            self._keeper.start()
+
+    def _keep(self) -> None:
+        """Serve the event queues of producers no task polls (librdkafka's logs and errors)."""
+        while not self._stop.wait(KEEPER_INTERVAL_SECONDS):
+            with self.lock:
+                producers = [
+                    e.producer
+                    for e in self.entries
+                    if e.state is not State.BUSY and e.producer is not None
+                ]
+            for producer in producers:
+                try:
+                    producer.poll(0)
+                except Exception:  # a producer being destroyed; the next round skips it
+                    log.debug("kafka: keeper could not poll a pooled producer", exc_info=True)
+
+    def close(self) -> None:
+        """Stop the keeper; close the producers with nothing open and drop (never close, which
+        would abort) those holding a prepared transaction: a later task takes their ids over."""
+        self._stop.set()
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.join()
+        with self.lock:
+            entries, self.entries = self.entries, []
+        for entry in entries:
+            producer, entry.producer = entry.producer, None
+            if producer is not None and entry.state is State.READY:
+                _close(entry.transactionalId, producer)
 
 
-_POOL: _Pool | None = None
-_LOCK = threading.RLock()
-
-
-def _pool() -> _Pool:
-    global _POOL
-    if _POOL is None or _POOL.pid != os.getpid():
-        _POOL = _Pool()
-    return _POOL
+def _pool(resources: Resources | None = None) -> Pool:
+    return (resources or Resources.ofProcess()).get("kafka.pool", Pool, Pool.close)
 
 
 def workerIdPrefix(prefix: str) -> str:
     """``<prefix>-w<token>-``: the start of every id this worker process uses for ``prefix``."""
-    with _LOCK:
-        return f"{prefix}-w{_pool().token}-"
+    return f"{prefix}-w{_pool().token}-"
 
 
 def acquire(prefix: str, key: Hashable, runId: str, batchId: int) -> tuple[Pooled, bool]:
@@ -103,16 +144,16 @@ def acquire(prefix: str, key: Hashable, runId: str, batchId: int) -> tuple[Poole
     caller settles it (``settle``) or, with no producer, creates one for the id. Prefers ready
     producers, then prepared ones of earlier batches, then a new id.
     """
-    with _LOCK:
-        pool = _pool()
+    pool = _pool()
+    with pool.lock:
         mine = [e for e in pool.entries if e.prefix == prefix and e.key == key]
         for entry in mine:
-            if entry.state == "ready" and entry.producer is not None:
-                entry.state = "busy"
+            if entry.state is State.READY and entry.producer is not None:
+                entry.state = State.BUSY
                 return entry, True
         for entry in mine:
-            if entry.state == "prepared" and (entry.runId != runId or entry.batchId < batchId):
-                entry.state = "busy"
+            if entry.state is State.PREPARED and (entry.runId != runId or entry.batchId < batchId):
+                entry.state = State.BUSY
                 return entry, False
         n = pool.counters.get(prefix, 0)
         pool.counters[prefix] = n + 1
@@ -131,8 +172,8 @@ def openIds(
     runs one task at a time), so it shows every still-open transaction a task may take over.
     """
     cacheKey = (prefix, runId, batchId)
-    with _LOCK:
-        pool = _pool()
+    pool = _pool()
+    with pool.lock:
         if cacheKey in pool.listed:
             return pool.listed[cacheKey]
         idPrefix = f"{prefix}-w{pool.token}-"
@@ -142,8 +183,7 @@ def openIds(
     except Exception:  # the take-over by init_transactions is always safe
         log.debug("kafka: could not list this worker's open transactions", exc_info=True)
         result = None
-    with _LOCK:
-        pool = _pool()
+    with pool.lock:
         pool.listed = {k: v for k, v in pool.listed.items() if k[0] != prefix}
         pool.listed[cacheKey] = result
     return result
@@ -185,64 +225,40 @@ def _close(transactionalId: str, producer: Producer) -> None:
 
 def prepared(entry: Pooled, runId: str, batchId: int) -> None:
     """The task prepared a transaction with records on ``entry``: keep it for the driver."""
-    with _LOCK:
-        entry.state = "prepared"
+    pool = _pool()
+    with pool.lock:
+        entry.state = State.PREPARED
         entry.runId = runId
         entry.batchId = batchId
         alive = [
             e
-            for e in _pool().entries
+            for e in pool.entries
             if e.prefix == entry.prefix and e.key == entry.key and e.producer is not None
         ]
         if len(alive) > MAX_PRODUCERS:
             entry.producer = None  # dropped, not closed: the transaction stays open
-    _startKeeper()
+    pool.startKeeper()
 
 
 def ready(entry: Pooled) -> None:
     """The task ends with nothing open on ``entry``'s producer: the next task may take it."""
-    with _LOCK:
-        entry.state = "ready" if entry.producer is not None else "prepared"
-    _startKeeper()
+    pool = _pool()
+    with pool.lock:
+        entry.state = State.READY if entry.producer is not None else State.PREPARED
+    pool.startKeeper()
 
 
 def discard(entry: Pooled) -> None:
     """Forget ``entry``'s producer (closed by the caller); the id stays for a later take-over."""
-    with _LOCK:
+    with _pool().lock:
         entry.producer = None
-        entry.state = "prepared"  # whatever is left open is taken over by init_transactions
+        entry.state = State.PREPARED  # whatever is left open is taken over by init_transactions
         entry.batchId = -1
         entry.runId = ""
 
 
 def pooledTransactionalIds() -> list[str]:
     """Ids whose producers this process keeps (for tests and diagnostics)."""
-    with _LOCK:
-        return sorted(e.transactionalId for e in _pool().entries if e.producer is not None)
-
-
-_KEEPER: threading.Thread | None = None
-
-
-def _startKeeper() -> None:
-    global _KEEPER
-    with _LOCK:
-        if _KEEPER is not None and _KEEPER.is_alive():
-            return
-        _KEEPER = threading.Thread(target=_keep, name="twophase-kafka-keeper", daemon=True)
-        _KEEPER.start()
-
-
-def _keep() -> None:
-    """Serve the event queues of producers no task polls (librdkafka's logs and errors)."""
-    while True:
-        time.sleep(KEEPER_INTERVAL_SECONDS)
-        with _LOCK:
-            producers = [
-                e.producer for e in _pool().entries if e.state != "busy" and e.producer is not None
-            ]
-        for producer in producers:
-            try:
-                producer.poll(0)
-            except Exception:  # a producer being destroyed; the next round skips it
-                log.debug("kafka: keeper could not poll a pooled producer", exc_info=True)
+    pool = _pool()
+    with pool.lock:
+        return sorted(e.transactionalId for e in pool.entries if e.producer is not None)

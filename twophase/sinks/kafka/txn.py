@@ -41,6 +41,7 @@ from typing import Any
 from twophase.clients.kafka import kafkaPythonConfig, protectKafkaPythonLogs
 from twophase.protocol import TransientCommitError
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
 
 log = getLogger(__name__)
@@ -333,25 +334,26 @@ class TransactionClient:
         return listings
 
 
-_SHARED: dict[tuple[tuple[str, str], ...], TransactionClient] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def sharedClient(config: Mapping[str, str], *, timeoutSeconds: float = 30.0) -> TransactionClient:
+def sharedClient(
+    config: Mapping[str, str],
+    *,
+    timeoutSeconds: float = 30.0,
+    resources: Resources | None = None,
+) -> TransactionClient:
     """The process's client for this cluster and these credentials, created on first use.
 
     Spark keeps its driver-side Python workers across micro-batches but builds the sink again
-    for every batch; one client per process (not per sink object) keeps one connection and one
-    IO thread, instead of a new one per batch that nobody closes.
+    for every batch; one client per process (not per sink object), kept in the process's
+    :class:`Resources` and closed with them, keeps one connection and one IO thread instead of
+    a new one per batch.
     """
     key = tuple(sorted((str(k), str(v)) for k, v in config.items()))
     key += (("#timeout", str(timeoutSeconds)),)
-    with _SHARED_LOCK:
-        client = _SHARED.get(key)
-        if client is None:
-            client = TransactionClient(config, timeoutSeconds=timeoutSeconds)
-            _SHARED[key] = client
-        return client
+    return (resources or Resources.ofProcess()).get(
+        ("kafka.transactionClient", key),
+        lambda: TransactionClient(config, timeoutSeconds=timeoutSeconds),
+        TransactionClient.close,
+    )
 
 
 def _isConnectionError(exc: BaseException) -> bool:

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from twophase.clients.postgres import DRIVER_CONNECTIONS, ConnectionTarget, driverErrors
+from twophase.clients.postgres import ConnectionTarget, DriverConnections, driverErrors
 from twophase.protocol import (
     CommitStatus,
     Committer,
@@ -26,6 +26,7 @@ from twophase.protocol import (
     TransactionLostError,
 )
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.sinks.postgres.dialect import parseTableName
 from twophase.sinks.postgres.errors import PostgresSinkError, RowRejectedError
 from twophase.sinks.postgres.handles import (
@@ -74,8 +75,10 @@ class PostgresCommitter(Committer):
 
     kind: ClassVar[str] = KIND
 
-    def __init__(self, settings: PostgresSettings) -> None:
+    def __init__(self, settings: PostgresSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.connections = DriverConnections(resources)
+        """Driver connections, kept in ``resources`` (the process's unless given)."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> PostgresCommitter:
@@ -104,7 +107,7 @@ class PostgresCommitter(Committer):
         what = f"commit of {self.describe(h)}"
         with (
             driverErrors(what, target),
-            DRIVER_CONNECTIONS.borrow(
+            self.connections.borrow(
                 target, secrets, what, socketTimeout=self.settings.socketTimeout
             ) as conn,
         ):
@@ -151,7 +154,7 @@ class PostgresCommitter(Committer):
         move = moveStatement(names, table, list(h["columns"]), list(h["keys"]))
         with (
             driverErrors(what, target),
-            DRIVER_CONNECTIONS.borrow(
+            self.connections.borrow(
                 target, secrets, what, socketTimeout=self.settings.socketTimeout
             ) as conn,
         ):
@@ -212,7 +215,7 @@ class PostgresCommitter(Committer):
             what = f"abort of {self.describe(h)}"
             with (
                 driverErrors(what, target),
-                DRIVER_CONNECTIONS.borrow(
+                self.connections.borrow(
                     target, secrets, what, socketTimeout=self.settings.socketTimeout
                 ) as conn,
             ):
@@ -224,7 +227,7 @@ class PostgresCommitter(Committer):
         what = f"abort of {self.describe(h)}"
         with (
             driverErrors(what, target),
-            DRIVER_CONNECTIONS.borrow(
+            self.connections.borrow(
                 target, secrets, what, socketTimeout=self.settings.socketTimeout
             ) as conn,
         ):
@@ -327,7 +330,7 @@ class PostgresCommitter(Committer):
         s = self.settings
         with (
             driverErrors(what, s.target),
-            DRIVER_CONNECTIONS.borrow(
+            self.connections.borrow(
                 s.target, s.secrets, what, socketTimeout=s.socketTimeout
             ) as conn,
         ):

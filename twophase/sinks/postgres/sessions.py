@@ -17,6 +17,7 @@ from psycopg.pq import TransactionStatus
 
 from twophase.clients.postgres import ConnectionTarget, Secrets, connect
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 from twophase.sinks.relational.sessions import IdleSessions
 
 log = getLogger(__name__)
@@ -32,10 +33,17 @@ class TaskSession:
 
 
 class TaskSessions:
-    """Idle task sessions of this process, by (target, secrets, lock timeout); thread-safe."""
+    """Idle task sessions of a process, by (target, secrets, lock timeout), kept in its
+    :class:`Resources` (closed when they close); thread-safe."""
 
-    def __init__(self) -> None:
-        self._idle: IdleSessions[tuple[object, ...], TaskSession] = IdleSessions()
+    def __init__(self, resources: Resources | None = None) -> None:
+        self.resources = resources
+
+    @property
+    def _idle(self) -> IdleSessions[tuple[object, ...], TaskSession]:
+        return (self.resources or Resources.ofProcess()).get(
+            "postgres.taskSessions", IdleSessions, _closeAll
+        )
 
     def take(
         self,
@@ -82,9 +90,13 @@ class TaskSessions:
             _close(session)
 
     def clear(self) -> None:
-        """Close every idle session (tests; a worker just exits)."""
-        for session in self._idle.drain():
-            _close(session)
+        """Close every idle session."""
+        _closeAll(self._idle)
+
+
+def _closeAll(idle: IdleSessions[tuple[object, ...], TaskSession]) -> None:
+    for session in idle.drain():
+        _close(session)
 
 
 def _begun(session: TaskSession) -> bool:
@@ -108,4 +120,4 @@ def _close(session: TaskSession) -> None:
 
 
 TASK_SESSIONS = TaskSessions()
-"""This process's idle task sessions."""
+"""The idle task sessions of the process's :class:`Resources` (holds nothing itself)."""

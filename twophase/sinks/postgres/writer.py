@@ -30,6 +30,7 @@ from psycopg import sql
 from twophase.clients.postgres import AnswerWatch, connect, errorText
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.committer import PostgresCommitter
 from twophase.sinks.postgres.dialect import gidFor, quoteIdent
@@ -48,7 +49,7 @@ from twophase.sinks.postgres.rejections import (
     rejectionOf,
     withoutRowData,
 )
-from twophase.sinks.postgres.sessions import TASK_SESSIONS, TaskSession
+from twophase.sinks.postgres.sessions import TaskSession, TaskSessions
 from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.staging import (
     SEQ_COLUMN,
@@ -107,8 +108,10 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
 
     kind: ClassVar[str] = KIND
 
-    def __init__(self, settings: PostgresSettings) -> None:
+    def __init__(self, settings: PostgresSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.sessions = TaskSessions(resources)
+        """Task sessions, kept in ``resources`` (the process's unless given) for the next task."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> PostgresWriter:
@@ -161,7 +164,7 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
     def _open(self, txn: PostgresTransaction, schema: pa.Schema) -> None:
         s = self.settings
         ctx = txn.ctx
-        session = TASK_SESSIONS.take(
+        session = self.sessions.take(
             s.target,
             s.secrets,
             lockTimeoutMs=int(s.lockTimeoutSeconds * 1000),
@@ -277,7 +280,7 @@ class PostgresWriter(TransactionWriter[PostgresTransaction]):
                 handle["setAside"] = txn.setAside
         if session is not None:
             txn.session = None
-            TASK_SESSIONS.give(s.target, s.secrets, session)
+            self.sessions.give(s.target, s.secrets, session)
         txn.state = "prepared"
         txn.handle = handle
         log.debug(

@@ -21,14 +21,11 @@ import tenacity
 from sqlalchemy.engine import URL, Connection, Engine
 
 from twophase.clients.postgres_answers import boundAnswers, timedOut
+from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlCode, pgState
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
 from twophase.sinks.sql.settings import FAMILIES
-
-_engines: dict[tuple[str, bool, int, float], Engine] = {}
-_tlsChoices: dict[Engine, _TlsChoice] = {}
-_lock = threading.Lock()
 
 
 class _TlsChoice:
@@ -90,8 +87,7 @@ class _TlsChoice:
 
 def _reuseTlsChoice(engine: Engine) -> None:
     """Make PyMySQL's default TLS choice once for ``engine`` (``_TlsChoice``)."""
-    choice = _TlsChoice()
-    _tlsChoices[engine] = choice
+    choice = Resources.ofProcess().get(("sql.tlsChoice", engine), _TlsChoice)
 
     @sa.event.listens_for(engine, "do_connect")
     def _apply(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
@@ -109,48 +105,49 @@ def _setsTls(url: URL) -> bool:
 def engineFor(
     url: URL, *, pooled: bool, connectTimeout: int = 10, socketTimeout: float = 0
 ) -> Engine:
-    """The process's engine for ``url`` (created once); ``pooled`` for the committer.
+    """The process's engine for ``url`` (created once, kept and disposed of by the process's
+    :class:`Resources`); ``pooled`` for the committer.
 
     ``socketTimeout`` (0: none) bounds the wait for one statement's answer: MySQL/MariaDB
     through PyMySQL's ``read_timeout``/``write_timeout`` (unless the URL sets them),
     PostgreSQL through ``answers``.
     """
     key = (url.render_as_string(hide_password=False), pooled, connectTimeout, socketTimeout)
-    with _lock:
-        engine = _engines.get(key)
-        if engine is None:
-            family = FAMILIES[url.get_backend_name()]
-            args: dict[str, object] = {"connect_timeout": connectTimeout}
-            if family == "mysql":
-                args["init_command"] = "SET time_zone = '+00:00'"
-                for name in ("read_timeout", "write_timeout"):
-                    if socketTimeout and name not in url.query:
-                        args[name] = socketTimeout
-            else:
-                # A partition ends the wait through TCP; a frozen server only through
-                # ``answers`` (its kernel still acknowledges every packet).
-                args["tcp_user_timeout"] = connectTimeout * 1000
-                args["keepalives"] = 1
-            # PostgreSQL pools ping on checkout through ``answers`` (bounded) instead.
-            prePing = family == "mysql" or not socketTimeout
-            extra: dict[str, object] = (
-                {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": prePing}
-                if pooled
-                else {"poolclass": sa.pool.NullPool}
-            )
-            try:
-                engine = sa.create_engine(url, connect_args=args, **extra)
-            except ModuleNotFoundError as exc:
-                raise TwoPhaseConfigError(
-                    f"option url: the {url.drivername} dialect needs the {exc.name} package; "
-                    "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
-                ) from None
-            if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
-                _reuseTlsChoice(engine)
-            if family == "postgresql":
-                boundAnswers(engine, socketTimeout, pingOnCheckout=pooled)
-            _engines[key] = engine
+
+    def open() -> Engine:
+        family = FAMILIES[url.get_backend_name()]
+        args: dict[str, object] = {"connect_timeout": connectTimeout}
+        if family == "mysql":
+            args["init_command"] = "SET time_zone = '+00:00'"
+            for name in ("read_timeout", "write_timeout"):
+                if socketTimeout and name not in url.query:
+                    args[name] = socketTimeout
+        else:
+            # A partition ends the wait through TCP; a frozen server only through
+            # ``answers`` (its kernel still acknowledges every packet).
+            args["tcp_user_timeout"] = connectTimeout * 1000
+            args["keepalives"] = 1
+        # PostgreSQL pools ping on checkout through ``answers`` (bounded) instead.
+        prePing = family == "mysql" or not socketTimeout
+        extra: dict[str, object] = (
+            {"pool_size": 4, "max_overflow": 16, "pool_pre_ping": prePing}
+            if pooled
+            else {"poolclass": sa.pool.NullPool}
+        )
+        try:
+            engine = sa.create_engine(url, connect_args=args, **extra)
+        except ModuleNotFoundError as exc:
+            raise TwoPhaseConfigError(
+                f"option url: the {url.drivername} dialect needs the {exc.name} package; "
+                "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
+            ) from None
+        if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
+            _reuseTlsChoice(engine)
+        if family == "postgresql":
+            boundAnswers(engine, socketTimeout, pingOnCheckout=pooled)
         return engine
+
+    return Resources.ofProcess().get(("sql.engine", key), open, Engine.dispose)
 
 
 def isUnavailable(exc: BaseException) -> bool:
@@ -202,7 +199,7 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
         ),
         reraise=True,
     )
-    choice = _tlsChoices.get(engine)
+    choice: _TlsChoice | None = Resources.ofProcess().peek(("sql.tlsChoice", engine))
 
     def attempt() -> Connection:
         try:

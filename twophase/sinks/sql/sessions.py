@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from twophase.clients.postgres_answers import pingAnswers
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 from twophase.sinks.relational.sessions import MAX_IDLE_PER_KEY, IdleSessions
 from twophase.sinks.sql.connections import connect
 from twophase.sinks.sql.dialect import DRIVER_ERRORS
@@ -42,10 +43,17 @@ def reusable(engine: Engine) -> bool:
 
 
 class TaskSessions:
-    """Idle task sessions of this process, by engine; thread-safe."""
+    """Idle task sessions of a process, by engine, kept in its :class:`Resources` (ended when
+    they close); thread-safe."""
 
-    def __init__(self) -> None:
-        self._idle: IdleSessions[Engine, Connection] = IdleSessions(MAX_IDLE_PER_ENGINE)
+    def __init__(self, resources: Resources | None = None) -> None:
+        self.resources = resources
+
+    @property
+    def _idle(self) -> IdleSessions[Engine, Connection]:
+        return (self.resources or Resources.ofProcess()).get(
+            "sql.taskSessions", lambda: IdleSessions(MAX_IDLE_PER_ENGINE), _endAll
+        )
 
     def take(self, engine: Engine, what: str, retrySeconds: float) -> Connection:
         """A connection for one task: a kept one that answers the dialect's ping (one round
@@ -66,9 +74,13 @@ class TaskSessions:
         return self._idle.count(engine)
 
     def clear(self) -> None:
-        """Close every idle session (tests; a worker just exits)."""
-        for conn in self._idle.drain():
-            end(conn)
+        """Close every idle session."""
+        _endAll(self._idle)
+
+
+def _endAll(idle: IdleSessions[Engine, Connection]) -> None:
+    for conn in idle.drain():
+        end(conn)
 
 
 def end(conn: Connection) -> None:
@@ -114,7 +126,7 @@ def _alive(conn: Connection) -> bool:
 
 
 TASK_SESSIONS = TaskSessions()
-"""This process's idle task sessions."""
+"""The idle task sessions of the process's :class:`Resources` (holds nothing itself)."""
 
 
 __all__ = ["MAX_IDLE_PER_ENGINE", "TASK_SESSIONS", "TaskSessions", "end", "reusable"]
