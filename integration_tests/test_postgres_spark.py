@@ -9,6 +9,7 @@ prepared transaction of the sink is left. Row counts are small: the cost is Spar
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -416,3 +417,81 @@ def test_twice_max_prepared_transactions_partitions_commit_exactly_once(
         pg_url, f"SELECT count(*), count(DISTINCT batch_id) FROM {table}_twophase_commits"
     )
     assert batches == 1 and markers == partitions - limit // 2
+
+
+# -- nothing of ours is left once the query stops --------------------------------------------------
+
+
+def connectedPorts(remotePort: int) -> set[int]:
+    """The local ports of this process's TCP sockets connected to ``remotePort``."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed while listing
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if inode in inodes and int(remote.rsplit(":", 1)[1], 16) == remotePort:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def driverSessions(pg_url: str, applicationName: str) -> list[int]:
+    """The PostgreSQL sessions named ``applicationName`` whose client is this (the driver's)
+    process: pg_stat_activity's client ports among the driver's own sockets."""
+    port = psycopg.conninfo.conninfo_to_dict(pg_url).get("port") or 5432
+    mine = connectedPorts(int(port))
+    rows = query(
+        pg_url,
+        "SELECT client_port FROM pg_stat_activity WHERE application_name = %s",
+        applicationName,
+    )
+    return sorted(p for (p,) in rows if p in mine)
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_query_leaves_no_thread_or_connection_of_ours_in_the_driver(
+    spark: Any, pg_url: str, table: str, tmp_path: Path
+) -> None:
+    """foreachBatch runs the coordinator in this process: while the query runs, its resources
+    keep driver connections for the next batch; once it stops, they are closed and no
+    ``twophase-*`` thread is left."""
+    import twophase
+    from twophase.resources import Resources
+
+    before = set(threading.enumerate())
+    name = unique("tp_leak")
+    checkpoint = str(tmp_path / "checkpoint")
+    options = {"url": pg_url, "table": table, "createTable": "true", "applicationName": name}
+    stream = (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 20)
+        .option("totalRows", 40)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr("id", "payload")
+    )
+    write = twophase.foreachBatch(
+        "twophase.postgres", {**options, "checkpointLocation": checkpoint}
+    )
+    running = (
+        stream.writeStream.foreachBatch(write).option("checkpointLocation", checkpoint).start()
+    )
+    try:
+        running.processAllAvailable()
+        assert driverSessions(pg_url, name), "the driver kept no connection between batches"
+    finally:
+        running.stop()
+    assert Resources.ofProcess().awaitReleased(60), "the query's end never reached the listener"
+    assert counts(pg_url, table) == (40, 40)
+    assert driverSessions(pg_url, name) == []
+    ours = [t for t in threading.enumerate() if t.name.startswith("twophase-") and t not in before]
+    for thread in ours:
+        thread.join(10)  # a commit pool's threads end once their last job returned
+    assert [t.name for t in ours if t.is_alive()] == []

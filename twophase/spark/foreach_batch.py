@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame
 
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.redaction import getLogger, rememberSecrets
+from twophase.resources import Resources
 from twophase.settings import SinkSettings
 from twophase.spark import connect, grouping
 from twophase.spark.builtins import builtinSink
@@ -41,6 +42,7 @@ from twophase.spark.driver import (
     forgottenIfFenced,
     openCoordinator,
 )
+from twophase.spark.query_end import releaseWhenStopped
 from twophase.spark.task import runTask
 
 log = getLogger(__name__)
@@ -85,7 +87,9 @@ class _ForeachBatchWriter:
 
     def __call__(self, df: DataFrame, batchId: int) -> None:
         spark = df.sparkSession
-        queryId = _queryIdOf(spark) or checkpointQueryId(self.settings.checkpointLocation)
+        streamId = _queryIdOf(spark)
+        releaseWhenStopped(spark, streamId, Resources.ofProcess())
+        queryId = streamId or checkpointQueryId(self.settings.checkpointLocation)
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
         plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
