@@ -1,8 +1,10 @@
 """No secret reaches the checkpoint or a log line, and ``twophase recover`` still finishes.
 
-Each test runs a real query (real Spark, real PostgreSQL or Kafka) with options that carry
-recognisable secrets, SIGKILLs the driver right after it decided a batch, finishes that batch
-with ``twophase recover`` (secrets from the environment, never from the checkpoint), then
+Each test runs a real query (real Spark, real PostgreSQL, Kafka, MariaDB or S3) with options
+that carry recognisable secrets (the ways of giving PostgreSQL's password, and the S3 sinks,
+as targets of one ``twophase.multi`` query), SIGKILLs the driver right after it decided a
+batch, finishes that batch with ``twophase recover`` (secrets from the environment or an
+option file, never from the checkpoint), then
 searches every file under the checkpoint location, the run's output (the driver's, Spark's and
 the Python workers' log lines, at DEBUG) and recover's output for the secrets. What a restart
 does after ``recover`` is the crash-window suites' business, not repeated here.
@@ -24,8 +26,6 @@ import pytest
 from psycopg import sql
 
 from integration_tests.conftest import S3Service
-from integration_tests.postgres_harness import QuerySpec, runChild
-from integration_tests.sink_outputs import FILES_SINK
 
 PG_SECRET = "Tp-S3cret-pg-9f4e@x"
 """The role's password: with an '@', which a URL must percent-encode."""
@@ -54,25 +54,37 @@ def _recover(
     )
 
 
+FORMS = (
+    "password-without-user",
+    "password-as-query-parameter",
+    "password-with-an-at-sign",
+    "password-option",
+)
+"""The ways a PostgreSQL password reaches the sink: one target of the one query each."""
+
+
 @pytest.fixture
-def secretRole(pg_url: str) -> Iterator[tuple[str, str]]:
-    """A login role with a recognisable password and an empty table it may write: (role, table)."""
-    role, table = f"tp_secret_{uuid.uuid4().hex[:8]}", f"it_secret_{uuid.uuid4().hex[:8]}"
+def secretRole(pg_url: str) -> Iterator[tuple[str, list[str]]]:
+    """A login role with a recognisable password and one empty table per form it may write:
+    (role, tables)."""
+    role = f"tp_secret_{uuid.uuid4().hex[:8]}"
+    tables = [f"it_secret_{uuid.uuid4().hex[:8]}" for _ in FORMS]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
                 sql.Identifier(role), sql.Literal(PG_SECRET)
             )
         )
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(table))
-        )
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(
-                sql.Identifier(table), sql.Identifier(role)
+        for table in tables:
+            conn.execute(
+                sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(table))
             )
-        )
-    yield role, table
+            conn.execute(
+                sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(
+                    sql.Identifier(table), sql.Identifier(role)
+                )
+            )
+    yield role, tables
     where = urlsplit(pg_url)
     asRole = {"host": where.hostname, "port": where.port, "dbname": where.path.lstrip("/")}
     with psycopg.connect(**asRole, user=role, password=PG_SECRET, autocommit=True) as conn:
@@ -83,8 +95,18 @@ def secretRole(pg_url: str) -> Iterator[tuple[str, str]]:
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        for table in tables:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def _multi(targets: dict[str, tuple[str, dict[str, str]]]) -> tuple[dict[str, str], dict[str, str]]:
+    """One ``twophase.multi`` query over ``targets`` (name -> kind, options): its options and
+    its columns (each target a struct of ``id`` and ``payload``)."""
+    options = {"targets": ",".join(f"{name}={kind}" for name, (kind, _) in targets.items())}
+    for name, (_, own) in targets.items():
+        options |= {f"{name}.{key}": value for key, value in own.items()}
+    return options, {name: "struct(id, payload)" for name in targets}
 
 
 def _urlForms(pg_url: str, role: str) -> dict[str, dict[str, str]]:
@@ -102,45 +124,51 @@ def _urlForms(pg_url: str, role: str) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(
-    "form",
-    [
-        "password-without-user",
-        "password-as-query-parameter",
-        "password-with-an-at-sign",
-        "password-option",
-    ],
-)
 def test_postgres_passwords_stay_out_of_the_checkpoint_and_the_logs(
-    pg_url: str, secretRole: tuple[str, str], tmp_path: Path, form: str
+    pg_url: str, secretRole: tuple[str, list[str]], tmp_path: Path
 ) -> None:
-    role, table = secretRole
-    checkpoint, logs = tmp_path / "checkpoint", tmp_path / "logs"
-    options = {**_urlForms(pg_url, role)[form], "table": table}
-    spec = QuerySpec(
-        checkpoint=str(checkpoint), options=options, rows=ROWS, rowsPerBatch=ROWS_PER_BATCH
-    )
-    env = {**os.environ, "TWOPHASE_LOG_LEVEL": "DEBUG"}
-    env.pop("PGPASSWORD", None)
-    crashed = runChild(spec, logs, crashAt="driver.afterDecision:1", env=env)
-    assert crashed.killed, f"expected a SIGKILL after batch 1's decision:\n{crashed.tail()}"
+    """Every way of giving PostgreSQL's password, one target each of one query: none reaches
+    ``sink.json``, a handle or a log line; recover takes it from ``PGPASSWORD``."""
+    from integration_tests.spark_harness import Harness
 
-    recovered = _recover(checkpoint, {**env, "PGPASSWORD": PG_SECRET})
+    role, tables = secretRole
+    forms = _urlForms(pg_url, role)
+    targets = {
+        f"t{i}": ("postgres", {**forms[form], "table": table})
+        for i, (form, table) in enumerate(zip(FORMS, tables, strict=True))
+    }
+    options, columns = _multi(targets)
+    query = Harness(
+        tmp_path / "query",
+        "local",
+        sink="twophase.spark.multi:MultiSink",
+        rows=ROWS,
+        rowsPerBatch=ROWS_PER_BATCH,
+        columns=columns,
+        options=options,
+    )
+    env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
+    crashed = query.run("driver.afterDecision:1", env=env)
+    assert crashed.killed, crashed.describe()
+
+    environment = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    recovered = _recover(query.checkpoint, {**environment, **env, "PGPASSWORD": PG_SECRET})
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert "committed 2 transactions of 1 decided batches [1]" in recovered.stdout
+    assert "of 1 decided batches [1]" in recovered.stdout
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        ids = [
-            r[0] for r in conn.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(table)))
-        ]
-    assert sorted(ids) == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+        for table in tables:
+            ids = conn.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(table)))
+            held = sorted(r[0] for r in ids)
+            assert held == list(range(2 * ROWS_PER_BATCH)), table  # batches 0 and 1, once each
 
-    runLogs = [leak for leak in _secretsIn(logs, (PG_MARK,)) if ".log:" in leak]  # not specs
-    leaks = _secretsIn(checkpoint, (PG_MARK,)) + runLogs
+    leaks = _secretsIn(query.workdir, (PG_MARK,))
     output = recovered.stdout + recovered.stderr
     assert not leaks and PG_MARK not in output, leaks or output
-    description = json.loads(next(checkpoint.glob("twophase/*/sink.json")).read_text())
-    assert description["options"]["table"] == table
+    description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
+    for name, (_, own) in targets.items():
+        assert description["options"][f"{name}.table"] == own["table"]
+    assert not {k for k in description["options"] if k.endswith(".password")}
 
 
 KAFKA_SECRETS = {
@@ -203,71 +231,76 @@ def test_kafka_client_secrets_stay_out_of_the_checkpoint_and_the_logs(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sink", ["files", "delta", "iceberg"])
 def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
-    s3: S3Service, tmp_path: Path, sink: str
+    s3: S3Service, tmp_path: Path
 ) -> None:
-    """``twophase.files``, ``twophase.delta`` and ``twophase.iceberg`` on S3: the ``fs.secret``
-    (and ``fs.key``) options reach neither ``sink.json``, nor a handle, nor a log line; recover
-    takes them from an option file and finishes the decided batch (for the tables: completes
-    the uploads, then makes the batch's table commit with the same credentials)."""
+    """``twophase.files``, ``twophase.delta`` and ``twophase.iceberg`` on S3, one target each of
+    one query: the ``fs.secret`` (and ``fs.key``) options reach neither ``sink.json``, nor a
+    handle, nor a log line; recover takes them from an option file and finishes the decided
+    batch (for the tables: completes the uploads, then makes the batch's table commit with the
+    same credentials)."""
     from integration_tests.spark_harness import Harness
     from twophase import verify
 
-    path = s3.url(f"it-secrets/{uuid.uuid4().hex[:10]}/out")
-    where = {"path": path}
-    if sink == "iceberg":  # a warehouse on S3, its SQL catalog on local disk
-        where = {
-            "table": "secrets.out",
-            "catalog.type": "sql",
-            "catalog.uri": f"sqlite:///{tmp_path}/catalog.db",
-            "catalog.warehouse": path,
-        }
+    root = s3.url(f"it-secrets/{uuid.uuid4().hex[:10]}")
+    lake = {
+        "table": "secrets.out",
+        "catalog.type": "sql",
+        "catalog.uri": f"sqlite:///{tmp_path}/catalog.db",
+        "catalog.warehouse": f"{root}/lake",
+    }
+    targets = {
+        "plain": ("files", {"path": f"{root}/files", **s3.options()}),
+        "ledger": ("delta", {"path": f"{root}/delta", **s3.options()}),
+        "lake": ("iceberg", {**lake, **s3.options()}),
+    }
+    options, columns = _multi(targets)
     query = Harness(
         tmp_path / "query",
         "local",
-        sink={
-            "delta": "twophase.spark.declared:DeltaSink",
-            "iceberg": "twophase.spark.iceberg:IcebergSink",
-        }.get(sink, FILES_SINK),
+        sink="twophase.spark.multi:MultiSink",
         rows=ROWS,
         rowsPerBatch=ROWS_PER_BATCH,
-        options={**where, **s3.options()},
+        columns=columns,
+        options=options,
     )
 
-    def ids() -> list[int]:
-        if sink == "delta":
-            held = verify.actualFromDelta(path, ["id"], s3.options())
-        elif sink == "iceberg":
-            held = verify.actualFromIceberg("secrets.out", {**where, **s3.options()}, ["id"])
+    def ids(name: str) -> list[int]:
+        if name == "ledger":
+            held = verify.actualFromDelta(f"{root}/delta", ["id"], s3.options())
+        elif name == "lake":
+            held = verify.actualFromIceberg("secrets.out", {**lake, **s3.options()}, ["id"])
         else:
-            held = verify.actualFromFiles(path, "parquet", options=s3.options())
+            held = verify.actualFromFiles(f"{root}/files", "parquet", options=s3.options())
         return sorted(held.column("id").to_pylist())
 
     env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
     crashed = query.run("driver.afterDecision:1", env=env)
     assert crashed.killed, crashed.describe()
-    if sink != "files":  # files: read once, after recover (s3fs caches a listing per process)
-        assert ids() == list(range(ROWS_PER_BATCH)), "batch 1 decided, not in the table's log"
+    for name in ("ledger", "lake"):  # files: read once, after recover (s3fs caches a listing)
+        assert ids(name) == list(range(ROWS_PER_BATCH)), f"{name}: batch 1 decided, not in"
 
     optionFile = tmp_path / "s3.options"
-    optionFile.write_text(f"fs.key={s3.accessKey}\nfs.secret={s3.secretKey}\n")
+    optionFile.write_text(
+        "".join(f"{n}.fs.key={s3.accessKey}\n{n}.fs.secret={s3.secretKey}\n" for n in targets)
+    )
     optionFile.chmod(0o600)
     recovered = _recover(
         query.checkpoint, {**os.environ, **env}, "--sink-option-file", str(optionFile)
     )
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "of 1 decided batches [1]" in recovered.stdout
-    assert ids() == list(range(2 * ROWS_PER_BATCH))  # batches 0 and 1, once each
+    for name in targets:
+        assert ids(name) == list(range(2 * ROWS_PER_BATCH)), name  # batches 0 and 1, once each
 
     leaks = _secretsIn(query.workdir, (s3.secretKey,))
     output = recovered.stdout + recovered.stderr
     assert not leaks and s3.secretKey not in output, leaks or output
     description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
-    assert (
-        description["options"].get("path", description["options"].get("catalog.warehouse")) == path
-    )
-    assert not {"fs.key", "fs.secret"} & {k.lower() for k in description["options"]}
+    assert description["options"]["plain.path"] == f"{root}/files"
+    assert description["options"]["lake.catalog.warehouse"] == f"{root}/lake"
+    kept = {k.lower() for k in description["options"]}
+    assert not {f"{n}.fs.{k}" for n in targets for k in ("key", "secret")} & kept
 
 
 SQL_SECRET = "Tp-S3cret-sql-6c1d@x"
