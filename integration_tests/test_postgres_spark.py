@@ -460,8 +460,8 @@ def test_a_stopped_query_leaves_no_thread_or_connection_of_ours_in_the_driver(
     spark: Any, pg_url: str, table: str, tmp_path: Path
 ) -> None:
     """foreachBatch runs the coordinator in this process: while the query runs, its resources
-    keep driver connections for the next batch; once it stops, they are closed and no
-    ``twophase-*`` thread is left."""
+    keep driver connections for the next batch (one batch here); once it stops, they are closed
+    and no ``twophase-*`` thread is left."""
     import twophase
     from twophase.resources import Resources
 
@@ -471,7 +471,7 @@ def test_a_stopped_query_leaves_no_thread_or_connection_of_ours_in_the_driver(
     options = {"url": pg_url, "table": table, "createTable": "true", "applicationName": name}
     stream = (
         spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", 20)
+        .option("rowsPerBatch", 40)
         .option("totalRows", 40)
         .option("numPartitions", 2)
         .load()
