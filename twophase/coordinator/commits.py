@@ -116,16 +116,16 @@ class BatchCommits:
             )
         self._prune()
         report = CommitReport(
-            self.sinkId,
-            batchId,
-            outcome,
-            len(live),
-            sum(e.rows for e in live),
-            duplicates,
-            stragglers,
-            sum(o.attempts - 1 for o in outcomes) + abortRetries,
-            time.monotonic() - started,
-            commitSeconds,
+            sinkId=self.sinkId,
+            batchId=batchId,
+            outcome=outcome,
+            handles=len(live),
+            rows=sum(e.rows for e in live),
+            duplicatesAborted=duplicates,
+            stragglersAborted=stragglers,
+            retries=sum(o.attempts - 1 for o in outcomes) + abortRetries,
+            seconds=time.monotonic() - started,
+            commitSeconds=commitSeconds,
         )
         log.info(
             "twophase sink %s: committed batch %d: %d handles, %d rows in %.0f ms",
@@ -174,22 +174,19 @@ class BatchCommits:
         """``Committer.completeBatch`` for a batch whose handles are all committed, retried as a
         commit is; a failure leaves the decision in the log for the next ``recover``."""
         handles = [entry.handle for entry in state.liveHandles]
-        attempts = [0]
-        try:
-            self.executor.retrying(
-                lambda: self.committer.completeBatch(self.sinkId, state.batchId, handles),
-                what=f"batch {state.batchId}: completing the batch",
-                deadline=deadline,
-                attempts=attempts,
-            )
-        except TransactionLostError:
-            raise
-        except Exception as exc:
+        done = self.executor.attempt(
+            lambda: self.committer.completeBatch(self.sinkId, state.batchId, handles),
+            what=f"batch {state.batchId}: completing the batch",
+            deadline=deadline,
+        )
+        if isinstance(done.error, TransactionLostError):
+            raise done.error
+        if done.error is not None:
             error = CommitFailedError(
-                self.sinkId, state.batchId, [("the batch's completion", attempts[0], exc)]
+                self.sinkId, state.batchId, [("the batch's completion", done.attempts, done.error)]
             )
             log.error("%s", error)
-            raise error from exc
+            raise error from done.error
 
     def raiseFailures(self, batchId: int, outcomes: Sequence[JobOutcome]) -> None:
         """Raise for the failed jobs of batch N: a lost transaction as it is, any other failure

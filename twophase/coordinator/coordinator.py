@@ -260,16 +260,12 @@ class Coordinator:
                     batchId, results, decided=state.handleKeys
                 )
                 return CommitReport(
-                    self.sinkId,
-                    batchId,
-                    CommitOutcome.ABORTED,
-                    aborted,
-                    0,
-                    0,
-                    0,
-                    retries,
-                    time.monotonic() - started,
-                    0.0,
+                    sinkId=self.sinkId,
+                    batchId=batchId,
+                    outcome=CommitOutcome.ABORTED,
+                    handles=aborted,
+                    retries=retries,
+                    seconds=time.monotonic() - started,
                 )
             return self.commits.finish(state, results, started, CommitOutcome.ROLLED_FORWARD)
         abortStart = time.monotonic()
@@ -278,16 +274,14 @@ class Coordinator:
         stragglers = self.aborts.sweepBatch(batchId, keep=())
         self.log.markAborted(batchId, AbortFigures(aborted + stragglers, retries, abortSeconds))
         report = CommitReport(
-            self.sinkId,
-            batchId,
-            CommitOutcome.ABORTED,
-            aborted,
-            0,
-            0,
-            stragglers,
-            retries,
-            time.monotonic() - started,
-            abortSeconds,
+            sinkId=self.sinkId,
+            batchId=batchId,
+            outcome=CommitOutcome.ABORTED,
+            handles=aborted,
+            stragglersAborted=stragglers,
+            retries=retries,
+            seconds=time.monotonic() - started,
+            commitSeconds=abortSeconds,
         )
         log.info(
             "twophase sink %s: aborted batch %d: %d handles, %d other transactions",
@@ -393,16 +387,12 @@ class Coordinator:
             aborted,
         )
         return CommitReport(
-            self.sinkId,
-            state.batchId,
-            CommitOutcome.ALREADY_COMMITTED,
-            0,
-            0,
-            aborted,
-            0,
-            retries,
-            time.monotonic() - started,
-            0.0,
+            sinkId=self.sinkId,
+            batchId=state.batchId,
+            outcome=CommitOutcome.ALREADY_COMMITTED,
+            duplicatesAborted=aborted,
+            retries=retries,
+            seconds=time.monotonic() - started,
         )
 
     def _describe(self, handle: Handle) -> str:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -48,6 +48,16 @@ class JobOutcome:
     attempts: int
     error: Exception | None
     status: CommitStatus | None = None
+
+
+@dataclass(frozen=True)
+class Attempted(Generic[_T]):
+    """A call made with retries: its value or its last error, and how many calls it took
+    (tenacity's own count)."""
+
+    attempts: int
+    value: _T | None = None
+    error: Exception | None = None
 
 
 class _stopAtDeadline(stop_base):
@@ -109,39 +119,33 @@ class CommitExecutor:
         return outcomes
 
     def runOne(self, job: CommitJob, deadline: float) -> JobOutcome:
-        attempts = [0]
+        done = self.attempt(
+            lambda: job.action(job.entry.handle),
+            what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
+            deadline=deadline,
+        )
+        status = done.value if isinstance(done.value, CommitStatus) else None
+        return JobOutcome(job, done.attempts, done.error, status)
+
+    def retrying(self, call: Callable[[], _T], *, what: str, deadline: float) -> _T:
+        """Call with retries on ``TransientCommitError`` only, bounded by attempts and time;
+        raises the last error when retries are exhausted."""
+        return self._retrying(what, deadline)(call)
+
+    def attempt(self, call: Callable[[], _T], *, what: str, deadline: float) -> Attempted[_T]:
+        """``retrying``, with the number of calls it took and the last error returned instead
+        of raised."""
+        retrying = self._retrying(what, deadline)
         try:
-            value = self.retrying(
-                lambda: job.action(job.entry.handle),
-                what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
-                deadline=deadline,
-                attempts=attempts,
-            )
+            value = retrying(call)
         except Exception as exc:
-            return JobOutcome(job, attempts[0], exc)
-        status = value if isinstance(value, CommitStatus) else None
-        return JobOutcome(job, attempts[0], None, status)
+            return Attempted(int(retrying.statistics.get("attempt_number", 1)), error=exc)
+        return Attempted(int(retrying.statistics.get("attempt_number", 1)), value=value)
 
-    def retrying(
-        self,
-        call: Callable[[], _T],
-        *,
-        what: str,
-        deadline: float,
-        attempts: list[int] | None = None,
-    ) -> _T:
-        """Call with retries on ``TransientCommitError`` only, bounded by attempts and time.
-
-        Raises the last error when retries are exhausted; ``attempts[0]`` counts the calls.
-        """
+    def _retrying(self, what: str, deadline: float) -> Retrying:
         backoff = wait_random_exponential(
             multiplier=self.settings.retryInitialSeconds, max=self.settings.retryMaxSeconds
         )
-
-        def attempt() -> _T:
-            if attempts is not None:
-                attempts[0] += 1
-            return call()
 
         def wait(state: RetryCallState) -> float:
             return min(backoff(state), max(0.0, deadline - time.monotonic()))
@@ -156,11 +160,10 @@ class CommitExecutor:
                 error,
             )
 
-        retrying = Retrying(
+        return Retrying(
             retry=retry_if_exception_type(TransientCommitError),
             stop=stop_after_attempt(self.settings.commitRetries + 1) | _stopAtDeadline(deadline),
             wait=wait,
             before_sleep=beforeSleep,
             reraise=True,
         )
-        return retrying(attempt)

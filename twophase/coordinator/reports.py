@@ -20,25 +20,26 @@ class CommitOutcome(StrEnum):
     """Undecided batch aborted: nothing of it is visible."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CommitReport:
-    """The outcome and timings of one ``commitBatch`` or ``abortBatch`` call."""
+    """The outcome and timings of one ``commitBatch`` or ``abortBatch`` call, built by name;
+    a count or time the call did not have is zero."""
 
     sinkId: str
     batchId: int
     outcome: CommitOutcome
-    handles: int
+    handles: int = 0
     """Handles of the decision (committed), or handles aborted for ``ABORTED``."""
-    rows: int
-    duplicatesAborted: int
+    rows: int = 0
+    duplicatesAborted: int = 0
     """Handles of the given results not in the decision (replays, duplicates), aborted."""
-    stragglersAborted: int
+    stragglersAborted: int = 0
     """Other prepared transactions of the batch found and aborted (failed attempts)."""
-    retries: int
+    retries: int = 0
     """Retries after transient errors, over all handles."""
-    seconds: float
+    seconds: float = 0.0
     """Wall time of the whole call."""
-    commitSeconds: float
+    commitSeconds: float = 0.0
     """Wall time of committing (or aborting) the handles alone."""
 
 
