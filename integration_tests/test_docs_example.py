@@ -19,8 +19,10 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
 
 def exampleCode(index: int) -> str:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
-    assert len(blocks) == 3, f"{DOC} should hold three python examples (one class; two halves;"
-    " its contract test, run by tests/test_testing_contract.py)"
+    assert len(blocks) == 3, (
+        f"{DOC} should hold three python examples (one class; two halves; its contract test, "
+        "run by tests/test_testing_contract.py)"
+    )
     return blocks[index]
 
 
