@@ -74,6 +74,8 @@ class Pooled:
     runId: str = ""
     batchId: int = -1
     state: State = State.BUSY
+    pool: Pool | None = None
+    """The pool it returns to (one of a worker's :class:`Resources`)."""
 
 
 class Pool:
@@ -132,19 +134,26 @@ def _pool(resources: Resources | None = None) -> Pool:
     return (resources or Resources.ofProcess()).get("kafka.pool", Pool, Pool.close)
 
 
-def workerIdPrefix(prefix: str) -> str:
+def _poolOf(entry: Pooled) -> Pool:
+    return entry.pool if entry.pool is not None else _pool()
+
+
+def workerIdPrefix(prefix: str, resources: Resources | None = None) -> str:
     """``<prefix>-w<token>-``: the start of every id this worker process uses for ``prefix``."""
-    return f"{prefix}-w{_pool().token}-"
+    return f"{prefix}-w{_pool(resources).token}-"
 
 
-def acquire(prefix: str, key: Hashable, runId: str, batchId: int) -> tuple[Pooled, bool]:
+def acquire(
+    prefix: str, key: Hashable, runId: str, batchId: int, resources: Resources | None = None
+) -> tuple[Pooled, bool]:
     """An id (and producer, if alive) for a task of batch ``batchId`` of run ``runId``.
 
     Returns ``(entry, free)``: ``free`` when its producer is ready to begin now; otherwise the
     caller settles it (``settle``) or, with no producer, creates one for the id. Prefers ready
-    producers, then prepared ones of earlier batches, then a new id.
+    producers, then prepared ones of earlier batches, then a new id. The pool is the one of
+    ``resources`` (the process's unless given).
     """
-    pool = _pool()
+    pool = _pool(resources)
     with pool.lock:
         mine = [e for e in pool.entries if e.prefix == prefix and e.key == key]
         for entry in mine:
@@ -157,13 +166,17 @@ def acquire(prefix: str, key: Hashable, runId: str, batchId: int) -> tuple[Poole
                 return entry, False
         n = pool.counters.get(prefix, 0)
         pool.counters[prefix] = n + 1
-        entry = Pooled(f"{prefix}-w{pool.token}-{n}", prefix, key)
+        entry = Pooled(f"{prefix}-w{pool.token}-{n}", prefix, key, pool=pool)
         pool.entries.append(entry)
         return entry, False
 
 
 def openIds(
-    prefix: str, runId: str, batchId: int, listing: Callable[[str], list[str] | None]
+    prefix: str,
+    runId: str,
+    batchId: int,
+    listing: Callable[[str], list[str] | None],
+    resources: Resources | None = None,
 ) -> frozenset[str] | None:
     """This worker's ids of ``prefix`` with an open transaction, listed once per batch.
 
@@ -172,7 +185,7 @@ def openIds(
     runs one task at a time), so it shows every still-open transaction a task may take over.
     """
     cacheKey = (prefix, runId, batchId)
-    pool = _pool()
+    pool = _pool(resources)
     with pool.lock:
         if cacheKey in pool.listed:
             return pool.listed[cacheKey]
@@ -225,7 +238,7 @@ def _close(transactionalId: str, producer: Producer) -> None:
 
 def prepared(entry: Pooled, runId: str, batchId: int) -> None:
     """The task prepared a transaction with records on ``entry``: keep it for the driver."""
-    pool = _pool()
+    pool = _poolOf(entry)
     with pool.lock:
         entry.state = State.PREPARED
         entry.runId = runId
@@ -242,7 +255,7 @@ def prepared(entry: Pooled, runId: str, batchId: int) -> None:
 
 def ready(entry: Pooled) -> None:
     """The task ends with nothing open on ``entry``'s producer: the next task may take it."""
-    pool = _pool()
+    pool = _poolOf(entry)
     with pool.lock:
         entry.state = State.READY if entry.producer is not None else State.PREPARED
     pool.startKeeper()
@@ -250,15 +263,15 @@ def ready(entry: Pooled) -> None:
 
 def discard(entry: Pooled) -> None:
     """Forget ``entry``'s producer (closed by the caller); the id stays for a later take-over."""
-    with _pool().lock:
+    with _poolOf(entry).lock:
         entry.producer = None
         entry.state = State.PREPARED  # whatever is left open is taken over by init_transactions
         entry.batchId = -1
         entry.runId = ""
 
 
-def pooledTransactionalIds() -> list[str]:
+def pooledTransactionalIds(resources: Resources | None = None) -> list[str]:
     """Ids whose producers this process keeps (for tests and diagnostics)."""
-    pool = _pool()
+    pool = _pool(resources)
     with pool.lock:
         return sorted(e.transactionalId for e in pool.entries if e.producer is not None)

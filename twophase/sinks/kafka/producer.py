@@ -30,6 +30,7 @@ from twophase.clients.kafka import errorText, newClient, shownConfig
 from twophase.protocol import TransactionContext
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
 from twophase.sinks.kafka.deliveries import Deliveries
@@ -132,6 +133,8 @@ class KafkaTransaction:
     deadLetterTopic: str | None = None
     """Option ``badRecords``: where refused rows go (``deadletter``); ``None``: they fail."""
     setAside: int = 0
+    resources: Resources | None = field(default=None, repr=False)
+    """Where the pooled producers are kept (the process's unless the writer was given some)."""
 
     @property
     def poolKey(self) -> Hashable:
@@ -150,6 +153,7 @@ def beginTransaction(
     initTimeoutSeconds: float,
     requestTimeoutSeconds: float = 30.0,
     deadLetterTopic: str | None = None,
+    resources: Resources | None = None,
 ) -> KafkaTransaction:
     """A transaction of sink ``prefix``; its producer is taken now (in the background) when the
     topic is known, else at the first record."""
@@ -164,6 +168,7 @@ def beginTransaction(
         requestTimeoutSeconds=requestTimeoutSeconds,
         queueLimit=int(config.get("queue.buffering.max.messages", DEFAULT_QUEUE_MESSAGES)),
         deadLetterTopic=deadLetterTopic,
+        resources=resources,
     )
     if defaultTopic:
 
@@ -196,7 +201,9 @@ def _listOpen(txn: KafkaTransaction) -> Any:
     from twophase.sinks.kafka.txn import sharedClient
 
     def listing(idPrefix: str) -> list[str] | None:
-        client = sharedClient(txn.config, timeoutSeconds=txn.requestTimeoutSeconds)
+        client = sharedClient(
+            txn.config, timeoutSeconds=txn.requestTimeoutSeconds, resources=txn.resources
+        )
         found = client.listOngoing(idPrefix)
         return None if found is None else [t.transactionalId for t in found]
 
@@ -206,12 +213,14 @@ def _listOpen(txn: KafkaTransaction) -> Any:
 def acquire(txn: KafkaTransaction, firstTopic: str) -> None:
     """Take a pooled producer: ready, or settled (its previous transaction ended), or new."""
     ctx = txn.ctx
-    entry, free = pool.acquire(txn.prefix, txn.poolKey, ctx.runId, ctx.batchId)
+    entry, free = pool.acquire(txn.prefix, txn.poolKey, ctx.runId, ctx.batchId, txn.resources)
     txn.pooled = entry
     txn.transactionalId = entry.transactionalId
     try:
         if not free and entry.producer is not None:
-            openNow = pool.openIds(txn.prefix, ctx.runId, ctx.batchId, _listOpen(txn))
+            openNow = pool.openIds(
+                txn.prefix, ctx.runId, ctx.batchId, _listOpen(txn), txn.resources
+            )
             free = pool.settle(entry, openNow, txn.initTimeoutSeconds)
         if not free:
             entry.producer, entry.producerLog = _createProducer(txn, firstTopic)

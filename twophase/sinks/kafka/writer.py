@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 from twophase.sinks.kafka import producer as producing
 from twophase.sinks.kafka import sending
 from twophase.sinks.kafka.handles import KIND, describeHandle
@@ -30,8 +31,10 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
     Nothing a task writes is visible to ``read_committed`` consumers before the driver commits.
     """
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.resources = resources
+        """Where the pooled producers are kept (``None``: the worker process's)."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> KafkaWriter:
@@ -53,6 +56,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
             initTimeoutSeconds=self.settings.initTimeoutSeconds,
             requestTimeoutSeconds=self.settings.requestTimeoutSeconds,
             deadLetterTopic=self.settings.badRecords,
+            resources=self.resources,
         )
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
