@@ -84,3 +84,24 @@ def test_closing_the_kafka_pool_ends_its_keeper_thread() -> None:
     assert not keeper.is_alive()
     pool.startKeeper()  # a closed pool starts no thread again
     assert pool._keeper is keeper
+
+
+def test_a_slow_open_holds_up_only_its_own_key() -> None:
+    resources = Resources()
+    started, proceed = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        assert proceed.wait(30)
+        return "slow"
+
+    opener = threading.Thread(target=lambda: resources.get("catalog", slow))
+    opener.start()
+    try:
+        assert started.wait(30)
+        assert resources.get("engine", lambda: "fast") == "fast"  # while the catalog opens
+    finally:
+        proceed.set()
+        opener.join(30)
+    assert not opener.is_alive()
+    assert resources.get("catalog", lambda: "opened twice") == "slow"

@@ -36,6 +36,7 @@ class Resources:
         self._released = threading.Condition(self._lock)
         self._items: dict[Hashable, tuple[Any, Callable[[Any], None] | None]] = {}
         self._users: set[str] = set()
+        self._opening: dict[Hashable, threading.Lock] = {}
 
     def __reduce__(self) -> tuple[Callable[[], Resources], tuple[()]]:
         return (Resources.ofProcess, ())
@@ -44,13 +45,25 @@ class Resources:
         self, key: Hashable, open: Callable[[], T], close: Callable[[T], None] | None = None
     ) -> T:
         """The resource under ``key``, opened by ``open()`` on first use; ``close(resource)``
-        ends it when this object is closed (``None``: nothing to end, e.g. a set of facts)."""
+        ends it when this object is closed (``None``: nothing to end, e.g. a set of facts).
+
+        A slow ``open`` (a catalog loaded over the network) holds up only the callers of the
+        same key."""
         with self._lock:
             found = self._items.get(key)
-            if found is None:
-                found = (open(), cast(Callable[[Any], None] | None, close))
-                self._items[key] = found
-            return cast(T, found[0])
+            if found is not None:
+                return cast(T, found[0])
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            with self._lock:
+                found = self._items.get(key)
+                if found is not None:
+                    return cast(T, found[0])
+            resource = open()
+            with self._lock:
+                self._items[key] = (resource, cast(Callable[[Any], None] | None, close))
+                self._opening.pop(key, None)
+            return resource
 
     def peek(self, key: Hashable) -> Any:
         """The resource under ``key`` if open, else ``None`` (never opens it)."""
