@@ -3,11 +3,12 @@
 Sinks keep what is costly to open (Kafka producers, SQLAlchemy engines, PostgreSQL sessions,
 catalogs, filesystems) for the next task or batch of the same process: PySpark reuses its Python
 workers, so that reuse is most of a task's speed (docs/performance.md). Everything kept lives in
-the process's :class:`Resources`, under a key, with the function that closes it; nothing else
-holds state at module level. ``Resources.ofProcess()`` is the one of this process (a forked
+the process's :class:`Resources`, under a key, with the function that closes it; no sink
+module holds state of its own. ``Resources.ofProcess()`` is the one of this process (a forked
 child gets its own and never touches its parent's sockets). It is closed when the last query
-of ours in the process stops (the Spark binding tells it) and at interpreter exit; a resource
-asked for after a close is opened again.
+of ours in the process stops (``twophase.spark.query_end`` tells it, in a ``foreachBatch``
+driver) and at interpreter exit; a PySpark worker ends without exit handlers, and what it
+holds closes with the process. A resource asked for after a close is opened again.
 
 Writers and committers hold the object they were given; pickled (to a task), it lands as the
 receiving process's own.
