@@ -9,6 +9,7 @@ options keep.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 from pyspark.sql.types import StructType
@@ -65,10 +66,23 @@ class DeclaredSink(TwoPhaseDataSource):
         return optionOf(self.options, "sinkId") or ""
 
 
+class _KeptOptions:
+    """``safeOptions`` of a declared sink, read from its declaration when first asked: a task
+    that never writes ``sink.json`` imports no other sink's settings (psycopg, SQLAlchemy)."""
+
+    def __get__(self, instance: object, owner: type[DeclaredSink]) -> frozenset[str]:
+        return _keptOf(owner.spec)
+
+
+@functools.cache
+def _keptOf(spec: SinkSpec) -> frozenset[str]:
+    return keptOptions(spec.declaredOptions())
+
+
 def _bind(spec: SinkSpec) -> type[DeclaredSink]:
     attributes: dict[str, Any] = {
         "spec": spec,
-        "safeOptions": keptOptions(spec.declaredOptions()),
+        "safeOptions": _KeptOptions(),
         "__module__": __name__,
         "__qualname__": spec.className,
         "__doc__": f"``{spec.name()}``: the sink declared in ``twophase.sinks.registry``.",
