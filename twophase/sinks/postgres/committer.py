@@ -16,7 +16,8 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from twophase.clients.postgres import ConnectionTarget, DriverConnections, driverErrors
+from twophase.clients.postgres import ConnectionTarget
+from twophase.clients.postgres_driver import DriverConnections, driverErrors
 from twophase.protocol import (
     CommitStatus,
     Committer,

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from twophase.clients.postgres import DRIVER_CONNECTIONS, PostgresUnavailableError, errorText
+from twophase.clients.postgres import PostgresUnavailableError, errorText
+from twophase.clients.postgres_driver import DRIVER_CONNECTIONS
 from twophase.redaction import getLogger
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import deadletter
