@@ -19,6 +19,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import psycopg
@@ -100,13 +101,23 @@ def secretRole(pg_url: str) -> Iterator[tuple[str, list[str]]]:
         conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def _multi(targets: dict[str, tuple[str, dict[str, str]]]) -> tuple[dict[str, str], dict[str, str]]:
-    """One ``twophase.multi`` query over ``targets`` (name -> kind, options): its options and
-    its columns (each target a struct of ``id`` and ``payload``)."""
+def _multiQuery(workdir: Path, targets: dict[str, tuple[str, dict[str, str]]]) -> Any:
+    """One ``twophase.multi`` query over ``targets`` (name -> kind, options), each target a
+    struct of ``id`` and ``payload``: its ``Harness``."""
+    from integration_tests.spark_harness import Harness
+
     options = {"targets": ",".join(f"{name}={kind}" for name, (kind, _) in targets.items())}
     for name, (_, own) in targets.items():
         options |= {f"{name}.{key}": value for key, value in own.items()}
-    return options, {name: "struct(id, payload)" for name in targets}
+    return Harness(
+        workdir,
+        "local",
+        sink="twophase.spark.multi:MultiSink",
+        rows=ROWS,
+        rowsPerBatch=ROWS_PER_BATCH,
+        columns={name: "struct(id, payload)" for name in targets},
+        options=options,
+    )
 
 
 def _urlForms(pg_url: str, role: str) -> dict[str, dict[str, str]]:
@@ -129,24 +140,13 @@ def test_postgres_passwords_stay_out_of_the_checkpoint_and_the_logs(
 ) -> None:
     """Every way of giving PostgreSQL's password, one target each of one query: none reaches
     ``sink.json``, a handle or a log line; recover takes it from ``PGPASSWORD``."""
-    from integration_tests.spark_harness import Harness
-
     role, tables = secretRole
     forms = _urlForms(pg_url, role)
     targets = {
         f"t{i}": ("postgres", {**forms[form], "table": table})
         for i, (form, table) in enumerate(zip(FORMS, tables, strict=True))
     }
-    options, columns = _multi(targets)
-    query = Harness(
-        tmp_path / "query",
-        "local",
-        sink="twophase.spark.multi:MultiSink",
-        rows=ROWS,
-        rowsPerBatch=ROWS_PER_BATCH,
-        columns=columns,
-        options=options,
-    )
+    query = _multiQuery(tmp_path / "query", targets)
     env = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
     crashed = query.run("driver.afterDecision:1", env=env)
     assert crashed.killed, crashed.describe()
@@ -239,7 +239,6 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
     handle, nor a log line; recover takes them from an option file and finishes the decided
     batch (for the tables: completes the uploads, then makes the batch's table commit with the
     same credentials)."""
-    from integration_tests.spark_harness import Harness
     from twophase import verify
 
     root = s3.url(f"it-secrets/{uuid.uuid4().hex[:10]}")
@@ -254,16 +253,7 @@ def test_s3_secret_key_stays_out_of_the_checkpoint_and_the_logs(
         "ledger": ("delta", {"path": f"{root}/delta", **s3.options()}),
         "lake": ("iceberg", {**lake, **s3.options()}),
     }
-    options, columns = _multi(targets)
-    query = Harness(
-        tmp_path / "query",
-        "local",
-        sink="twophase.spark.multi:MultiSink",
-        rows=ROWS,
-        rowsPerBatch=ROWS_PER_BATCH,
-        columns=columns,
-        options=options,
-    )
+    query = _multiQuery(tmp_path / "query", targets)
 
     def ids(name: str) -> list[int]:
         if name == "ledger":
