@@ -219,17 +219,39 @@ def _startQueries(spark: Any, to: Targets) -> list[Any]:
             )
         )
     )
+    # foreachBatch first: its start makes the server spawn a Python process that must connect
+    # back within Spark's fixed ten seconds, easier before the other queries' tasks load the cores.
     return [
-        writer.option("checkpointLocation", str(to.workdir / f"checkpoint-{name}"))
-        .trigger(availableNow=True)
-        .start()
+        _start(
+            writer.option("checkpointLocation", str(to.workdir / f"checkpoint-{name}")).trigger(
+                availableNow=True
+            )
+        )
         for name, writer in (
+            ("wide", wide),
             ("files", files),
             ("postgres", postgres),
             ("kafka", kafka),
-            ("wide", wide),
         )
     ]
+
+
+CONNECT_BACK = "Python worker failed to connect back"
+"""Spark's error when the server's foreachBatch process did not connect back within the ten
+seconds Spark allows (a constant in PythonWorkerFactory, not a setting): nothing started."""
+
+
+def _start(writer: Any, tries: int = 3) -> Any:
+    """``writer.start()``, again when the server's foreachBatch process missed Spark's fixed
+    connect-back window on a loaded machine; any other error, or the last try's, is raised."""
+    for attempt in range(1, tries + 1):
+        try:
+            return writer.start()
+        except Exception as error:
+            if CONNECT_BACK not in str(error) or attempt == tries:
+                raise
+            time.sleep(2.0)
+    raise AssertionError("unreachable")
 
 
 def _kafkaTable(bootstrap: str, topic: str) -> pa.Table:
