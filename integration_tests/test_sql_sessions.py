@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from integration_tests.test_sql_participant import (
     sqlalchemyPgUrl,
 )
 from twophase.protocol import Handle, RecoveryScope
+from twophase.resources import Resources
 from twophase.sinks.sql import SqlCommitter, SqlUnavailableError, SqlWriter
 from twophase.sinks.sql.connections import engineFor
 from twophase.sinks.sql.sessions import TASK_SESSIONS
@@ -172,6 +174,30 @@ def test_a_worker_keeps_its_postgresql_session_and_the_driver_commits_meanwhile(
         SqlCommitter(t.settings()).commit(handle)
     assert [r[0] for r in t.rows()] == list(range(9))
     assert t.prepared() == []
+
+
+def test_a_writer_and_committer_keep_what_they_open_in_the_resources_they_were_given(
+    target: Target,
+) -> None:
+    """Engines and kept sessions live in the ``Resources`` handed over, not the process's;
+    closing it ends the worker's kept session on the server and the committer's pool."""
+    t = target
+    createSimple(t)
+    mine = Resources()
+    writer = SqlWriter(t.settings(), mine)
+    handle, session = runTask(writer, t, 0, range(0, 3))
+    SqlCommitter(t.settings(), mine).commit(handle)
+    assert [r[0] for r in t.rows()] == [0, 1, 2]
+    engines = [k for k in mine.keys() if isinstance(k, tuple) and k[0] == "sql.engine"]
+    assert len(engines) == 2, mine.keys()  # the task's unpooled engine, the committer's pool
+    for key in engines:
+        assert mine.peek(key) is not Resources.ofProcess().peek(key)
+    mine.close()
+    assert mine.keys() == []
+    deadline = time.monotonic() + 10
+    while sessionExists(t, session):  # the server ends a closed session's backend shortly after
+        assert time.monotonic() < deadline, "the kept session outlived its resources"
+        time.sleep(0.1)
 
 
 def test_a_mariadb_worker_keeps_its_engine_and_tls_choice_but_ends_each_session(

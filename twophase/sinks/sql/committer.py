@@ -8,6 +8,7 @@ recover=True)``) on an autocommit connection.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from twophase.protocol import (
     TransientCommitError,
 )
 from twophase.redaction import getLogger
+from twophase.resources import Resources
 from twophase.sinks.relational.naming import TransactionName, batchPrefix, sinkPrefix
 from twophase.sinks.sql.connections import (
     connection,
@@ -69,8 +71,10 @@ class SqlCommitter(Committer):
 
     kind: ClassVar[str] = KIND
 
-    def __init__(self, settings: SqlSettings) -> None:
+    def __init__(self, settings: SqlSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.resources = resources
+        """Pooled engines: kept in ``resources`` (the process's unless given)."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> SqlCommitter:
@@ -84,8 +88,16 @@ class SqlCommitter(Committer):
         s = self.settings
         url = s.url if handle is None else handleUrl(handle, s)
         return engineFor(
-            url, pooled=True, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+            url,
+            pooled=True,
+            connectTimeout=s.connectTimeout,
+            socketTimeout=s.socketTimeout,
+            resources=self.resources,
         )
+
+    def _connection(self, what: str) -> contextlib.AbstractContextManager[Connection]:
+        """A connection of the settings' own engine, in autocommit (XA statements)."""
+        return connection(self._engine(), what, autocommit=True, resources=self.resources)
 
     def commit(self, handle: Handle) -> CommitStatus | None:
         """Idempotent: commit the prepared xid; one no longer prepared is checked (marker):
@@ -98,7 +110,7 @@ class SqlCommitter(Committer):
         engine = self._engine(h)
         deadline = time.monotonic() + ATTACHED_WAIT_SECONDS
         try:
-            with connection(engine, what, autocommit=True) as conn:
+            with connection(engine, what, autocommit=True, resources=self.resources) as conn:
                 while True:
                     try:
                         engine.dialect.do_commit_twophase(conn, xid, is_prepared=True, recover=True)
@@ -154,7 +166,7 @@ class SqlCommitter(Committer):
             return
         what = f"abort of {self.describe(h)}"
         engine = self._engine(h)
-        with connection(engine, what, autocommit=True) as conn:
+        with connection(engine, what, autocommit=True, resources=self.resources) as conn:
             self._rollback(conn, xid)
 
     def _rollback(self, conn: Connection, xid: str) -> bool:
@@ -172,7 +184,7 @@ class SqlCommitter(Committer):
         aborted = list(super().recoverAndAbort(scope) or ())
         if scope.batchId is not None:
             what = f"recoverAndAbort of sql sink {scope.sinkId}"
-            with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as c:
+            with self._driverErrors(what), self._connection(what) as c:
                 self._pruneMarkers(c, scope.sinkId, scope.batchId)
         return aborted
 
@@ -191,7 +203,7 @@ class SqlCommitter(Committer):
         )
         since: dict[str, datetime] = {}
         what = f"listing of sql sink {scope.sinkId}"
-        with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as conn:
+        with self._driverErrors(what), self._connection(what) as conn:
             xids = preparedXids(conn, s.family, prefix)
             if s.family == "postgresql" and xids:
                 rows = conn.execute(
@@ -219,7 +231,7 @@ class SqlCommitter(Committer):
     def abortPrepared(self, item: Prepared) -> bool:
         """Idempotent: roll back a listed xid; ``False`` when it was finished meanwhile."""
         what = f"recoverAndAbort of {item.name}"
-        with self._driverErrors(what), connection(self._engine(), what, autocommit=True) as conn:
+        with self._driverErrors(what), self._connection(what) as conn:
             return self._rollback(conn, item.name)
 
     @contextmanager

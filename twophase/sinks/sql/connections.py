@@ -85,9 +85,10 @@ class _TlsChoice:
             return known
 
 
-def _reuseTlsChoice(engine: Engine) -> None:
-    """Make PyMySQL's default TLS choice once for ``engine`` (``_TlsChoice``)."""
-    choice = Resources.ofProcess().get(("sql.tlsChoice", engine), _TlsChoice)
+def _reuseTlsChoice(engine: Engine, resources: Resources) -> None:
+    """Make PyMySQL's default TLS choice once for ``engine`` (``_TlsChoice``, kept in
+    ``resources`` beside the engine)."""
+    choice = resources.get(("sql.tlsChoice", engine), _TlsChoice)
 
     @sa.event.listens_for(engine, "do_connect")
     def _apply(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
@@ -103,10 +104,15 @@ def _setsTls(url: URL) -> bool:
 
 
 def engineFor(
-    url: URL, *, pooled: bool, connectTimeout: int = 10, socketTimeout: float = 0
+    url: URL,
+    *,
+    pooled: bool,
+    connectTimeout: int = 10,
+    socketTimeout: float = 0,
+    resources: Resources | None = None,
 ) -> Engine:
-    """The process's engine for ``url`` (created once, kept and disposed of by the process's
-    :class:`Resources`); ``pooled`` for the committer.
+    """The engine for ``url`` (created once, kept and disposed of by ``resources``, the
+    process's unless given); ``pooled`` for the committer.
 
     ``socketTimeout`` (0: none) bounds the wait for one statement's answer: MySQL/MariaDB
     through PyMySQL's ``read_timeout``/``write_timeout`` (unless the URL sets them),
@@ -142,12 +148,13 @@ def engineFor(
                 "install it (pip install 'twophase[mysql]' for mysql+pymysql)"
             ) from None
         if family == "mysql" and url.get_driver_name() == "pymysql" and not _setsTls(url):
-            _reuseTlsChoice(engine)
+            _reuseTlsChoice(engine, owner)
         if family == "postgresql":
             boundAnswers(engine, socketTimeout, pingOnCheckout=pooled)
         return engine
 
-    return Resources.ofProcess().get(("sql.engine", key), open, Engine.dispose)
+    owner = resources or Resources.ofProcess()
+    return owner.get(("sql.engine", key), open, Engine.dispose)
 
 
 def isUnavailable(exc: BaseException) -> bool:
@@ -186,10 +193,13 @@ def isAccessDenied(exc: BaseException) -> bool:
     return pgState(exc) in ("42501", "28P01", "28000")
 
 
-def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
-    """A new connection of ``engine``, retried while the server is unreachable for up to
-    ``retrySeconds`` (a restarting server); then ``SqlUnavailableError``. A refused login is
-    ``SqlSinkError`` at once. Both name ``what`` and the server (never a password)."""
+def connect(
+    engine: Engine, what: str, retrySeconds: float = 0.0, resources: Resources | None = None
+) -> Connection:
+    """A new connection of ``engine`` (kept in ``resources``, the process's unless given),
+    retried while the server is unreachable for up to ``retrySeconds`` (a restarting server);
+    then ``SqlUnavailableError``. A refused login is ``SqlSinkError`` at once. Both name
+    ``what`` and the server (never a password)."""
     where = f"{engine.url.get_backend_name()} at {engine.url.host}:{engine.url.port}"
     attempts = tenacity.Retrying(
         stop=tenacity.stop_after_delay(retrySeconds),
@@ -199,7 +209,8 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
         ),
         reraise=True,
     )
-    choice: _TlsChoice | None = Resources.ofProcess().peek(("sql.tlsChoice", engine))
+    owner = resources or Resources.ofProcess()
+    choice: _TlsChoice | None = owner.peek(("sql.tlsChoice", engine))
 
     def attempt() -> Connection:
         try:
@@ -225,10 +236,15 @@ def connect(engine: Engine, what: str, retrySeconds: float = 0.0) -> Connection:
 
 @contextmanager
 def connection(
-    engine: Engine, what: str, *, autocommit: bool = False, retrySeconds: float = 0.0
+    engine: Engine,
+    what: str,
+    *,
+    autocommit: bool = False,
+    retrySeconds: float = 0.0,
+    resources: Resources | None = None,
 ) -> Iterator[Connection]:
     """``connect``, closed at the end of the block; ``autocommit`` for XA and DDL."""
-    conn = connect(engine, what, retrySeconds)
+    conn = connect(engine, what, retrySeconds, resources)
     try:
         if autocommit:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")

@@ -62,7 +62,7 @@ class TaskSessions:
             if _alive(conn):
                 return conn
             end(conn)
-        return connect(engine, what, retrySeconds)
+        return connect(engine, what, retrySeconds, self.resources)
 
     def give(self, engine: Engine, conn: Connection) -> None:
         """Take back a task's connection whose transaction is prepared or rolled back: kept

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.redaction import getLogger, redact
+from twophase.resources import Resources
 from twophase.sinks.relational.rejections import recordJson
 from twophase.sinks.sql.committer import SqlCommitter
 from twophase.sinks.sql.connections import engineFor
@@ -49,7 +50,7 @@ from twophase.sinks.sql.rejections import (
     rejectionOf,
     withoutRowData,
 )
-from twophase.sinks.sql.sessions import TASK_SESSIONS, end
+from twophase.sinks.sql.sessions import TaskSessions, end
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.taskerrors import taskError
 from twophase.sinks.sql.transaction import SentRows, SqlTransaction
@@ -69,8 +70,11 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
 
     kind: ClassVar[str] = KIND
 
-    def __init__(self, settings: SqlSettings) -> None:
+    def __init__(self, settings: SqlSettings, resources: Resources | None = None) -> None:
         self.settings = settings
+        self.resources = resources
+        """Engines and task sessions: kept in ``resources`` (the process's unless given)."""
+        self.sessions = TaskSessions(resources)
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> SqlWriter:
@@ -209,10 +213,14 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
     def _open(self, txn: SqlTransaction, schema: pa.Schema) -> None:
         s = self.settings
         engine = engineFor(
-            s.url, pooled=False, connectTimeout=s.connectTimeout, socketTimeout=s.socketTimeout
+            s.url,
+            pooled=False,
+            connectTimeout=s.connectTimeout,
+            socketTimeout=s.socketTimeout,
+            resources=self.resources,
         )
         what = f"batch {txn.ctx.batchId} partition {txn.ctx.partitionId}"
-        conn = TASK_SESSIONS.take(engine, what, s.connectRetrySeconds)
+        conn = self.sessions.take(engine, what, s.connectRetrySeconds)
         txn.conn, txn.engine = conn, engine
         beginTwoPhase(conn, s.family, txn.xid)
         txn.begun = True
@@ -256,7 +264,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 prepareTwoPhase(txn.conn, s.family, txn.xid)
                 txn.begun = False
             xid = txn.xid
-            _release(txn)
+            _release(txn, self.sessions)
         txn.state = "prepared"
         txn.handle = taskHandle(ctx, s, xid, txn.rows)
         log.debug("sql: prepared %s: %d row(s) as %s", ctx.transactionTag, txn.rows, xid)
@@ -274,10 +282,10 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                     txn.begun = False
             except Exception:
                 log.debug("sql: rollback of %s during abort failed", txn.xid, exc_info=True)
-            _release(txn)
+            _release(txn, self.sessions)
         if prepared and txn.handle is not None and txn.handle.get("xid"):
             try:
-                SqlCommitter(self.settings).abort(txn.handle)
+                SqlCommitter(self.settings, self.resources).abort(txn.handle)
             except Exception:
                 log.warning("sql: could not undo %s; recovery will", txn.xid)
 
@@ -330,7 +338,7 @@ def _recordJson(txn: SqlTransaction, position: int) -> str:
     return recordJson(batch, index)
 
 
-def _release(txn: SqlTransaction) -> None:
+def _release(txn: SqlTransaction, sessions: TaskSessions) -> None:
     """Hand the task's connection back once its transaction is prepared or rolled back:
     ``sessions`` keeps a PostgreSQL session for the next task and ends any other without the
     rollback SQLAlchemy would send on close (a prepared XA xid outlives its session, which
@@ -344,7 +352,7 @@ def _release(txn: SqlTransaction) -> None:
         txn.begun = False
         end(conn)
         return
-    TASK_SESSIONS.give(engine, conn)
+    sessions.give(engine, conn)
 
 
 __all__ = ["SqlTransaction", "SqlWriter"]
