@@ -8,7 +8,8 @@ module holds state of its own. ``Resources.ofProcess()`` is the one of this proc
 child gets its own and never touches its parent's sockets). It is closed when the last query
 of ours in the process stops (``twophase.spark.query_end`` tells it, in a ``foreachBatch``
 driver) and at interpreter exit; a PySpark worker ends without exit handlers, and what it
-holds closes with the process. A resource asked for after a close is opened again.
+holds closes with the process (Spark stops the Python workers an executor left idle for a
+minute). A resource asked for after a close is opened again.
 
 Writers and committers hold the object they were given; pickled (to a task), it lands as the
 receiving process's own.
