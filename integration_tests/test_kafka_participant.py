@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from kafka import KafkaAdminClient
+from kafka.protocol.broker_version_data import BrokerVersionData
 
 from integration_tests.conftest import (
     ServiceControl,
@@ -49,6 +50,7 @@ from twophase.sinks.kafka import (
     ownedIds,
     pooledTransactionalIds,
 )
+from twophase.sinks.kafka.txn import sharedClient
 from twophase.spark.kafka import KafkaSink
 from twophase.spark.task import runTask
 
@@ -533,23 +535,33 @@ def test_the_documented_rejection_is_what_the_sink_says(kafka_bootstrap: str) ->
 
 @pytest.mark.parametrize("listing", ["listed", "unlisted"])
 def test_pooled_ids_across_batches_commit_each_decided_task_once_and_nothing_else(
-    kafka_bootstrap: str, listing: str, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, listing: str
 ) -> None:
     """Several "tasks" per batch in one worker; each batch's producers are the next's.
 
     Batch 1 leaves what a real run can leave on a pooled id: a task whose handle no decision
     holds (a discarded attempt, still open) and one the driver aborted. When batch 2 takes
     those ids again, the first is aborted, the second refused locally and taken over: neither
-    is ever committed. ``unlisted``: the worker cannot list transactions, so every reused id is
-    taken over by a new producer (``init_transactions``).
+    is ever committed; a taken-over id has a new producer, whose ``init_transactions`` bumps
+    the epoch. ``unlisted``: the worker's brokers cannot list transactions (ListTransactions
+    came with Kafka 3.0; the test broker is newer, so the worker's own client is told what an
+    older broker answers to ApiVersions, the one external answer replaced): every reused id is
+    taken over by a new producer.
     """
-    from twophase.sinks.kafka import producer as producing
-
-    if listing == "unlisted":
-        monkeypatch.setattr(producing, "_listOpen", lambda txn: lambda idPrefix: None)
     topic = createTopic(kafka_bootstrap, partitions=3)
-    w, c = sink(kafka_bootstrap, topic)
+    options = sinkOptions(kafka_bootstrap, topic)
+    c = KafkaCommitter.fromOptions(options)
+    if listing == "listed":
+        w = KafkaWriter.fromOptions(options)
+    else:  # a client id of its own: the worker's client, not the driver's
+        w = KafkaWriter.fromOptions({**options, "kafka.client.id": unique("it-old-broker")})
+        worker = sharedClient(
+            w.settings.producerConfig, timeoutSeconds=w.settings.requestTimeoutSeconds
+        )
+        worker._client()._manager.broker_version_data = BrokerVersionData((2, 8))
     prefix = w.settings.prefixFor("it-sink")
+    if listing == "unlisted":
+        assert worker.listOngoing(prefix + "-") is None
     b0 = [prepare(w, f"b0-p{p}", batch=0, partition=p) for p in range(3)]
     ids0 = {h["transactionalId"] for h in b0}
     assert len(ids0) == 3
@@ -566,6 +578,15 @@ def test_pooled_ids_across_batches_commit_each_decided_task_once_and_nothing_els
     for h in b2:
         c.commit(h)
     assert len([t for t in pooledTransactionalIds() if t.startswith(prefix)]) == 4
+    epochs = {h["transactionalId"]: h["producerEpoch"] for h in [*b1, undecided, aborted]}
+    assert {h["transactionalId"] for h in b2} == set(epochs)  # every id of batch 1 reused
+    takenOver = {
+        h["transactionalId"] for h in b2 if h["producerEpoch"] > epochs[h["transactionalId"]]
+    }
+    if listing == "listed":  # the committed ones go on with their producer
+        assert takenOver == {undecided["transactionalId"], aborted["transactionalId"]}
+    else:
+        assert takenOver == set(epochs)
     expected = [f"b{b}-p{p}" for b, n in ((0, 3), (1, 2), (2, 4)) for p in range(n)]
     assert sorted(values(readTopic(kafka_bootstrap, topic))) == sorted(expected)
     assert c.client().listOngoing(prefix + "-") == []  # the undecided one was aborted
