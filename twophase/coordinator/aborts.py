@@ -52,7 +52,6 @@ class Aborts:
         outcomes = self.executor.runAll(
             jobs,
             deadline=time.monotonic() + self.settings.commitTimeoutSeconds,
-            crashBetween=None,
         )
         for failed in (o for o in outcomes if o.error is not None):
             log.warning(

@@ -77,7 +77,6 @@ class BatchCommits:
         outcomes = self.executor.runAll(
             self.jobs(state, action),
             deadline=commitStart + self.settings.commitTimeoutSeconds,
-            crashBetween=batchId,
         )
         lost = self.lost.rewritable(outcomes)
         if lost:

@@ -24,8 +24,8 @@ from tenacity.stop import stop_base
 
 from twophase.coordinator.records import LoggedHandle
 from twophase.coordinator.settings import CoordinatorSettings
-from twophase.faults import armed, crashPoint
 from twophase.protocol import CommitStatus, Handle, TransientCommitError
+from twophase.protocol.calls import servingBatch
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
@@ -78,52 +78,26 @@ class CommitExecutor:
         self.settings = settings
         self._describe = describe
 
-    def runAll(
-        self, jobs: Sequence[CommitJob], *, deadline: float, crashBetween: int | None
-    ) -> list[JobOutcome]:
-        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job.
-
-        ``crashBetween``: fire ``driver.betweenCommits`` for that batch after the first of
-        several jobs succeeded.
-        """
+    def runAll(self, jobs: Sequence[CommitJob], *, deadline: float) -> list[JobOutcome]:
+        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job."""
         if not jobs:
             return []
-        if (
-            crashBetween is not None
-            and len(jobs) > 1
-            and armed("driver.betweenCommits", crashBetween)
-        ):
-            # Fault injection only: commit one handle before starting the others, so the crash
-            # leaves the batch partly committed (in parallel, fast commits all finish first).
-            first = self.runOne(jobs[0], deadline)
-            if first.error is None:
-                crashPoint("driver.betweenCommits", crashBetween)
-            return [first, *self.runAll(jobs[1:], deadline=deadline, crashBetween=None)]
         workers = min(self.settings.maxParallelCommits, len(jobs))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
-        outcomes: list[JobOutcome] = []
         try:
             futures = [pool.submit(self.runOne, job, deadline) for job in jobs]
-            for future in as_completed(futures):
-                outcome = future.result()
-                outcomes.append(outcome)
-                if (
-                    crashBetween is not None
-                    and len(jobs) > 1
-                    and len(outcomes) == 1
-                    and outcome.error is None
-                ):
-                    crashPoint("driver.betweenCommits", crashBetween)
+            return [future.result() for future in as_completed(futures)]
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        return outcomes
 
     def runOne(self, job: CommitJob, deadline: float) -> JobOutcome:
-        done = self.attempt(
-            lambda: job.action(job.entry.handle),
-            what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
-            deadline=deadline,
-        )
+        """``job`` with retries; its calls say which batch they serve (``servingBatch``)."""
+        with servingBatch(job.batchId):
+            done = self.attempt(
+                lambda: job.action(job.entry.handle),
+                what=f"batch {job.batchId}: {self._describe(job.entry.handle)}",
+                deadline=deadline,
+            )
         status = done.value if isinstance(done.value, CommitStatus) else None
         return JobOutcome(job, done.attempts, done.error, status)
 

@@ -159,7 +159,6 @@ class Recovery:
                 for job in self.commits.jobs(state, self.committer.recoverAndCommit)
             ],
             deadline=started + self.settings.commitTimeoutSeconds,
-            crashBetween=None,
         )
         seconds = time.monotonic() - started
         awaiting: dict[int, tuple[int, ...]] = {}

@@ -20,6 +20,7 @@ from twophase.coordinator import (
     DriverFencedError,
 )
 from twophase.coordinator.description import SinkDescription, writeSinkDescription
+from twophase.faults import injectFaults
 from twophase.protocol import Committer, TaskResult
 from twophase.redaction import getLogger, isSafeOption, publicOptions
 from twophase.settings import SinkSettings
@@ -62,11 +63,15 @@ def openCoordinator(
     committer: Committer, settings: SinkSettings, epoch: int | None = None
 ) -> Coordinator:
     """A coordinator over the sink's decision log, with the sink's retry bounds, acting as run
-    ``epoch`` (``None``: the run this driver claimed, if any)."""
+    ``epoch`` (``None``: the run this driver claimed, if any).
+
+    Every path of the binding opens its coordinator here, so this is where the fault injection
+    that wraps the committer (``driver.betweenCommits``) comes in, when a test arms it.
+    """
     if epoch is None:
         epoch = driver_runs.rememberedRun(settings.logLocation)
     return Coordinator(
-        committer,
+        injectFaults(committer),
         DecisionLog(settings.logLocation, unfenced=settings.unfencedLogStore),
         settings.sinkId,
         settings.coordinator,
