@@ -176,22 +176,32 @@ def test_driver_sigkill_at_every_window_and_server_restarts_keep_exactly_once(
     # The last run drains the source while PostgreSQL restarts under it (local[2,4]: Spark
     # retries a task that lost its connection). Should a retry meet a transaction prepared just
     # before the restart, the query fails loudly; then one more start finishes the job.
-    restarted = threading.Event()
+    stop = threading.Event()
+    restarts: list[tuple[float, int]] = []  # when PostgreSQL's restart began, at how many rows
 
     def restartMidStream() -> None:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not restarted.is_set():
-            if counts(pg_url, table)[0] >= 600:
+        while time.monotonic() < deadline and not stop.is_set():
+            rows = counts(pg_url, table)[0]
+            if rows >= 600:
+                began = time.monotonic()
                 postgres_server.restart()
-                restarted.set()
+                restarts.append((began, rows))  # only once the restart succeeded
                 return
             time.sleep(0.2)
 
     restarter = threading.Thread(target=restartMidStream, daemon=True)
     restarter.start()
     final = runChild(QuerySpec(**{**spec.__dict__, "master": "local[2,4]"}), logs)
-    restarted.set()
+    finalEnded = time.monotonic()
+    stop.set()
     restarter.join(timeout=200)
+    assert not restarter.is_alive(), "PostgreSQL's restart did not finish within 200 s"
+    # The restart happened, and under the running query: it began before the query's process
+    # ended, with rows of the source still to write.
+    assert restarts, f"PostgreSQL was never restarted under the last run:\n{final.tail()}"
+    [(restartedAt, rowsAtRestart)] = restarts
+    assert restartedAt < finalEnded and rowsAtRestart < total, (rowsAtRestart, final.tail())
     if final.returncode == QUERY_FAILED:
         final = runChild(spec, logs)
     assertDone(final)
