@@ -8,7 +8,13 @@ Spark binding (``twophase.spark``) runs the writer in tasks, the coordinator
 
 from twophase.protocol.checks import checkedAborted, checkedHandle
 from twophase.protocol.committer import Committer, listsPrepared
-from twophase.protocol.errors import SinkContractError, TransactionLostError, TransientCommitError
+from twophase.protocol.errors import (
+    SinkContractError,
+    SinkFailure,
+    SinkSystemError,
+    TransactionLostError,
+    TransientCommitError,
+)
 from twophase.protocol.handles import (
     Handle,
     RecoveryScope,
@@ -31,6 +37,8 @@ __all__ = [
     "Prepared",
     "RecoveryScope",
     "SinkContractError",
+    "SinkFailure",
+    "SinkSystemError",
     "TaskResult",
     "TransactionContext",
     "TransactionLostError",
