@@ -15,11 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.redaction import REDACTED, getLogger, redact
 from twophase.settings import TwoPhaseConfigError, intOption, optionOf
 
@@ -92,26 +94,72 @@ PUBLIC_LIBPQ_KEYWORDS = frozenset(
 )
 """libpq keywords whose values are never secrets (``sslkey`` is left out: it names key material)."""
 
-_PERMANENT_CONNECT = (
+_CREDENTIALS_STATES = ("28P01", "28000")
+"""SQLSTATEs of refused credentials: invalid_password, invalid_authorization_specification."""
+
+# libpq reports a failed connection without a SQLSTATE (psycopg's ``sqlstate`` is ``None``:
+# the server's FATAL reaches libpq as text only), so these words of libpq's and the server's
+# are all there is to tell refused credentials, and a connection refused for good, from a
+# server that did not answer. The SQLSTATE decides whenever there is one.
+_CREDENTIALS_CONNECT = (
     "password authentication failed",
     "no password supplied",
-    "does not exist",
-    "permission denied",
+    "authentication failed",
     "no pg_hba.conf entry",
-    "certificate",
-    "invalid ",
+    "permission denied",
 )
+_REFUSED_CONNECT = ("does not exist", "certificate", "invalid ")
 
 
-class PostgresSinkError(Exception):
+class PostgresSinkError(SinkSystemError):
     """A PostgreSQL problem that retrying the same work will not fix.
 
-    Named for the sink, its first user; connecting (``connect``) raises it for verify too.
+    Named for the sink, its first user; connecting (``connect``) raises it for verify too, with
+    ``reason`` ``CREDENTIALS`` when the server refused the login. Holds the fixes the command
+    line gives for PostgreSQL, as ``twophase recover`` takes options.
     """
+
+    system = "PostgreSQL"
+    fixes = MappingProxyType(
+        {
+            SinkFailure.UNREACHABLE: (
+                "Fix: start the server, or give its address as the query did: --sink-option "
+                "url=postgresql://user@host:port/db (the password: PGPASSWORD, ~/.pgpass or "
+                "--sink-option-file)."
+            ),
+            SinkFailure.CREDENTIALS: (
+                "Fix: give the password the query used: --sink-option password=..., a "
+                "--sink-option-file only you can read, PGPASSWORD or ~/.pgpass."
+            ),
+        }
+    )
+
+    @classmethod
+    def classify(cls, exc: BaseException) -> SinkFailure | None:
+        """A psycopg error by its SQLSTATE (``28P01``/``28000``: credentials; class ``08``
+        and the server shutting down: unreachable); a failed connection, which has none, by
+        libpq's words."""
+        if not isinstance(exc, psycopg.Error):
+            return None
+        state = exc.sqlstate
+        if state is not None:
+            if state in _CREDENTIALS_STATES:
+                return SinkFailure.CREDENTIALS
+            if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+                return SinkFailure.UNREACHABLE
+            return SinkFailure.REJECTED
+        if not isinstance(exc, psycopg.OperationalError):
+            return None
+        text = str(exc).lower()
+        if any(marker in text for marker in _CREDENTIALS_CONNECT):
+            return SinkFailure.CREDENTIALS
+        return SinkFailure.UNREACHABLE
 
 
 class PostgresUnavailableError(PostgresSinkError, ConnectionError):
     """The server could not be reached (or the connection broke) while working."""
+
+    reason = SinkFailure.UNREACHABLE
 
 
 def errorText(exc: BaseException) -> str:
@@ -227,8 +275,10 @@ def publicConninfo(url: str) -> str | None:
 
 def isPermanentConnectError(exc: psycopg.OperationalError) -> bool:
     """Authentication, a missing database or role, TLS trouble: retrying will not help."""
+    if PostgresSinkError.classify(exc) is SinkFailure.CREDENTIALS:
+        return True
     text = str(exc).lower()
-    return any(marker in text for marker in _PERMANENT_CONNECT)
+    return any(marker in text for marker in _REFUSED_CONNECT)
 
 
 def connect(
@@ -256,7 +306,8 @@ def connect(
             reason = errorText(exc)
             if isPermanentConnectError(exc):
                 raise PostgresSinkError(
-                    f"postgres: {what}: cannot connect to {target.describe()}: {reason}"
+                    f"postgres: {what}: cannot connect to {target.describe()}: {reason}",
+                    reason=PostgresSinkError.classify(exc) or SinkFailure.UNREACHABLE,
                 ) from None
             if time.monotonic() + delay > deadline:
                 raise PostgresUnavailableError(

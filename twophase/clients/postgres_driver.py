@@ -116,17 +116,18 @@ DRIVER_CONNECTIONS = DriverConnections()
 
 @contextmanager
 def driverErrors(what: str, target: ConnectionTarget) -> Iterator[None]:
-    """Connection trouble inside the block becomes ``TransientCommitError`` (retried)."""
+    """Connection trouble inside the block becomes ``TransientCommitError`` (retried), raised
+    from a ``PostgresUnavailableError`` that tells the command line the system and the fix."""
     try:
         yield
     except PostgresUnavailableError as exc:
-        raise TransientCommitError(str(exc)) from None
+        raise TransientCommitError(str(exc)) from exc  # the cause says the system and the fix
     except psycopg.OperationalError as exc:
         if isinstance(exc, pgerrors.LockNotAvailable | pgerrors.QueryCanceled):
             raise TransientCommitError(f"postgres: {what}: {redact(str(exc))}") from None
-        raise TransientCommitError(
-            f"postgres: {what}: connection to {target.describe()} failed: {errorText(exc)}"
-        ) from None
+        said = f"postgres: {what}: connection to {target.describe()} failed: {errorText(exc)}"
+        # The driver's own error stays out of logs, as before; ours says the system and fix.
+        raise TransientCommitError(said) from PostgresUnavailableError(said)
 
 
 __all__ = ["DRIVER_CONNECTIONS", "DriverConnections", "driverErrors"]

@@ -11,6 +11,7 @@ from twophase.clients.kafka.admin import (
     topicMaxMessageBytes,
 )
 from twophase.clients.kafka.errors import (
+    KafkaSystemError,
     KafkaUnreachableError,
     errorText,
     librdkafkaError,
@@ -39,6 +40,7 @@ __all__ = [
     "PREFIX",
     "SAFE_CLIENT_OPTIONS",
     "SECRET_ARGUMENTS",
+    "KafkaSystemError",
     "KafkaUnreachableError",
     "adminClient",
     "brokerTransactionMaxTimeoutMs",

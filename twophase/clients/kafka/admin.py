@@ -11,6 +11,7 @@ from typing import Any
 
 from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
 from twophase.clients.kafka.logs import ClientLog
+from twophase.protocol.errors import SinkFailure
 from twophase.redaction import getLogger, redact
 from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
@@ -83,7 +84,8 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
     except KafkaException as exc:
         raise KafkaUnreachableError(
             f"kafka: cannot reach the cluster at {redact(key)} within {timeoutSeconds:.0f} s "
-            f"({errorText(exc)}); check kafka.bootstrap.servers and the security options"
+            f"({errorText(exc)}); check kafka.bootstrap.servers and the security options",
+            reason=KafkaUnreachableError.classify(exc) or SinkFailure.UNREACHABLE,
         ) from None
     values: list[int] = []
     try:
@@ -141,7 +143,8 @@ def ensureTopic(config: Mapping[str, Any], topic: str, option: str, timeoutSecon
     except KafkaException as exc:
         raise KafkaUnreachableError(
             f"kafka: cannot reach the cluster at {redact(key[0])} within {timeoutSeconds:.0f} s "
-            f"to look up topic {topic} (option {option}): {errorText(exc)}"
+            f"to look up topic {topic} (option {option}): {errorText(exc)}",
+            reason=KafkaUnreachableError.classify(exc) or SinkFailure.UNREACHABLE,
         ) from None
     found = metadata.topics.get(topic)
     if found is None or found.error is not None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from twophase.clients.kafka.options import isSafeProperty
+from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.redaction import REDACTED, redact
 from twophase.settings import TwoPhaseConfigError
 
@@ -20,8 +22,66 @@ _INVALID_ARG = -186
 """librdkafka's ``_INVALID_ARG``: a configuration it refused."""
 
 
-class KafkaUnreachableError(ConnectionError):
-    """No broker of ``kafka.bootstrap.servers`` answered."""
+_UNREACHABLE_CODES = ("_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE", "_MSG_TIMED_OUT")
+"""librdkafka's error codes (``KafkaError`` names) of brokers that did not answer."""
+
+_CREDENTIALS_CODES = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED")
+"""librdkafka's and the brokers' error codes of refused credentials."""
+
+_UNREACHABLE_TYPES = ("KafkaConnectionError", "NodeNotReadyError", "KafkaTimeoutError")
+"""kafka-python's errors (``kafka.errors``) of brokers that did not answer."""
+
+
+class KafkaSystemError(SinkSystemError):
+    """An error of Kafka, with the fixes the command line gives for it, as ``twophase
+    recover`` takes options; ``classify`` reads librdkafka's and kafka-python's errors by
+    their code and type."""
+
+    system = "Kafka"
+    fixes = MappingProxyType(
+        {
+            SinkFailure.UNREACHABLE: (
+                "Fix: start the brokers, or give their address as the query did: --sink-option "
+                "kafka.bootstrap.servers=host:port (security options: --sink-option-file or "
+                "TWOPHASE_KAFKA_OPTIONS)."
+            ),
+            SinkFailure.CREDENTIALS: (
+                "Fix: give the security options the query used: --sink-option "
+                "kafka.sasl.password=... (and kafka.sasl.*), a --sink-option-file only you can "
+                "read, or TWOPHASE_KAFKA_OPTIONS."
+            ),
+        }
+    )
+
+    @classmethod
+    def classify(cls, exc: BaseException) -> SinkFailure | None:
+        """A librdkafka ``KafkaException`` by its ``KafkaError`` code, a kafka-python error by
+        its type; ``None`` for any other."""
+        error: Any = exc.args[0] if exc.args else None
+        code = getattr(error, "code", None)
+        if callable(code) and type(exc).__module__.startswith(("confluent_kafka", "cimpl")):
+            from confluent_kafka import KafkaError
+
+            number = code()
+            if number in [getattr(KafkaError, n, None) for n in _CREDENTIALS_CODES]:
+                return SinkFailure.CREDENTIALS
+            if number in [getattr(KafkaError, n, None) for n in _UNREACHABLE_CODES]:
+                return SinkFailure.UNREACHABLE
+            return None
+        if type(exc).__module__.startswith("kafka."):
+            names = {t.__name__ for t in type(exc).__mro__}
+            if "SaslAuthenticationFailedError" in names:
+                return SinkFailure.CREDENTIALS
+            if names & set(_UNREACHABLE_TYPES):
+                return SinkFailure.UNREACHABLE
+        return None
+
+
+class KafkaUnreachableError(KafkaSystemError, ConnectionError):
+    """No broker of ``kafka.bootstrap.servers`` answered (``reason`` ``CREDENTIALS``: the
+    brokers refused the security options)."""
+
+    reason = SinkFailure.UNREACHABLE
 
 
 def errorText(exc: BaseException, *, named: bool = False) -> str:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.resources import Resources
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.files import checkWritable
@@ -39,9 +41,25 @@ _REFUSED_FEATURES: dict[str, str] = {
 with one in use is refused."""
 
 
-class DeltaTableError(ValueError):
+class DeltaTableError(SinkSystemError, ValueError):
     """The table cannot take the stream: it is missing, differs from it, or uses a feature this
-    sink does not write; the message names the table, the difference and the fix."""
+    sink does not write; the message names the table, the difference and the fix. Holds the
+    fixes the command line gives for the table's storage (deltalake's errors carry no code, so
+    only ``ConnectionError`` and ``TimeoutError`` say it did not answer)."""
+
+    system = "Delta Lake"
+    fixes = MappingProxyType(
+        {
+            SinkFailure.UNREACHABLE: (
+                "Fix: make the table's path reachable with the options the query used, as "
+                "--sink-option KEY=VALUE or --sink-option-file PATH."
+            ),
+            SinkFailure.CREDENTIALS: (
+                "Fix: give the storage credentials the query used, in the environment or a "
+                "--sink-option-file only you can read."
+            ),
+        }
+    )
 
 
 def deltalake() -> Any:

@@ -19,7 +19,11 @@ import pyarrow as pa
 from twophase.protocol import Handle, TransactionContext, TransactionWriter
 from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger, redact
-from twophase.sinks.files.errors import FilesNotWritableError, FilesUnavailableError
+from twophase.sinks.files.errors import (
+    FilesNotWritableError,
+    FilesSinkError,
+    FilesUnavailableError,
+)
 from twophase.sinks.files.formats import (
     FormatWriter,
     checkFormatSupports,
@@ -214,7 +218,9 @@ class FilesWriter(TransactionWriter[FilesTransaction]):
             f"(attempt {ctx.attemptNumber}): cannot write its files under {where}: {code} "
             f"({exc.strerror}). The filesystem holding {where} {_REFUSED[exc.errno or 0]}. "
             "Nothing of this task is visible; once the filesystem takes writes again, Spark's "
-            "retry of the task or a restart of the query writes the batch exactly once."
+            "retry of the task or a restart of the query writes the batch exactly once.",
+            # S3 refusing the keys reaches us as s3fs's PermissionError from botocore's error
+            reason=FilesSinkError.classify(exc.__cause__) if exc.__cause__ else None,
         )
         error.errno = exc.errno
         return error

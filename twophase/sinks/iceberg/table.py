@@ -10,12 +10,14 @@ nothing. The snapshot's summary carries the sink and the batch too, for people a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from sqlalchemy.engine import make_url
 
 from twophase.clients.postgres_answers import boundAnswers
+from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.resources import Resources
 from twophase.sinks.files.formats import utcTimestamps
 
@@ -42,9 +44,47 @@ CREATED_TABLE_PROPERTIES = {"write.metadata.delete-after-commit.enabled": "true"
 so older metadata files beyond ``write.metadata.previous-versions-max`` are deleted."""
 
 
-class IcebergTableError(ValueError):
+class IcebergTableError(SinkSystemError, ValueError):
     """The table cannot take the stream: it is missing, differs from it, or is partitioned in a
-    way this sink does not write; the message names the table, the difference and the fix."""
+    way this sink does not write; the message names the table, the difference and the fix.
+    Holds the fixes the command line gives for the catalog; ``classify`` reads a REST catalog's
+    refusals and an SQL catalog's database errors by type and code."""
+
+    system = "Iceberg"
+    fixes = MappingProxyType(
+        {
+            SinkFailure.UNREACHABLE: (
+                "Fix: make the catalog reachable with the options the query used (catalog.uri, "
+                "catalog.*), as --sink-option KEY=VALUE or --sink-option-file PATH."
+            ),
+            SinkFailure.CREDENTIALS: (
+                "Fix: give the catalog's credentials the query used in a --sink-option-file "
+                "only you can read."
+            ),
+        }
+    )
+
+    @classmethod
+    def classify(cls, exc: BaseException) -> SinkFailure | None:
+        """pyiceberg's refusals of the credentials (401, 403, an expired token); an SQL
+        catalog's database that refused the login (SQLSTATE 28P01/28000, MySQL 1044/1045) or
+        did not answer (SQLAlchemy's ``OperationalError``, ``InterfaceError``)."""
+        kind = type(exc)
+        if kind.__module__.startswith("pyiceberg"):
+            names = {t.__name__ for t in kind.__mro__}
+            refused = {"UnauthorizedError", "ForbiddenError", "AuthorizationExpiredError"}
+            return SinkFailure.CREDENTIALS if names & refused else None
+        if not kind.__module__.startswith("sqlalchemy"):
+            return None
+        import sqlalchemy.exc
+
+        if not isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+            return None
+        orig: Any = getattr(exc, "orig", None)
+        code = orig.args[0] if orig is not None and orig.args else None
+        if getattr(orig, "sqlstate", None) in ("28P01", "28000") or code in (1044, 1045):
+            return SinkFailure.CREDENTIALS
+        return SinkFailure.UNREACHABLE
 
 
 def pyiceberg() -> Any:

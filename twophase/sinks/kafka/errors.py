@@ -1,9 +1,15 @@
-"""The Kafka sink's own errors: a task that cannot write, a commit nobody can settle."""
+"""The Kafka sink's own errors: a task that cannot write, a commit nobody can settle.
+
+Each is a ``KafkaSystemError``: it names Kafka as its system, and the command line gives
+Kafka's fix for it.
+"""
 
 from __future__ import annotations
 
+from twophase.clients.kafka.errors import KafkaSystemError
 
-class KafkaWriteError(RuntimeError):
+
+class KafkaWriteError(KafkaSystemError, RuntimeError):
     """A record could not be written into the task's transaction; the task fails."""
 
 
@@ -13,5 +19,5 @@ class RecordTooLargeError(KafkaWriteError):
     the limit and the fix (see ``oversize``); the client's error is chained."""
 
 
-class KafkaCommitError(RuntimeError):
+class KafkaCommitError(KafkaSystemError, RuntimeError):
     """A commit that is neither done nor provably lost, and that retrying will not settle."""

@@ -270,7 +270,8 @@ def _createProducer(txn: KafkaTransaction, firstTopic: str) -> tuple[Producer, P
             log.debug("kafka: closing %s failed", txn.transactionalId, exc_info=True)
         raise KafkaWriteError(
             f"kafka: could not begin a transaction with transactional id {txn.transactionalId} "
-            f"at {txn.config.get('bootstrap.servers')}: {errorText(exc, named=True)}"
+            f"at {txn.config.get('bootstrap.servers')}: {errorText(exc, named=True)}",
+            reason=KafkaWriteError.classify(exc),
         ) from exc
     return producer, producerLog
 
@@ -289,7 +290,8 @@ def begin(txn: KafkaTransaction, producer: Producer) -> None:
     except KafkaException as exc:
         raise KafkaWriteError(
             f"kafka: could not begin a transaction with transactional id {txn.transactionalId}: "
-            f"{errorText(exc, named=True)}"
+            f"{errorText(exc, named=True)}",
+            reason=KafkaWriteError.classify(exc),
         ) from exc
     txn.began = True
     txn.startedAtMs = int(time.time() * 1000)

@@ -175,7 +175,8 @@ def _produceBatch(
                 producer.produce_batch(topic, pending)
             except KafkaException as exc:
                 raise KafkaWriteError(
-                    f"kafka: producing to {topic}: {errorText(exc, named=True)}"
+                    f"kafka: producing to {topic}: {errorText(exc, named=True)}",
+                    reason=KafkaWriteError.classify(exc),
                 ) from exc
             refused = [i for i, m in enumerate(pending) if "_error" in m]
             codes = {i: _errorCode(pending[i]["_error"]) for i in refused}
@@ -247,7 +248,8 @@ def _setAside(
         except KafkaException as exc:
             raise KafkaWriteError(
                 f"kafka: setting row {row} of partition {txn.ctx.partitionId} aside in the "
-                f"dead-letter topic {dead} (option badRecords): {errorText(exc, named=True)}"
+                f"dead-letter topic {dead} (option badRecords): {errorText(exc, named=True)}",
+                reason=KafkaWriteError.classify(exc),
             ) from exc
     txn.fingerprint.addRecord(letter.value, letter.key, extra=letter.fingerprintExtra)
     txn.produced += 1

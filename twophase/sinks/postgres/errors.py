@@ -3,7 +3,7 @@
 ``PostgresSinkError`` (retrying the same work will not fix it) and
 ``PostgresUnavailableError`` (the server could not be reached) come from the PostgreSQL client,
 which raises them while connecting; ``RowRejectedError`` and ``PreparedLimitError`` are the
-sink's own.
+sink's own. Each is a ``SinkSystemError`` naming PostgreSQL and the fix the command line gives.
 """
 
 from __future__ import annotations

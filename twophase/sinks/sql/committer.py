@@ -133,14 +133,14 @@ class SqlCommitter(Committer):
                     )
                     return CommitStatus.ALREADY_COMMITTED
         except SqlUnavailableError as exc:
-            raise TransientCommitError(str(exc)) from None
+            raise TransientCommitError(str(exc)) from exc  # the cause says the system
         except DRIVER_ERRORS as exc:
             if isTimeout(exc):
-                raise TransientCommitError(
-                    f"sql: {what}: {noAnswer(self.settings.socketTimeout)}: {errorMessage(exc)}"
-                ) from None
+                said = f"sql: {what}: {noAnswer(self.settings.socketTimeout)}: {errorMessage(exc)}"
+                raise TransientCommitError(said) from SqlUnavailableError(said)
             if isUnavailable(exc):
-                raise TransientCommitError(f"sql: {what}: {errorMessage(exc)}") from None
+                said = f"sql: {what}: {errorMessage(exc)}"
+                raise TransientCommitError(said) from SqlUnavailableError(said)
             raise SqlSinkError(f"sql: {what}: {errorMessage(exc)}") from None
         raise TransactionLostError(
             f"sql: {what}: the xid is neither prepared on the server nor committed (no marker "
@@ -240,7 +240,7 @@ class SqlCommitter(Committer):
         try:
             yield
         except SqlUnavailableError as exc:
-            raise TransientCommitError(str(exc)) from None
+            raise TransientCommitError(str(exc)) from exc  # the cause says the system
 
     def _pruneMarkers(self, conn: Connection, sinkId: str, batchId: int) -> None:
         """Delete this sink's markers of batches other than ``batchId`` and the one before.

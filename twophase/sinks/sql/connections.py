@@ -21,6 +21,7 @@ import tenacity
 from sqlalchemy.engine import URL, Connection, Engine
 
 from twophase.clients.postgres_answers import boundAnswers, timedOut
+from twophase.protocol.errors import SinkFailure
 from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.sql.dialect import MYSQL_ACCESS_DENIED, errorMessage, mysqlCode, pgState
@@ -193,6 +194,10 @@ def isAccessDenied(exc: BaseException) -> bool:
     return pgState(exc) in ("42501", "28P01", "28000")
 
 
+_SYSTEMS = {"mysql": "MySQL", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
+"""The system an error names, by SQLAlchemy's backend name."""
+
+
 def connect(
     engine: Engine, what: str, retrySeconds: float = 0.0, resources: Resources | None = None
 ) -> Connection:
@@ -220,6 +225,7 @@ def connect(
                 raise
         return engine.connect()  # PyMySQL's default TLS choice again
 
+    system = _SYSTEMS.get(engine.url.get_backend_name(), SqlSinkError.system)
     try:
         return attempts(attempt)
     except sa.exc.DBAPIError as exc:
@@ -227,10 +233,12 @@ def connect(
             raise SqlSinkError(
                 f"sql sink: {what}: {where} refused the login of user "
                 f"{engine.url.username!r}: {errorMessage(exc)}. Check the user and password "
-                "(url, or options user/password)."
+                "(url, or options user/password).",
+                system=system,
+                reason=SinkFailure.CREDENTIALS,
             ) from None
         raise SqlUnavailableError(
-            f"sql sink: {what}: cannot connect to {where}: {errorMessage(exc)}"
+            f"sql sink: {what}: cannot connect to {where}: {errorMessage(exc)}", system=system
         ) from None
 
 
