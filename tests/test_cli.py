@@ -15,11 +15,11 @@ import pytest
 
 from twophase import cli
 from twophase.cli import errors, options, recover
-from twophase.clients.postgres import PostgresUnavailableError
+from twophase.clients.postgres import PostgresSinkError
 from twophase.coordinator import CommitFailedError, DecisionLog, LogOwnershipError
 from twophase.coordinator.description import readSinkDescription
 from twophase.coordinator.errors import RewritePendingError
-from twophase.protocol import TaskResult, TransactionContext
+from twophase.protocol import SinkFailure, TaskResult, TransactionContext
 from twophase.settings import SinkSettings
 from twophase.spark.declared import FilesSink
 from twophase.spark.driver import describeSink, openCoordinator
@@ -317,8 +317,9 @@ def test_the_same_failure_on_many_handles_is_said_once() -> None:
         (
             f"postgres batch 2 partition {p} attempt 0: 1 row(s) into public.t as gid-{p}",
             1,
-            PostgresUnavailableError(f"postgres: commit of postgres batch 2 partition {p} "
-                                     f"attempt 0: 1 row(s) into public.t as gid-{p}: {cause}"),
+            PostgresSinkError(f"postgres: commit of postgres batch 2 partition {p} "
+                              f"attempt 0: 1 row(s) into public.t as gid-{p}: {cause}",
+                              reason=SinkFailure.CREDENTIALS),  # as connect raises it
         )
         for p in (3, 0, 2, 1, 7)
     ]  # fmt: skip

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 import twophase
 from twophase.cli import errors
 from twophase.doctor.run import inspectorOf
-from twophase.protocol import Committer, Handle, RecoveryScope
+from twophase.protocol import Committer, Handle, RecoveryScope, SinkFailure, SinkSystemError
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.files import FilesCommitter, FilesSettings
 from twophase.sinks.multi import parseTargets
@@ -48,7 +48,10 @@ def test_each_spec_names_parts_that_exist_and_agree(spec: object) -> None:
     if spec.reader is not None:
         parameters = list(inspect.signature(spec.readerFunction()).parameters)
         assert parameters == ["options", "columns", "hints"]
-    assert spec.unreachableFix.startswith("Fix: ") and spec.authFix.startswith("Fix: ")
+    errorClass = spec.errorClass()
+    assert issubclass(errorClass, SinkSystemError) and errorClass.system
+    for reason in (SinkFailure.UNREACHABLE, SinkFailure.CREDENTIALS):
+        assert errorClass.fixFor(reason).startswith("Fix: ")
 
 
 def test_the_binding_lists_every_registered_sink_and_the_sequence_source() -> None:
@@ -127,9 +130,15 @@ def test_an_error_is_mapped_to_its_system_by_type_and_origin_not_text() -> None:
     wrapped.__cause__ = psycopg.OperationalError("down")
     assert specOfError(wrapped) is specOf("postgres")
     assert specOfError(OSError("postgres kafka psycopg")) is None
-    assert errors._fixFor(OSError("postgres"), "connection refused") == GENERIC_FIX
-    assert errors._fixFor(kafka, "connection refused") == specOf("kafka").unreachableFix
-    assert errors._fixFor(kafka, "SASL authentication failed") == specOf("kafka").authFix
+    kafkaFixes = specOf("kafka").errorClass().fixes
+    unreachable = errors.systemFailure(kafka)
+    assert unreachable is not None and unreachable.system == "Kafka"
+    assert unreachable.fix == kafkaFixes[SinkFailure.UNREACHABLE]
+    refused = KafkaException(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED, "timed out"))
+    credentials = errors.systemFailure(refused)
+    assert credentials is not None and credentials.fix == kafkaFixes[SinkFailure.CREDENTIALS]
+    plain = errors.systemFailure(ConnectionRefusedError("postgres"))
+    assert plain is not None and plain.system is None and plain.fix == GENERIC_FIX
 
 
 def test_a_sink_declared_by_its_parts_is_bound_once_and_pickles_by_reference() -> None:

@@ -8,6 +8,13 @@ the handles listed briefly ("4 transactions (batch 2 partitions 0-3)"). Every te
 through ``redact``. ``sayFailure`` writes it, after the redacted traceback only under
 ``--debug`` or ``TWOPHASE_DEBUG=1`` (``debugging``).
 
+Whether a system did not answer or refused the credentials, which system, and the fix, come
+from the error's type: a ``SinkSystemError`` (a built-in sink's, or a user's sink's) says all
+three, itself or as the cause of the error raised; a client library's own error that reaches
+here unwrapped is read by the error class of the sink the registry finds for it
+(``specOfError``, ``SinkSystemError.classify``), and any ``ConnectionError`` or
+``TimeoutError`` counts as a system that did not answer.
+
 Exit statuses of ``status``, ``recover`` and ``doctor`` (``verify`` has its own 0/1/2 with
 the same meaning of 2): 0 done, nothing left; 1 something is left to do or failed to finish;
 2 bad input or a system that cannot be reached (nothing was done).
@@ -31,7 +38,7 @@ from twophase.coordinator.errors import (
     RewriteMismatchError,
     RewritePendingError,
 )
-from twophase.protocol import TransactionLostError
+from twophase.protocol import SinkFailure, SinkSystemError, TransactionLostError
 from twophase.redaction import redact
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.registry import GENERIC_FIX, specOfError
@@ -48,27 +55,8 @@ OPERATIONS_DOC = "docs/operations.md"
 _PG_NOISE = re.compile(r"connection failed: connection to server at \"[^\"]*\", port \d+ failed: ")
 _PG_HINT = re.compile(r"\s*Is the server running on that host and accepting TCP/IP connections\?")
 _PARTITION = re.compile(r"\bpartition (\d+)\b")
-_AUTH = (
-    "password authentication failed",
-    "no password supplied",
-    "authentication failed",
-    "sasl authentication",
-    "access denied",
-    "not authorized",
-)
-_UNREACHABLE = (
-    "connection refused",
-    "is unreachable",
-    "cannot reach",
-    "timeout expired",
-    "timed out",
-    "could not translate host name",
-    "name or service not known",
-    "no route to host",
-    "all brokers are down",
-    "nobrokersavailable",
-    "kafkaunreachable",
-)
+_CONNECTION = (SinkFailure.UNREACHABLE, SinkFailure.CREDENTIALS)
+"""Failures where the system did nothing: the command cannot go on (exit 2)."""
 
 
 class CommandError(Exception):
@@ -77,6 +65,16 @@ class CommandError(Exception):
     def __init__(self, message: str, status: int = EXIT_CANNOT) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class SystemFailure:
+    """A system that did not answer or refused the credentials: which, how, and the fix.
+    ``system`` is ``None`` when no sink claims the error (a plain ``ConnectionError``)."""
+
+    system: str | None
+    reason: SinkFailure
+    fix: str
 
 
 @dataclass(frozen=True)
@@ -150,37 +148,40 @@ def explain(exc: BaseException) -> Explanation:
             "Fix: give the option as the query did (--sink-option KEY=VALUE or "
             "--sink-option-file PATH).",
         )
-    if _isConnection(exc):
-        reason = _shorten(_oneLine(exc))
-        return Explanation(EXIT_CANNOT, f"{reason}. Nothing was changed.", _fixFor(exc, reason))
+    failure = systemFailure(exc)
+    if failure is not None:
+        reason = _named(failure, _shorten(_oneLine(exc)))
+        return Explanation(EXIT_CANNOT, f"{reason}. Nothing was changed.", failure.fix)
     if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
         return Explanation(EXIT_CANNOT, f"{_oneLine(exc)}. Nothing was changed.")
+    declared = _declared(exc)
     return Explanation(
         EXIT_LEFT_TO_DO,
         f"failed: {type(exc).__name__}: {_oneLine(exc)} (run again with --debug for the traceback)",
+        declared.fix if declared is not None else "",
     )
 
 
 def _commitFailed(exc: CommitFailedError) -> Explanation:
     """Group the handles by cause; say the decision is durable and how to finish it."""
     groups: dict[str, list[str]] = {}
-    causes: dict[str, BaseException] = {}
+    causes: dict[str, SystemFailure | None] = {}
     for description, _attempts, error in exc.failures:
-        reason = _reasonOf(error, description)
+        failure = systemFailure(error)
+        reason = _named(failure, _reasonOf(error, description))
         groups.setdefault(reason, []).append(description)
-        causes.setdefault(reason, error)
+        causes.setdefault(reason, failure)
     said = "; ".join(
         f"{_handles(exc.batchId, descriptions)}: {reason}"
         for reason, descriptions in groups.items()
     )
     fixes = []
-    for reason, error in causes.items():
-        fix = _fixFor(error, reason) if _isConnection(error, reason) else ""
-        if fix and fix not in fixes:
-            fixes.append(fix)
+    for failure in causes.values():
+        if failure is not None and failure.fix not in fixes:
+            fixes.append(failure.fix)
     if not fixes:
         fixes.append(f"Fix: see {OPERATIONS_DOC} (a query that will not start).")
-    reachable = not all(_isConnection(e, r) for r, e in causes.items())
+    reachable = not all(failure is not None for failure in causes.values())
     return Explanation(
         EXIT_LEFT_TO_DO if reachable else EXIT_CANNOT,
         f"sink {exc.sinkId}: could not commit {said}. Nothing decided is lost: the decision "
@@ -236,26 +237,56 @@ def _oneLine(exc: BaseException) -> str:
     return " ".join(redact(str(exc)).split()) or type(exc).__name__
 
 
-def _isConnection(exc: BaseException, text: str | None = None) -> bool:
-    """A server that did not answer or refused the credentials: nothing was done."""
-    lowered = (text if text is not None else _oneLine(exc)).lower()
-    names = " ".join(t.__name__.lower() for t in type(exc).__mro__)
-    if "cannot connect to" in lowered or any(m in lowered for m in _UNREACHABLE + _AUTH):
-        return True
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return True
-    return "operationalerror" in names or "nobrokersavailable" in names
-
-
-def _fixFor(exc: BaseException, reason: str) -> str:
-    """The way to fix a connection failure of the system that raised ``exc`` (found by the
-    error's type and origin in ``twophase.sinks.registry``): refused credentials or a server
-    that does not answer."""
+def systemFailure(exc: BaseException) -> SystemFailure | None:
+    """The system that did not answer or refused the credentials in ``exc`` (or an error it was
+    raised from), by type: a ``SinkSystemError`` says it; else the sink the registry finds for
+    ``exc`` reads its client library's errors; else a ``ConnectionError`` or ``TimeoutError``
+    (``socket.timeout``) is a system that did not answer. ``None``: the system answered."""
+    declared = _declared(exc)
+    if declared is not None:
+        if declared.reason not in _CONNECTION:
+            return None
+        fix = declared.fix or declared.fixFor(declared.reason) or GENERIC_FIX
+        return SystemFailure(declared.system, declared.reason, fix)
     spec = specOfError(exc)
-    if spec is None:
-        return GENERIC_FIX
-    lowered = reason.lower()
-    return spec.authFix if any(m in lowered for m in _AUTH) else spec.unreachableFix
+    errorClass = spec.errorClass() if spec is not None else None
+    for error in _chain(exc):
+        reason = errorClass.classify(error) if errorClass is not None else None
+        if reason is None and isinstance(error, ConnectionError | TimeoutError):
+            reason = SinkFailure.UNREACHABLE
+        if reason is not None and reason in _CONNECTION:
+            if errorClass is None:
+                return SystemFailure(None, reason, GENERIC_FIX)
+            return SystemFailure(
+                errorClass.system, reason, errorClass.fixFor(reason) or GENERIC_FIX
+            )
+    return None
+
+
+def _declared(exc: BaseException) -> SinkSystemError | None:
+    """The first ``SinkSystemError`` of ``exc`` and the errors it was raised from."""
+    return next((e for e in _chain(exc) if isinstance(e, SinkSystemError)), None)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and each error it was raised from: ``__cause__``, else ``__context__`` unless
+    the raise left it out (``raise ... from None``), as a traceback shows them."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in chain):
+        chain.append(current)
+        suppressed = current.__suppress_context__
+        current = current.__cause__ or (None if suppressed else current.__context__)
+    return chain
+
+
+def _named(failure: SystemFailure | None, reason: str) -> str:
+    """``reason`` led by the system's name when it does not say it already."""
+    if failure is None or failure.system is None:
+        return reason
+    if failure.system.lower() in reason.lower():
+        return reason
+    return f"{failure.system}: {reason}"
 
 
 def _cut(text: str, length: int) -> str:

@@ -3,9 +3,10 @@
 A ``SinkSpec`` names where each part of a sink lives, as ``module:Name`` text so that reading
 the registry imports nothing: the Spark binding (the data source class), the reader that
 ``twophase verify`` uses, the inspector that ``twophase doctor`` uses, the packages its errors
-come from and the fix an operator reads when its system cannot be reached. The Spark binding's
-built-in list, ``twophase.multi``'s target kinds, verify's and doctor's dispatch and the command
-line's advice all come from here; a sink added to ``SINKS`` is known to all of them.
+come from and its error class, which holds its system's name and the fixes an operator reads.
+The Spark binding's built-in list, ``twophase.multi``'s target kinds, verify's and doctor's
+dispatch and the command line's advice all come from here; a sink added to ``SINKS`` is known
+to all of them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pyarrow as pa
 
 from twophase.loading import importQualified
 from twophase.options import SinkOption
+from twophase.protocol.errors import SinkSystemError
 from twophase.settings import TwoPhaseConfigError
 
 
@@ -82,8 +84,6 @@ class SinkSpec:
     """
 
     kind: str
-    system: str
-    """The system as an operator names it (``PostgreSQL``), for messages."""
     reader: str | None
     """``module:function`` of the ``SinkReader`` that verify uses; ``None``: verify cannot read
     it."""
@@ -92,10 +92,10 @@ class SinkSpec:
     ``handleKey``); ``None``: doctor checks the log only."""
     errorModules: tuple[str, ...]
     """Module prefixes whose exceptions are this system's (its client library, its package)."""
-    unreachableFix: str
-    """The fix for a server that does not answer, as ``twophase recover`` takes options."""
-    authFix: str
-    """The fix for refused credentials, naming where a secret may come from."""
+    errors: str
+    """``module:Class`` of the sink's ``SinkSystemError``: its system's name, the fixes for a
+    server that does not answer and for refused credentials, and how its client library's
+    errors read (``classify``), for one that reaches the command line unwrapped."""
     parts: SinkParts | None = None
     """The sink's Spark-free parts, bound by the generic binding; ``None`` with ``binding``."""
     binding: str | None = None
@@ -158,6 +158,11 @@ class SinkSpec:
         found: tuple[SinkOption, ...] = importQualified(self.options)
         return found
 
+    def errorClass(self) -> type[SinkSystemError]:
+        """The sink's error class (imports its module)."""
+        found: type[SinkSystemError] = importQualified(self.errors)
+        return found
+
     def inspectorModule(self) -> ModuleType | None:
         """The inspect module doctor asks, or ``None``."""
         return None if self.inspector is None else importlib.import_module(self.inspector)
@@ -168,7 +173,6 @@ _OPTION_WAYS = "--sink-option KEY=VALUE or --sink-option-file PATH"
 SINKS: tuple[SinkSpec, ...] = (
     SinkSpec(
         kind="files",
-        system="files",
         options="twophase.sinks.files.settings:OPTIONS",
         page="docs/files.md",
         parts=SinkParts(
@@ -180,20 +184,10 @@ SINKS: tuple[SinkSpec, ...] = (
         reader="twophase.verify.held:readFilesSink",
         inspector="twophase.sinks.files.inspect",
         errorModules=("twophase.sinks.files",),
-        unreachableFix=(
-            "Fix: make the path reachable with the options the query used (for s3://, the "
-            "endpoint: --sink-option fs.endpoint_url=...; the keys from the environment or a "
-            "--sink-option-file)."
-        ),
-        authFix=(
-            "Fix: give the credentials the query used: AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY in the environment, or fs.key and fs.secret in a "
-            "--sink-option-file only you can read."
-        ),
+        errors="twophase.sinks.files.errors:FilesSinkError",
     ),
     SinkSpec(
         kind="postgres",
-        system="PostgreSQL",
         options="twophase.sinks.postgres.settings:OPTIONS",
         page="docs/postgres.md",
         parts=SinkParts(
@@ -206,19 +200,10 @@ SINKS: tuple[SinkSpec, ...] = (
         reader="twophase.verify.held:readPostgresSink",
         inspector="twophase.sinks.postgres.inspect",
         errorModules=("twophase.sinks.postgres", "twophase.clients.postgres", "psycopg"),
-        unreachableFix=(
-            "Fix: start the server, or give its address as the query did: --sink-option "
-            "url=postgresql://user@host:port/db (the password: PGPASSWORD, ~/.pgpass or "
-            "--sink-option-file)."
-        ),
-        authFix=(
-            "Fix: give the password the query used: --sink-option password=..., a "
-            "--sink-option-file only you can read, PGPASSWORD or ~/.pgpass."
-        ),
+        errors="twophase.clients.postgres:PostgresSinkError",
     ),
     SinkSpec(
         kind="sql",
-        system="the SQL database",
         options="twophase.sinks.sql.settings:OPTIONS",
         page="docs/sql.md",
         parts=SinkParts(
@@ -231,19 +216,11 @@ SINKS: tuple[SinkSpec, ...] = (
         reader="twophase.verify.sql:readSql",
         inspector="twophase.sinks.sql.inspect",
         errorModules=("twophase.sinks.sql", "sqlalchemy", "pymysql", "MySQLdb", "mariadb"),
-        unreachableFix=(
-            "Fix: start the server, or give its address as the query did: --sink-option "
-            "url=mysql+pymysql://user@host:port/db (the password: --sink-option-file)."
-        ),
-        authFix=(
-            "Fix: give the password the query used: --sink-option password=... or a "
-            "--sink-option-file only you can read."
-        ),
+        errors="twophase.sinks.sql.errors:SqlSinkError",
         multiTarget=False,
     ),
     SinkSpec(
         kind="kafka",
-        system="Kafka",
         options="twophase.sinks.kafka.settings:OPTIONS",
         page="docs/kafka.md",
         binding="twophase.spark.kafka:KafkaSink",
@@ -256,20 +233,10 @@ SINKS: tuple[SinkSpec, ...] = (
             "cimpl",  # confluent_kafka's C classes (KafkaException, KafkaError)
             "kafka",
         ),
-        unreachableFix=(
-            "Fix: start the brokers, or give their address as the query did: --sink-option "
-            "kafka.bootstrap.servers=host:port (security options: --sink-option-file or "
-            "TWOPHASE_KAFKA_OPTIONS)."
-        ),
-        authFix=(
-            "Fix: give the security options the query used: --sink-option "
-            "kafka.sasl.password=... (and kafka.sasl.*), a --sink-option-file only you can "
-            "read, or TWOPHASE_KAFKA_OPTIONS."
-        ),
+        errors="twophase.clients.kafka.errors:KafkaSystemError",
     ),
     SinkSpec(
         kind="delta",
-        system="Delta Lake",
         options="twophase.sinks.delta.settings:OPTIONS",
         page="docs/delta.md",
         parts=SinkParts(
@@ -281,48 +248,25 @@ SINKS: tuple[SinkSpec, ...] = (
         reader="twophase.verify.delta:readDeltaSink",
         inspector="twophase.sinks.delta.inspect",
         errorModules=("twophase.sinks.delta", "deltalake"),
-        unreachableFix=(
-            "Fix: make the table's path reachable with the options the query used, as "
-            f"{_OPTION_WAYS}."
-        ),
-        authFix=(
-            "Fix: give the storage credentials the query used, in the environment or a "
-            "--sink-option-file only you can read."
-        ),
+        errors="twophase.sinks.delta.table:DeltaTableError",
     ),
     SinkSpec(
         kind="iceberg",
-        system="Iceberg",
         options="twophase.sinks.iceberg.settings:OPTIONS",
         page="docs/iceberg.md",
         binding="twophase.spark.iceberg:IcebergSink",
         reader="twophase.verify.iceberg:readIcebergSink",
         inspector="twophase.sinks.iceberg.inspect",
         errorModules=("twophase.sinks.iceberg", "pyiceberg"),
-        unreachableFix=(
-            "Fix: make the catalog reachable with the options the query used "
-            f"(catalog.uri, catalog.*), as {_OPTION_WAYS}."
-        ),
-        authFix=(
-            "Fix: give the catalog's credentials the query used in a --sink-option-file only "
-            "you can read."
-        ),
+        errors="twophase.sinks.iceberg.table:IcebergTableError",
     ),
     SinkSpec(
         kind="multi",
-        system="twophase.multi",
         binding="twophase.spark.multi:MultiSink",
         reader=None,  # verify reads each target with the target's reader (verify.multi)
         inspector="twophase.sinks.multi.inspect",
         errorModules=("twophase.sinks.multi",),
-        unreachableFix=(
-            "Fix: make every target's system reachable with the options the query used "
-            f"(prefixed with the target's name), as {_OPTION_WAYS}."
-        ),
-        authFix=(
-            "Fix: give each target's credentials the query used, prefixed with the target's "
-            "name, in a --sink-option-file only you can read."
-        ),
+        errors="twophase.sinks.multi.errors:MultiSinkError",
         multiTarget=False,
     ),
 )
