@@ -19,9 +19,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
 
 def exampleCode(index: int) -> str:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
-    assert len(blocks) == 3, (
-        f"{DOC} should hold three python examples (one class; two halves; its contract test, "
-        "run by tests/test_testing_contract.py)"
+    assert len(blocks) == 4, (
+        f"{DOC} should hold four python examples (one class; two halves; its contract test, "
+        "run by tests/test_testing_contract.py; its error, run by tests/test_cli_errors.py)"
     )
     return blocks[index]
 

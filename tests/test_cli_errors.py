@@ -4,6 +4,9 @@ built-in sink's or a user's), a client library's error by its code, never by its
 from __future__ import annotations
 
 import pickle
+import re
+import socket
+from pathlib import Path
 from types import MappingProxyType
 
 import psycopg
@@ -61,6 +64,30 @@ def test_a_users_own_error_says_its_system_and_its_fix() -> None:
     assert "twophase recover: AcmeStore: cannot open the store at acme.example:9000." in text
     assert "Nothing was changed. Fix: start acmestored" in text
     assert GENERIC_FIX not in text
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-a-sink.md"
+
+
+def test_the_documented_error_of_a_users_sink_says_what_the_doc_shows() -> None:
+    text = DOC.read_text()
+    [code] = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+        if "(twophase.SinkSystemError)" in b
+    ]
+    section = text[text.index("## Saying which system failed") :]
+    shown = " ".join(re.findall(r"```text\n(.*?)```", section, flags=re.DOTALL)[0].split())
+    namespace: dict[str, object] = {"__name__": "acme_sink"}
+    exec(compile(code, "writing-a-sink.md", "exec"), namespace)  # noqa: S102
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(namespace["AcmeStoreError"]) as raised:  # type: ignore[call-overload]
+        namespace["openStore"](f"127.0.0.1:{port}")  # type: ignore[operator]
+    status, paragraph = said(raised.value)
+    assert status == errors.EXIT_CANNOT
+    assert paragraph.replace(f"127.0.0.1:{port}", "127.0.0.1:7070") == shown
 
 
 def test_a_users_error_chooses_its_fix_by_the_reason_given_when_raised() -> None:
