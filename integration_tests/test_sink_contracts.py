@@ -142,6 +142,46 @@ class TestSqlOnMariadbContract(SinkContract):
         return [x for x in texts if options["sinkId"] in x]
 
 
+class TestSqlOnPostgresContract(SinkContract):
+    """``twophase.sql`` through SQLAlchemy on PostgreSQL: a prepared task is a row of
+    ``pg_prepared_xacts``."""
+
+    sink = SqlSink
+
+    @pytest.fixture(autouse=True)
+    def _server(
+        self, pg_url: str, pgConnection: psycopg.Connection[Any], tmp_path: Path
+    ) -> Iterator[None]:
+        self.url = pg_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        self.conn, self.tables = pgConnection, list[str]()
+        self.checkpoint = str(tmp_path / "checkpoint")
+        yield
+        for table in self.tables:
+            for name in (table, f"{table}_twophase_commits"):
+                self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+    def newTarget(self) -> dict[str, str]:
+        table = unique("contract_sqlpg")
+        self.tables.append(table)
+        self.conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint, payload text)").format(sql.Identifier(table))
+        )
+        options = {"url": self.url, "dbtable": table, "checkpointLocation": self.checkpoint}
+        SqlSink(options).validate(STREAM)  # the driver's check, which makes the markers table
+        return options
+
+    def readCommitted(self, options: Mapping[str, str]) -> pa.Table:
+        query = sql.SQL("SELECT id FROM {}").format(sql.Identifier(options["dbtable"]))
+        ids = [row[0] for row in self.conn.execute(query)]
+        return pa.table({"id": pa.array(ids, pa.int64())})
+
+    def leftovers(self, options: Mapping[str, str]) -> list[Any]:
+        found = self.conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE strpos(gid, %s) > 0", (options["sinkId"],)
+        )
+        return [gid for (gid,) in found]
+
+
 @pytest.fixture(scope="module")
 def kafkaAdmin(kafka_bootstrap: str) -> Iterator[KafkaAdminClient]:
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
