@@ -59,9 +59,9 @@ class SinkSystemError(Exception):
     reason, for a class raised for several; ``classify`` says how the system's client library
     reports a failure, for its errors that reach the command line unwrapped. Each may be given
     per instance: ``MyError(message, reason=SinkFailure.CREDENTIALS)`` (with this class first
-    among the bases, before ``ConnectionError`` or ``RuntimeError``). The command line
-    (``twophase recover``, ``doctor``, ``verify``) says the system and the fix of such an
-    error, or of one it was raised from.
+    among the bases, before ``ConnectionError`` or ``RuntimeError``). ``twophase recover`` and
+    ``doctor`` say the system and the fix of such an error, or of one it was raised from (the
+    fixes name their ``--sink-option`` flags; ``verify``, whose flags differ, says its own).
     """
 
     system: str = "the sink's system"
