@@ -263,3 +263,16 @@ bench-floor: .venv
 bench-latency: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.latency $(LATENCY_ARGS)
+
+# Memory over time: RSS, open files and threads of the Python driver, the JVM and the Python
+# workers every SOAK_EVERY of SOAK_BATCHES micro-batches per sink (SOAK_SINKS), growth from batch
+# 100 to the end against 10%; then one 1,000,000-row batch in one task, its worker's peak RSS
+# against the batch's Arrow size (after `make services`); bench/results/soak-memory.json. See
+# docs/performance.md.
+SOAK_BATCHES ?= 1000
+SOAK_EVERY ?= 50
+SOAK_SINKS ?= kafka,postgres,files,multi
+.PHONY: soak-memory
+soak-memory: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.soak_memory --sinks $(SOAK_SINKS) --batches $(SOAK_BATCHES) --every $(SOAK_EVERY) --big-batch $(SOAK_ARGS)
