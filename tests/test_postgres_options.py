@@ -240,6 +240,19 @@ def test_public_url_drops_secrets_and_keeps_everything_else() -> None:
     assert publicOptionValue("table", "Sales.Orders") == "Sales.Orders"
 
 
+def test_a_database_named_like_another_query_s_password_stays_in_the_public_url() -> None:
+    """Another query of the process used the password ``ledger-db``; this sink's database of
+    that name is still the one sink.json names (not ``***``, which would connect elsewhere)."""
+    from twophase.redaction import rememberSecrets
+
+    rememberSecrets({"password": "ledger-db"})
+    public = publicConninfo("postgresql://app:pw-13@db.example/ledger-db")
+    assert public is not None and "pw-13" not in public
+    assert PostgresSettings.fromOptions({"url": public, "table": "t"}).target.get("dbname") == (
+        "ledger-db"
+    )
+
+
 def test_a_committer_rebuilt_from_sink_json_reaches_the_same_table_the_same_way() -> None:
     options = {
         "url": URL,

@@ -71,6 +71,26 @@ def test_allowed_values_are_still_redacted() -> None:
     assert public == {"url": "postgresql://u:***@db/x"}
 
 
+def test_a_kept_value_is_never_rewritten_by_another_query_s_secret() -> None:
+    """Another query of the process had the password ``orders-db``: this sink's database of
+    that name stays whole in sink.json (written as ``***``, it would rebuild the wrong sink)."""
+    rememberSecrets({"password": "orders-db"})
+    url = "postgresql://app@db:5432/orders-db"
+    assert publicOptions({"url": url}, {"url"}) == {"url": url}
+    assert redact(url) == "postgresql://app@db:5432/***"  # shown text still hides it
+
+
+def test_a_kept_value_holding_the_sink_s_own_secret_is_left_out_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    options = {"url": "postgresql://svc-7@db/svc-7", "password": "svc-7", "path": "/data"}
+    with caplog.at_level(logging.WARNING, logger="twophase.redaction"):
+        public = publicOptions({"url": options["url"], "path": "/data"}, {"url", "path"}, options)
+    assert public == {"path": "/data"}
+    assert "option url is not written to sink.json" in caplog.text
+    assert "svc-7" not in caplog.text
+
+
 def test_values_of_options_off_the_allow_list_are_scrubbed_from_later_text() -> None:
     rememberSecrets({"apiKey": "opaque-token-9", "path": "/data", "flag": "yes"}, {"path"})
     assert redact("connect with opaque-token-9 to /data") == "connect with *** to /data"

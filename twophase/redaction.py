@@ -5,9 +5,11 @@ secret must reach neither. Two rules, used everywhere (``sink.json``, log lines,
 
 - only options on an allow-list are persisted: the shared options every sink has, plus the
   ones a sink declares safe (its ``safeOptions``). Anything else, whatever its name, is not;
-- text that is shown (log lines, error messages, values of allowed options) passes through
-  ``redact``: URL passwords, ``password=``-style parameters, private keys and the values of
-  every option this process saw that is not on the allow-list are replaced by ``***``.
+- text that is shown (log lines, error messages) passes through ``redact``: URL passwords,
+  ``password=``-style parameters, private keys and the values of every option this process saw
+  that is not on the allow-list are replaced by ``***``. A persisted value loses the first
+  three the same way; one that holds the value of another of its sink's unlisted options is
+  not persisted at all (``publicOptions``).
 """
 
 from __future__ import annotations
@@ -51,11 +53,46 @@ def isSafeOption(name: str, safe: Iterable[str] = ()) -> bool:
     return key in SHARED_SAFE_OPTIONS or key in {s.lower() for s in safe}
 
 
-def publicOptions(options: Mapping[str, str], safe: Iterable[str] = ()) -> dict[str, str]:
-    """The options that may be written to the checkpoint: allow-listed keys, redacted values."""
+def publicOptions(
+    options: Mapping[str, str],
+    safe: Iterable[str] = (),
+    among: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The options that may be written to the checkpoint: allow-listed keys, each value without
+    URL passwords, password-like parameters or private keys.
+
+    A value that holds the value of one of the sink's own options off the allow-list (``among``,
+    all its options; ``options`` when not given) is left out, with a warning naming the option:
+    written with a hole in it, it would rebuild the wrong sink. Values other queries of the
+    process remembered (``rememberSecrets``) do not touch it: a database named like another
+    query's password stays whole.
+    """
     allowed = {s.lower() for s in safe} | SHARED_SAFE_OPTIONS
+    unlisted = _unlistedValues(options if among is None else among, safe)
+    kept: dict[str, str] = {}
+    for key, value in sorted(options.items()):
+        if key.lower() not in allowed:
+            continue
+        shown = redactForms(str(value))
+        if any(secret in shown for secret in unlisted):
+            getLogger(__name__).warning(
+                "option %s is not written to sink.json: its value holds the value of another "
+                "option of the sink that is not kept (it may be a secret); give it again to "
+                "twophase recover or doctor (--sink-option %s=...)",
+                key,
+                key,
+            )
+            continue
+        kept[key] = shown
+    return kept
+
+
+def _unlistedValues(options: Mapping[str, str], safe: Iterable[str]) -> set[str]:
+    """The values of ``options`` off the allow-list, long enough to be told apart."""
     return {
-        key: redact(str(value)) for key, value in sorted(options.items()) if key.lower() in allowed
+        str(value)
+        for key, value in options.items()
+        if not isSafeOption(key, safe) and len(str(value)) >= _MIN_SECRET_LENGTH
     }
 
 
@@ -65,11 +102,7 @@ def rememberSecrets(options: Mapping[str, str], safe: Iterable[str] = ()) -> Non
     A value that is not on the allow-list may be a secret whatever its name
     (``kafka.sasl.oauthbearer.config``, ``kafka.ssl.key.pem``, a user's own ``apiKey``...).
     """
-    found = {
-        str(value)
-        for key, value in options.items()
-        if not isSafeOption(key, safe) and len(str(value)) >= _MIN_SECRET_LENGTH
-    }
+    found = _unlistedValues(options, safe)
     if found - _secrets:
         with _secretsLock:
             _secrets.update(found)
@@ -83,6 +116,12 @@ def redact(text: str) -> str:
     for secret in sorted(_secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, REDACTED)
+    return redactForms(text)
+
+
+def redactForms(text: str) -> str:
+    """``text`` without what the form of a secret gives away: private keys, URL passwords,
+    password-like parameters."""
     text = _PRIVATE_KEY.sub(REDACTED, text)
     text = _URL_USERINFO.sub(_userinfoWithoutPassword, text)
     return _SECRET_PARAM.sub(lambda m: m.group("key") + REDACTED, text)

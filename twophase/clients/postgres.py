@@ -22,7 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from twophase.protocol.errors import SinkFailure, SinkSystemError
-from twophase.redaction import REDACTED, getLogger, redact
+from twophase.redaction import REDACTED, getLogger, redact, redactForms
 from twophase.settings import TwoPhaseConfigError, intOption, optionOf
 
 log = getLogger(__name__)
@@ -261,13 +261,15 @@ def connectionOf(options: Mapping[str, str]) -> tuple[ConnectionTarget, Secrets]
 def publicConninfo(url: str) -> str | None:
     """``url`` as a libpq ``key=value`` string without any secret, or ``None`` if unreadable.
 
-    Reads the URL after redaction, so a password libpq would misread (an unencoded ``@`` in
-    ``postgresql://u:p@ss@host/db``) cannot reach the host part; then drops every secret
-    parameter, whatever its value. The result connects to the same place, the password coming
-    from ``PGPASSWORD``, ``~/.pgpass`` or a ``password`` option given again.
+    Reads the URL after the redaction of its secret forms (``redactForms``: not the values
+    other queries remembered, which would rewrite a database or host named like one), so a
+    password libpq would misread (an unencoded ``@`` in ``postgresql://u:p@ss@host/db``)
+    cannot reach the host part; then drops every secret parameter, whatever its value. The
+    result connects to the same place, the password coming from ``PGPASSWORD``, ``~/.pgpass``
+    or a ``password`` option given again.
     """
     try:
-        params = _urlParams(redact(url.strip()))
+        params = _urlParams(redactForms(url.strip()))
     except psycopg.ProgrammingError:
         return None
     return make_conninfo(**{k: v for k, v in sorted(params.items()) if k not in SECRET_PARAMS})

@@ -114,7 +114,7 @@ def describeSink(sink: Any, settings: SinkSettings) -> None:
 
     ``twophase recover`` rebuilds the sink's committer from it. Only the options on the sink's
     allow-list (``safeOptions``, plus the shared ones) are written, in the form the sink's
-    ``publicOptionValue`` gives (a URL without its password), then redacted.
+    ``publicOptionValue`` gives (a URL without its password), through ``publicOptions``.
     """
     cls = type(sink)
     safe = getattr(sink, "safeOptions", ())
@@ -131,7 +131,7 @@ def describeSink(sink: Any, settings: SinkSettings) -> None:
         SinkDescription(
             sinkId=settings.sinkId,
             className=f"{cls.__module__}:{cls.__qualname__}",
-            options=publicOptions(kept, safe),
+            options=publicOptions(kept, safe, among=sink.options),
         ),
     )
 
