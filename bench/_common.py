@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,31 +136,42 @@ def sampleMemory(
     import psutil
 
     peaks = MemoryPeaks()
-    stop = threading.Event()
     top = psutil.Process(root or os.getpid())
 
     def sample() -> None:
-        while not stop.is_set():
-            sums = {"driver": 0, "jvm": 0, "workers": 0}
+        sums = {"driver": 0, "jvm": 0, "workers": 0}
+        try:
+            procs = [top, *(top.children(recursive=True) if children else [])]
+        except psutil.Error:
+            procs = []
+        for proc in procs:
             try:
-                procs = [top, *(top.children(recursive=True) if children else [])]
+                sums[classify(proc.cmdline(), proc.pid == top.pid)] += proc.memory_info().rss
             except psutil.Error:
-                procs = []
-            for proc in procs:
-                try:
-                    sums[classify(proc.cmdline(), proc.pid == top.pid)] += proc.memory_info().rss
-                except psutil.Error:
-                    continue
-            peaks.driver = max(peaks.driver, sums["driver"])
-            peaks.jvm = max(peaks.jvm, sums["jvm"])
-            peaks.workers = max(peaks.workers, sums["workers"])
-            peaks.samples += 1
+                continue
+        peaks.driver = max(peaks.driver, sums["driver"])
+        peaks.jvm = max(peaks.jvm, sums["jvm"])
+        peaks.workers = max(peaks.workers, sums["workers"])
+        peaks.samples += 1
+
+    with sampling(sample, interval, "bench-memory"):
+        yield peaks
+
+
+@contextmanager
+def sampling(sample: Callable[[], None], interval: float, name: str) -> Iterator[None]:
+    """Call ``sample()`` every ``interval`` s on a thread of its own while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            sample()
             stop.wait(interval)
 
-    thread = threading.Thread(target=sample, name="bench-memory", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
-        yield peaks
+        yield
     finally:
         stop.set()
         thread.join()

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,7 +36,7 @@ from typing import Any
 
 from bench import kafka as kb
 from bench import postgres as pb
-from bench._common import REPO, bootstrapServers, classify, markdownTable, pgUrl
+from bench._common import REPO, bootstrapServers, classify, markdownTable, pgUrl, sampling
 from bench.files import committedFileRows
 from bench.multi import ORDERS
 from bench.session import benchSession, log
@@ -249,21 +248,13 @@ def workerRss() -> dict[int, float]:
 def workerPeaks(interval: float = 0.05) -> Iterator[dict[int, float]]:
     """Peak RSS (MiB) of each executor Python worker, by pid, sampled every ``interval`` s."""
     peaks: dict[int, float] = {}
-    stop = threading.Event()
 
     def sample() -> None:
-        while not stop.is_set():
-            for pid, rss in workerRss().items():
-                peaks[pid] = max(peaks.get(pid, 0.0), rss)
-            stop.wait(interval)
+        for pid, rss in workerRss().items():
+            peaks[pid] = max(peaks.get(pid, 0.0), rss)
 
-    thread = threading.Thread(target=sample, name="soak-worker-peaks", daemon=True)
-    thread.start()
-    try:
+    with sampling(sample, interval, "soak-worker-peaks"):
         yield peaks
-    finally:
-        stop.set()
-        thread.join()
 
 
 def arrowBytes(rows: int, rowBytes: int) -> int:
