@@ -2,7 +2,8 @@
 
 At its first rows a task attempt takes a connection (``sessions``: a kept PostgreSQL session
 or a new one), begins the dialect's two-phase transaction (``XA BEGIN <xid>`` on MySQL/MariaDB,
-``BEGIN`` on PostgreSQL), sends its rows as multi-row ``INSERT``s of ``batchsize`` rows, writes
+``BEGIN`` on PostgreSQL), sends its rows as multi-row ``INSERT``s of ``batchsize`` rows (on
+MySQL/MariaDB in append mode a large record batch by ``LOAD DATA LOCAL``, ``loaddata``), writes
 its commit marker and prepares (``XA END`` + ``XA PREPARE``, ``PREPARE TRANSACTION``). The
 prepared transaction stays on the server for the driver to commit from another connection: a
 MySQL/MariaDB session is then ended without a rollback (that detaches the xid), a PostgreSQL
@@ -44,6 +45,7 @@ from twophase.sinks.sql.dialect import (
 )
 from twophase.sinks.sql.errors import RowRejectedError
 from twophase.sinks.sql.handles import KIND, taskHandle
+from twophase.sinks.sql.loaddata import enable, loadBatch
 from twophase.sinks.sql.rejections import (
     describe,
     isRejection,
@@ -106,8 +108,12 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 )
             assert txn.conn is not None
             txn.batch = batch
-            values = valuesText(batch, txn.backslashEscapes) if s.family == "mysql" else None
-            if values is not None:
+            if self._loaded(txn, batch):
+                pass
+            elif (
+                s.family == "mysql"
+                and (values := valuesText(batch, txn.backslashEscapes)) is not None
+            ):
                 self._insertText(txn, values)
             else:
                 rows = rowsOf(batch, s.family)
@@ -116,6 +122,17 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                     self._send(txn, SentRows(txn.rows + start, len(chunk), _resend(txn, chunk)))
             txn.rows += batch.num_rows
             txn.batch = txn.sent = None
+
+    def _loaded(self, txn: SqlTransaction, batch: pa.RecordBatch) -> bool:
+        """MySQL/MariaDB append mode: the batch sent by ``LOAD DATA LOCAL`` (``loaddata``);
+        ``False`` when it was not (nothing of it sent), for the ``INSERT`` path."""
+        s = self.settings
+        engine = txn.engine
+        if s.family != "mysql" or s.mode != "append" or engine is None:
+            return False
+        if engine.url.get_driver_name() != "pymysql":
+            return False
+        return loadBatch(txn, enable(engine, self.resources), s.schema, s.table, batch)
 
     def _insertText(self, txn: SqlTransaction, values: pa.Array) -> None:
         """MySQL/MariaDB: multi-row ``INSERT``s of at most ``batchsize`` rows and
@@ -220,6 +237,8 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
             resources=self.resources,
         )
         what = f"batch {txn.ctx.batchId} partition {txn.ctx.partitionId}"
+        if s.family == "mysql" and engine.url.get_driver_name() == "pymysql":
+            enable(engine, self.resources)  # before the first connection: it logs in with LOCAL
         conn = self.sessions.take(engine, what, s.connectRetrySeconds)
         txn.conn, txn.engine = conn, engine
         beginTwoPhase(conn, s.family, txn.xid)
