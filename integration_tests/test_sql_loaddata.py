@@ -33,7 +33,16 @@ def unique(prefix: str) -> str:
 
 
 def tempFiles() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "twophase-load-*")))
+    """The rows' files left behind: temporary files, and in-memory files still open."""
+    left = set(glob.glob(os.path.join(tempfile.gettempdir(), "twophase-load-*")))
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:twophase-load"):
+            left.add(target)
+    return left
 
 
 class Loads:

@@ -9,8 +9,10 @@ sent and it raised no warning (notes included); otherwise it rolls back to the s
 answers ``False``: the writer sends the batch as multi-row ``INSERT``s, which raise the exact
 error, or set rows aside with ``badRecords``, as without this module.
 
-The rows go to a temporary file (PyMySQL sends a file by name), written from the Arrow buffer
-of tab-separated lines built by Arrow's compute kernels, and removed at once. An engine's
+PyMySQL sends a file by name, so the rows (tab-separated lines built by Arrow's compute
+kernels, written from the Arrow buffer) go to an anonymous in-memory file on Linux
+(``memfd_create``, named by ``/proc/self/fd``): nothing of them reaches a disk or outlives a
+killed task. Elsewhere they go to a temporary file, removed at once. An engine's
 connections announce the ``LOCAL`` capability but PyMySQL answers a server's file request
 only while ``loadBatch`` runs its own statement. A server that refuses ``LOCAL`` turns this
 off for the engine for good.
@@ -21,6 +23,8 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -186,10 +190,7 @@ def loadBatch(
             sets.append(f"{column} = UNHEX(@v{index})")
         else:
             targets.append(column)
-    fd, path = tempfile.mkstemp(prefix="twophase-load-", suffix=".tsv")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(_fileBytes(lines))
+    with _rowsFile(_fileBytes(lines)) as path:
         statement = (
             f"LOAD DATA LOCAL INFILE {raw.escape(path)} INTO TABLE "
             f"{tableText(dialect, schema, table)} CHARACTER SET utf8mb4 "
@@ -217,6 +218,26 @@ def loadBatch(
                 return False
             cursor.execute("RELEASE SAVEPOINT twophase_load")
             return True
+
+
+@contextmanager
+def _rowsFile(data: memoryview) -> Iterator[str]:
+    """A name PyMySQL can open that reads ``data``: an in-memory file where the system has
+    them (gone with the process, even a killed one), else a temporary file."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("twophase-load", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as file:
+                file.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    fd, path = tempfile.mkstemp(prefix="twophase-load-", suffix=".tsv")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        yield path
     finally:
         os.unlink(path)
 
