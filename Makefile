@@ -222,6 +222,15 @@ bench-shapes: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.shapes $(SHAPES_ARGS)
 
+# Each sink's foreachBatch against PySpark's floor in alternated rounds (the floor, then the
+# targets, reversed every other round): median ratio, spread, and CPU per micro-batch of the
+# JVM, the Python workers and the target's server; bench/results/rounds.{md,csv}.
+# ROUNDS_ARGS="--spark" adds Spark's own path coalesced alike; "--targets sql --rounds 6".
+.PHONY: bench-rounds
+bench-rounds: .venv
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.rounds $(ROUNDS_ARGS)
+
 # twophase.delta against write_deltalake in foreachBatch (at least once), Spark's Parquet sink
 # and Spark's noop sink, at 8 and 200 partitions of a JVM source and 200 of the Python source,
 # plus the Delta log's growth under one commit per batch (local disk only, no services);

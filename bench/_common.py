@@ -257,3 +257,13 @@ def writeCsv(path: Path, header: Sequence[str], rows: Sequence[Sequence[object]]
         writer = csv.writer(out)
         writer.writerow(header)
         writer.writerows(rows)
+
+
+def writeResults(
+    out: Path, name: str, text: str, header: Sequence[str], rows: Sequence[Sequence[object]]
+) -> None:
+    """Write ``<name>.md`` (``text``) and ``<name>.csv`` into ``out``, and print ``text``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text)
+    writeCsv(out / f"{name}.csv", header, rows)
+    print(text)

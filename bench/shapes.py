@@ -34,12 +34,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import kafka as kb
-from bench._common import REPO, bootstrapServers, markdownTable, pgUrl, writeCsv
+from bench._common import REPO, bootstrapServers, markdownTable, pgUrl, writeResults
 from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
@@ -81,6 +82,7 @@ class Run:
     batches: int = 0
     files: int | None = None
     error: str = ""
+    checkpoint: str = ""
 
     def shown(self) -> str:
         return f"failed: {self.error}" if self.error else f"{self.secondsPerBatch:.2f}"
@@ -125,18 +127,26 @@ def failureLine(text: str) -> str:
     return (causes[-1] if causes else lines[0] if lines else "unknown error")[:200]
 
 
-def timeQuery(writer: Any, batches: int, timeout: float = 900.0) -> Run:
+def timeQuery(
+    writer: Any,
+    batches: int,
+    timeout: float = 900.0,
+    onBatches: Callable[[int], None] | None = None,
+) -> Run:
     """Run until ``batches`` micro-batches finished: the median time of all but the first, and
-    the micro-batches that committed (one cut short by the stop commits nothing)."""
+    the micro-batches that committed (one cut short by the stop commits nothing).
+    ``onBatches`` hears, at each look, how many micro-batches have finished."""
     query = writer.trigger(processingTime="0 seconds").start()
     deadline = time.monotonic() + timeout
     run = Run()
     try:
         while True:
             done = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+            if onBatches is not None:
+                onBatches(len(done))
             if len(done) >= batches or not query.isActive or time.monotonic() > deadline:
                 break
-            time.sleep(0.2)
+            time.sleep(0.2 if onBatches is None else 0.05)
         if query.exception() is not None:
             run.error = failureLine(str(query.exception()))
         else:
@@ -151,11 +161,20 @@ def timeQuery(writer: Any, batches: int, timeout: float = 900.0) -> Run:
     return run
 
 
-def measurePath(spark: Any, target: Target, shape: Shape, path: str, batches: int) -> Run:
-    """Write the shape into ``target`` by ``path``, with a place and a checkpoint of its own."""
+def measurePath(
+    spark: Any,
+    target: Target,
+    shape: Shape,
+    path: str,
+    batches: int,
+    tag: str = "",
+    onBatches: Callable[[int], None] | None = None,
+) -> Run:
+    """Write the shape into ``target`` by ``path``, with a place and a checkpoint of its own
+    (``tag`` tells repeated runs of one path apart)."""
     import twophase
 
-    label = f"{shape.source}{shape.partitions}-{path.replace(' ', '-')}"
+    label = f"{shape.source}{shape.partitions}-{path.replace(' ', '-')}{tag}"
     target.prepare(label)
     ckpt = str(target.ctx.work / f"{target.name}-{label}-ckpt")
     frame = source(spark, shape, batches, 100).selectExpr(*target.columns)
@@ -171,10 +190,37 @@ def measurePath(spark: Any, target: Target, shape: Shape, path: str, batches: in
         writer = frame.writeStream.foreachBatch(
             twophase.foreachBatch(target.twophaseFormat, options)
         )
-    run = timeQuery(writer.option("checkpointLocation", ckpt), batches)
+    run = timeQuery(writer.option("checkpointLocation", ckpt), batches, onBatches=onBatches)
+    run.checkpoint = ckpt
     if not run.error:
         run.files = target.filesWritten(label, own=path.startswith("spark"))
     return run
+
+
+def dropInForeachBatch(
+    spark: Any,
+    ctx: Context,
+    shape: Shape,
+    batches: int,
+    tag: str = "",
+    onBatches: Callable[[int], None] | None = None,
+) -> Run:
+    """What ``twophase.foreachBatch`` costs before its sink does anything: the batch coalesced
+    to one task per slot, its rows handed to Python tasks that drop them (the floor)."""
+    writer = floorWriter(spark, ctx, shape, batches, tag)
+    return timeQuery(writer, batches, onBatches=onBatches)
+
+
+def floorWriter(spark: Any, ctx: Context, shape: Shape, batches: int, tag: str = "") -> Any:
+    """The floor's query, ready to start: ``writeStream`` with a checkpoint of its own."""
+    frame = source(spark, shape, batches, 100)
+    slots = spark.sparkContext.defaultParallelism
+    ckpt = str(ctx.work / f"drop-foreachBatch-{shape.source}{shape.partitions}{tag}-ckpt")
+
+    def writeBatch(df: Any, batchId: int) -> None:
+        df.coalesce(slots).mapInArrow(_dropRows, "rows long").collect()
+
+    return frame.writeStream.foreachBatch(writeBatch).option("checkpointLocation", ckpt)
 
 
 def measureShape(
@@ -192,22 +238,9 @@ def measureShape(
         ckpt = str(ctx.work / f"{label}-ckpt")
         return timeQuery(frame.writeStream.format(fmt).option("checkpointLocation", ckpt), batches)
 
-    def dropInForeachBatch() -> Run:
-        """What ``twophase.foreachBatch`` costs before its sink does anything: the batch
-        coalesced to one task per slot, its rows handed to Python tasks that drop them."""
-        frame = source(spark, shape, batches, 100)
-        slots = spark.sparkContext.defaultParallelism
-        ckpt = str(ctx.work / f"drop-foreachBatch-{shape.source}{shape.partitions}-ckpt")
-
-        def writeBatch(df: Any, batchId: int) -> None:
-            df.coalesce(slots).mapInArrow(_dropRows, "rows long").collect()
-
-        writer = frame.writeStream.foreachBatch(writeBatch)
-        return timeQuery(writer.option("checkpointLocation", ckpt), batches)
-
     noop, drop = engine("noop"), engine("bench.drop")
     noopC, dropC = engine("noop", coalesced=True), engine("bench.drop", coalesced=True)
-    dropF = dropInForeachBatch()
+    dropF = dropInForeachBatch(spark, ctx, shape, batches)
     log(
         f"  {shape.title}: noop {noop.shown()} s, bench.drop {drop.shown()} s; coalesced: "
         f"noop {noopC.shown()} s, bench.drop {dropC.shown()} s; dropped in foreachBatch "
@@ -328,10 +361,7 @@ def report(out: Path, rows: list[list[str]], args: Any, slots: int, seconds: flo
         f"{os.cpu_count()} cores; median of micro-batches 2..n of each run (n = {args.batches}, "
         f"3 at 1,000 partitions); {seconds:.0f} s in all.\n\n" + markdownTable(header, rows) + "\n"
     )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "shapes.md").write_text(text)
-    writeCsv(out / "shapes.csv", header, rows)
-    print(text)
+    writeResults(out, "shapes", text, header, rows)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ class Target:
         """The options of ``format(self.twophaseFormat)`` for the path ``label``."""
         raise NotImplementedError
 
+    def server(self) -> str | None:
+        """The URL or ``host:port`` of the server this target writes to (``None``: no server,
+        as for local files), so a bench can count that server's CPU time."""
+        return None
+
     def filesWritten(self, label: str, own: bool) -> int | None:
         """Data files the path ``label`` made visible (``own``: Spark's own path), or None
         where the target is not files."""

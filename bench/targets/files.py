@@ -103,5 +103,8 @@ class S3Target(FilesTarget):
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"path": f"s3://{self.root(label)}", **s3b.filesOptions(self.s3)}
 
+    def server(self) -> str | None:
+        return str(self.s3["endpoint"])
+
     def cleanup(self) -> None:
         s3b.removePrefix(self.s3, self.base)

@@ -33,6 +33,9 @@ class KafkaTarget(Target):
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"kafka.bootstrap.servers": self.ctx.bootstrap, "topic": self.topics[label]}
 
+    def server(self) -> str | None:
+        return self.ctx.bootstrap.split(",")[0]
+
     def cleanup(self) -> None:
         if self.topics:
             kb.deleteTopics(self.ctx.bootstrap, list(self.topics.values()))

@@ -23,6 +23,9 @@ class PostgresTarget(Target):
         super().__init__(ctx)
         self.tables: dict[str, str] = {}
 
+    def server(self) -> str | None:
+        return self.ctx.pgUrl
+
     def prepare(self, label: str) -> None:
         self.tables[label] = f"bench_shape_{label}".replace("-", "_").lower()
         pb.resetTable(self.ctx.pgUrl, self.tables[label])

@@ -22,6 +22,9 @@ class SqlTarget(Target):
         self.url = sqlb.mariadbUrl()
         self.tables: dict[str, str] = {}
 
+    def server(self) -> str | None:
+        return str(self.url)
+
     def _engine(self) -> Any:
         return sqlb.sa.create_engine(self.url, poolclass=sqlb.sa.pool.NullPool)
 
