@@ -31,7 +31,7 @@ def _blob(value: Any) -> bytes:
 
 
 def _blobs(values: Sequence[Any]) -> Iterable[bytes]:
-    if all(type(v) is bytes for v in values):
+    if set(map(type, values)) <= {bytes}:  # the common case, without Python code per value
         return values
     return [v if type(v) is bytes else _blob(v) for v in values]
 

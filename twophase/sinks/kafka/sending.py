@@ -155,6 +155,8 @@ def _produceBatch(
     """
     if keys is None:
         messages = [{"value": v} for v in values]
+    elif None not in keys:
+        messages = [{"value": v, "key": k} for v, k in zip(values, keys, strict=True)]
     else:
         messages = [
             {"value": v} if k is None else {"value": v, "key": k}
