@@ -175,6 +175,7 @@ def runPipeline(
         processKinds=PROCESS_KINDS if cluster is None else CLUSTER_PROCESS_KINDS,
     )
     batches = schedule.batchesNeeded() if cluster is None else clusterBatches(schedule)
+    rowsPerBatch = max(rowsPerBatch, pipelineNamed(pipeline).minRowsPerBatch)
     rows = batches * rowsPerBatch
     if disk is not None:
         disk.mount()

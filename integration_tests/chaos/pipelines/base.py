@@ -47,6 +47,9 @@ class Pipeline:
     completesBatches: ClassVar[bool] = False
     """Whether its sink completes each batch in one step after the handles' commits (a table
     format's log commit): its schedule covers ``schedule.COMPLETION_POINTS`` too."""
+    minRowsPerBatch: ClassVar[int] = 0
+    """The fewest rows a micro-batch of this pipeline gets, whatever the run asks for: a sink
+    whose write path changes with a task's size has its crash windows covered on that path."""
     columns: ClassVar[tuple[str, ...]] = ("id", "payload")
     """The identity of a record, as ``twophase verify`` counts them."""
 

@@ -2,9 +2,12 @@
 
 Every task prepares an XA transaction that the driver commits after the decision; a prepared
 XA transaction outlives its client and a kill of the server, which the schedule delivers
-besides the driver and executor kills. The table refuses one row in 97 (a CHECK constraint),
-which the sink sets aside in its ``badRecords`` table inside the same transactions: the check
-counts the rows of both tables, each source row once.
+besides the driver and executor kills. The table refuses one row in 4,001 (a CHECK
+constraint), which the sink sets aside in its ``badRecords`` table inside the same
+transactions: the check counts the rows of both tables, each source row once. A task writes
+at least 1,200 rows, so that the sink loads them by ``LOAD DATA LOCAL``; about a third of the
+tasks hold a refused row, whose load is undone to its savepoint and sent again as ``INSERT``s:
+kills land in both paths.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class MariadbPipeline(Pipeline):
 
     name = "mariadb"
     servers = ("mariadb",)
+    minRowsPerBatch = 2 * 1200  # two partitions, each above loaddata.MIN_ROWS
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         import sqlalchemy as sa
@@ -40,7 +44,7 @@ class MariadbPipeline(Pipeline):
             with engine.begin() as conn:
                 conn.exec_driver_sql(
                     f"CREATE TABLE {spec.table} (id BIGINT NOT NULL, payload TEXT, "
-                    "CONSTRAINT one_in_97 CHECK (MOD(id, 97) <> 13)) ENGINE=InnoDB"
+                    "CONSTRAINT one_in_4001 CHECK (MOD(id, 4001) <> 13)) ENGINE=InnoDB"
                 )
         finally:
             engine.dispose()
