@@ -176,6 +176,14 @@ bench-multi: .venv
 bench-kafka-stall: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka_stall
 
+# The highest input rate Kafka -> Kafka holds for 5 minutes at p95 <= 2 s (1 s trigger), the
+# twophase.kafka source and sink against Spark's own, and the broker-side markers (after `make
+# services`); KAFKA_SUSTAINED_ARGS="--seconds 60 --rates 2000" for a short run.
+.PHONY: bench-kafka-sustained
+bench-kafka-sustained: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka_sustained \
+		$(KAFKA_SUSTAINED_ARGS)
+
 # twophase.files on S3 (multipart upload) against Spark's Parquet sink on s3a (hadoop-aws by
 # Maven coordinates) and Spark's noop sink, on the S3 server of `make services`; docs/files.md.
 .PHONY: bench-s3
