@@ -290,6 +290,26 @@ class Drivers:
             start_new_session=True,
         )
 
+    def resolveS3a(self, tries: int = 3) -> None:
+        """The S3A connector's packages in the shared cache before two drivers start at once
+        (``driver_child --resolve-s3a``); a failed download (a reset transfer) is tried again."""
+        env = {**childEnvironment(self.workdir, self.home, {}), **self.env}
+        for attempt in range(1, tries + 1):
+            done = subprocess.run(
+                [sys.executable, "-m", "integration_tests.driver_child", "--resolve-s3a"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if done.returncode == 0:
+                return
+            assert attempt < tries, (
+                f"resolving hadoop-aws failed {tries} times:\n{done.stderr[-3000:]}"
+            )
+
     def outcome(self, name: str) -> dict[str, str]:
         path = self.workdir / f"{name}.json"
         return json.loads(path.read_text()) if path.exists() else {}
@@ -350,6 +370,7 @@ def test_a_second_driver_mid_batch_then_the_first_frozen_and_thawed_on_s3(
     s3a = {"endpoint": s3.endpoint, "key": s3.accessKey, "secret": s3.secretKey}
     fs = s3.filesystem()
     go = tmp_path / "b-go"
+    drivers.resolveS3a()
     a = drivers.start("a", paused=True, s3a=s3a)
     b = drivers.start("b", paused=False, s3a=s3a, startWhen=go)  # its session only, for now
     try:
