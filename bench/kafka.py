@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,27 +149,36 @@ def deleteTopics(bootstrap: str, topics: list[str]) -> None:
             pass
 
 
-def countRecords(bootstrap: str, topic: str) -> int:
-    """Records a read_committed consumer sees: committed offsets minus transaction markers.
+def committedReader(bootstrap: str, topic: str, partitions: Iterable[int], **conf: Any) -> Any:
+    """A ``read_committed`` consumer of its own group, assigned ``partitions`` of ``topic``
+    from offset 0; ``conf`` adds consumer settings (dots written as underscores)."""
+    from confluent_kafka import Consumer, TopicPartition
 
-    Counted by reading, since markers take offsets too.
-    """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    partitions = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
             "isolation.level": "read_committed",
-            "enable.partition.eof": True,
             "enable.auto.commit": False,
+            **{key.replace("_", "."): value for key, value in conf.items()},
         }
     )
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    return consumer
+
+
+def countRecords(bootstrap: str, topic: str) -> int:
+    """Records a read_committed consumer sees: committed offsets minus transaction markers.
+
+    Counted by reading, since markers take offsets too.
+    """
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient
+
+    partitions = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    parts = sorted(partitions.topics[topic].partitions)
+    consumer = committedReader(bootstrap, topic, parts, enable_partition_eof=True)
     try:
-        parts = sorted(partitions.topics[topic].partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         count, eof = 0, set[int]()
         while len(eof) < len(parts):
             for message in consumer.consume(10000, 5.0):

@@ -133,18 +133,9 @@ class Reader(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
-            }
+        consumer = kb.committedReader(
+            self.bootstrap, self.topic, range(PARTITIONS), fetch_wait_max_ms=10
         )
-        consumer.assign([TopicPartition(self.topic, p, 0) for p in range(PARTITIONS)])
         lagMs = int(LAG_ALLOWED * 1000)
         try:
             while not self.stop.is_set():

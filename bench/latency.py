@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,21 +116,10 @@ class KafkaLatency(LatencyTarget):
         return {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topics[label]}
 
     def reader(self, label: str, own: bool) -> Poll:
-        from confluent_kafka import Consumer, TopicPartition
-
         topic = self.topics[label]
 
         def poll(stop: threading.Event, seen: Arrivals) -> None:
-            consumer = Consumer(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 10,
-                }
-            )
-            consumer.assign([TopicPartition(topic, p, 0) for p in range(8)])
+            consumer = kb.committedReader(self.bootstrap, topic, range(8), fetch_wait_max_ms=10)
             try:
                 while not stop.is_set():
                     for message in consumer.consume(10000, 0.02):
