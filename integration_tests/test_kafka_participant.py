@@ -102,6 +102,15 @@ def state(bootstrap: str, tid: str) -> str:
         admin.close()
 
 
+def awaitState(bootstrap: str, tid: str, wanted: str, seconds: float = 60.0) -> None:
+    """Wait for the coordinator to report ``wanted``: an EndTxn is answered once the decision
+    is in the transaction log, and the markers that make its records readable follow."""
+    deadline = time.monotonic() + seconds
+    while (now := state(bootstrap, tid)) != wanted:
+        assert time.monotonic() < deadline, f"{tid} still {now}, not {wanted}"
+        time.sleep(0.2)
+
+
 def test_the_handle_holds_the_broker_s_producer_id_and_epoch_and_any_committer_commits_it(
     kafka_bootstrap: str,
 ) -> None:
@@ -192,10 +201,7 @@ def test_a_transaction_the_broker_timed_out_fails_the_commit_loudly(
     topic = createTopic(kafka_bootstrap)
     w, c = sink(kafka_bootstrap, topic, **{"kafka.transaction.timeout.ms": "3000"})
     handle = prepare(w, "too", "late")
-    deadline = time.monotonic() + 60
-    while state(kafka_bootstrap, handle["transactionalId"]) != "CompleteAbort":
-        assert time.monotonic() < deadline
-        time.sleep(1)
+    awaitState(kafka_bootstrap, handle["transactionalId"], "CompleteAbort")
     with pytest.raises(TransactionLostError, match="longer than its transaction.timeout.ms"):
         c.commit(handle)
     assert readTopic(kafka_bootstrap, topic) == []
@@ -729,6 +735,8 @@ def test_a_commit_waits_for_a_crashed_broker_to_come_back(
         retrying(c.commit, second, seconds=120)
     finally:
         restart.join()
+    # After a restart the markers can lag the answer to EndTxn for a while.
+    awaitState(kafka_bootstrap, second["transactionalId"], "CompleteCommit")
     assert values(readTopic(kafka_bootstrap, topic)) == ["across", "before"]
 
 
