@@ -233,7 +233,7 @@ bench-shapes: .venv
 # Each sink's foreachBatch against PySpark's floor in alternated rounds (the floor, then the
 # targets, reversed every other round): median ratio, spread, and CPU per micro-batch of the
 # JVM, the Python workers and the target's server; bench/results/rounds.{md,csv}.
-# ROUNDS_ARGS="--spark" adds Spark's own path coalesced alike; "--targets sql --rounds 6".
+# ROUNDS_ARGS="--spark" adds Spark's own path, default and coalesced alike; "--targets sql --rounds 6".
 .PHONY: bench-rounds
 bench-rounds: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'

@@ -3,10 +3,13 @@
 One run of ``make bench-shapes`` cannot settle a 5% goal: the same path moves by a fifth from
 run to run, and whichever path runs first in a session pays its warm-up. Here, for each shape,
 the floor (``twophase.foreachBatch``'s path with Python tasks that drop their rows) and each
-target's ``twophase.foreachBatch`` run in rounds: floor, then the targets, in reverse order
-every other round, ``--rounds`` times. A target's ratio is the floor's median over its own
-median, with the lowest and highest of its per-round ratios (against the floor of the same
-round) as the spread.
+target's ``twophase.foreachBatch`` (with ``--spark``, also Spark's own path for the target,
+as users run it and coalesced to as many tasks) run in rounds: the floor, Spark's ``noop``
+sink (the engine's ceiling), then the targets, in reverse order every other round,
+``--rounds`` times. A target's ratio is the median of its per-round ratios
+(the floor's seconds per batch over the target's, in the same round), so a round slowed as a
+whole by the machine moves both sides; the lowest and highest of them are the spread, and the
+floor's median over the target's median is shown beside it.
 
 Each run also counts CPU seconds per micro-batch after the first, by role: the JVM, the Python
 workers, and the target's server (the process listening on its port, with its children). The
@@ -44,6 +47,8 @@ from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
 FLOOR = "floor"
+NOOP = "noop"
+"""Spark's ``noop`` sink, one task per input partition: the engine alone, the ceiling."""
 
 
 @dataclass
@@ -149,6 +154,10 @@ def measureRound(
     run = shapes.dropInForeachBatch(spark, ctx, shape, batches, f"-r{r}", onBatches=marks)
     runs[FLOOR].samples.append(marks.sample(run))
     log(f"  round {r + 1}: floor {run.shown()} s")
+    marks = CpuMarks(None, batches)
+    run = shapes.engineRun(spark, ctx, shape, batches, "noop", tag=f"-r{r}", onBatches=marks)
+    runs[NOOP].samples.append(marks.sample(run))
+    log(f"  round {r + 1}: noop {run.shown()} s")
     for target in targets if r % 2 == 0 else list(reversed(targets)):
         server = serverProcess(target.server())
         for path in paths:
@@ -163,7 +172,10 @@ def rowsOf(
 ) -> list[list[str]]:
     """The shape's table rows: the floor, then each target by each path against it."""
     floor = runs[FLOOR]
-    rows = [[shape.title, "floor (rows dropped by Python tasks)", *_cells(floor, floor)]]
+    rows = [
+        [shape.title, "Spark noop sink (the engine alone)", *_cells(runs[NOOP], floor)],
+        [shape.title, "floor (rows dropped by Python tasks)", *_cells(floor, floor)],
+    ]
     for target in targets:
         for path in paths:
             shown = (
@@ -181,7 +193,8 @@ def _cells(path: Runs, floor: Runs) -> list[str]:
         for f, p in zip(floor.samples, path.samples, strict=True)
         if f is not None and p is not None and p.seconds
     ]
-    ratio = floor.median() / path.median() if path.ok() else float("nan")
+    ratio = statistics.median(per) if per else float("nan")
+    ofMedians = floor.median() / path.median() if path.ok() else float("nan")
     spread = f"{min(per):.2f}-{max(per):.2f}" if per else "-"
     over = path.median("workers") - floor.median("workers")
     return [
@@ -189,6 +202,7 @@ def _cells(path: Runs, floor: Runs) -> list[str]:
         f"{len(path.ok())}",
         f"{ratio:.2f}",
         spread,
+        f"{ofMedians:.2f}",
         "-" if path is floor else _fmt(path.median("commit")),
         _fmt(path.median("driver")),
         _fmt(path.median("jvm")),
@@ -205,18 +219,18 @@ def _fmt(value: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.rounds", description=__doc__)
     p.add_argument("--rounds", type=int, default=4, help="rounds per shape (default 4)")
-    p.add_argument("--batches", type=int, default=6, help="micro-batches per run (default 6)")
+    p.add_argument("--batches", type=int, default=8, help="micro-batches per run (default 8)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--shapes", default="0,1", help="indexes into bench.shapes' shapes (0,1)")
     p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated targets")
     p.add_argument(
         "--spark",
         action="store_true",
-        help="also Spark's own path coalesced alike (equal write tasks), in the same rounds",
+        help="also Spark's own path, as users run it and coalesced alike (equal write tasks)",
     )
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = p.parse_args(argv)
-    paths = ("foreachBatch", "spark coalesced") if args.spark else ("foreachBatch",)
+    paths = ("foreachBatch", "spark", "spark coalesced") if args.spark else ("foreachBatch",)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
     chosen = [shapes.SHAPES[int(i)] for i in args.shapes.split(",")]
@@ -236,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log("warming up the floor and every target on a small shape")
         warm = shapes.Shape("rate", 8, 10_000)
-        keys = [FLOOR, *(f"{n}/{p}" for n in names for p in paths)]
+        keys = [FLOOR, NOOP, *(f"{n}/{p}" for n in names for p in paths)]
         measureRound(spark, ctx, warm, 3, targets, 0, {k: Runs() for k in keys}, paths)
         for shape in chosen:
             log(f"measuring {shape.title}, {args.rounds} rounds")
@@ -255,13 +269,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(out: Path, rows: list[list[str]], args: Any, seconds: float) -> None:
     header = ["shape", "path", "s/batch (median)", "runs", "floor / path", "spread",
+              "floor median / path median",
               "driver's commit s/batch", "Python driver CPU s/batch", "JVM CPU s/batch",
               "workers CPU s/batch", "workers over floor", "server CPU s/batch"]  # fmt: skip
     load = os.getloadavg()
     text = (
         f"# Each sink against the floor, {args.rounds} alternated rounds\n\nPySpark master "
         f"{args.master}, {os.cpu_count()} cores, {args.batches} micro-batches a run (medians of "
-        f"2..n); spread: the lowest and highest per-round ratio; CPU per micro-batch after the "
+        f"2..n); floor / path: the median of the per-round ratios, spread: their lowest and "
+        f"highest; CPU per micro-batch after the "
         f"first. {seconds:.0f} s in all; load average at the end {load[0]:.1f}, "
         f"{load[1]:.1f}, {load[2]:.1f}.\n\n" + markdownTable(header, rows) + "\n"
     )

@@ -197,6 +197,27 @@ def measurePath(
     return run
 
 
+def engineRun(
+    spark: Any,
+    ctx: Context,
+    shape: Shape,
+    batches: int,
+    fmt: str,
+    coalesced: bool = False,
+    tag: str = "",
+    onBatches: Callable[[int], None] | None = None,
+) -> Run:
+    """The shape into a sink that writes nothing: Spark's ``noop`` (the engine alone) or
+    ``bench.drop`` (PySpark's Python data source writer), optionally coalesced to the slots."""
+    frame = source(spark, shape, batches, 100)
+    if coalesced:
+        frame = frame.coalesce(spark.sparkContext.defaultParallelism)
+    label = f"{fmt}-{shape.source}{shape.partitions}{'-coalesced' if coalesced else ''}{tag}"
+    ckpt = str(ctx.work / f"{label}-ckpt")
+    writer = frame.writeStream.format(fmt).option("checkpointLocation", ckpt)
+    return timeQuery(writer, batches, onBatches=onBatches)
+
+
 def dropInForeachBatch(
     spark: Any,
     ctx: Context,
@@ -231,12 +252,7 @@ def measureShape(
         batches = min(batches, shape.maxBatches)
 
     def engine(fmt: str, coalesced: bool = False) -> Run:
-        frame = source(spark, shape, batches, 100)
-        if coalesced:
-            frame = frame.coalesce(spark.sparkContext.defaultParallelism)
-        label = f"{fmt}-{shape.source}{shape.partitions}{'-coalesced' if coalesced else ''}"
-        ckpt = str(ctx.work / f"{label}-ckpt")
-        return timeQuery(frame.writeStream.format(fmt).option("checkpointLocation", ckpt), batches)
+        return engineRun(spark, ctx, shape, batches, fmt, coalesced)
 
     noop, drop = engine("noop"), engine("bench.drop")
     noopC, dropC = engine("noop", coalesced=True), engine("bench.drop", coalesced=True)
