@@ -51,6 +51,7 @@ from bench._common import (
     measureCpu,
     pgUrl,
 )
+from bench.drop import DropSink
 from bench.files import fileStream, writeFiles
 from bench.measures import TARGETS
 from bench.session import benchSession, log
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = {k: f"bench_profile_{k}" for k in dests}
     topics = {k: kb.createTopic(bootstrap, parts, k) for k in dests}
     spark = benchSession(args.master, parts)
-    spark.dataSource.register(kb.DropSink)
+    spark.dataSource.register(DropSink)
     began = time.perf_counter()
 
     def streamOf(target: str, n: int, batch: int) -> Any:
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         """One query of ``n`` rows into ``sink``; ``dest`` picks the table/topic/directory."""
         ckpt = str(work / f"c-{target}-{sink}-{dest}-{time.monotonic_ns()}")
         if sink in ("noop", "drop"):
-            fmt = "noop" if sink == "noop" else kb.DropSink.name()
+            fmt = "noop" if sink == "noop" else DropSink.name()
             writer = streamOf(target, n, batch).writeStream.format(fmt)
             return kb.runQuery(writer.option("checkpointLocation", ckpt))
         if target == "files":

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO, markdownTable
+from bench.drop import DropSink
 
 TIMES = re.compile(r"Times: total = (\d+), boot = (-?\d+), init = (\d+), finish = (\d+)")
 PATHS = {
@@ -38,12 +39,11 @@ PATHS = {
 def child(path: str, partitions: int, rows: int, batches: int, reuse: bool) -> None:
     """Run ``batches`` micro-batches of the shape into ``path``; print each batch's seconds."""
     import twophase
-    from bench import kafka as kb
     from bench.session import benchSession
 
     conf = {"spark.python.worker.reuse": str(reuse).lower()}
     spark = benchSession("local[2]", 200, (), conf)
-    spark.dataSource.register(kb.DropSink)
+    spark.dataSource.register(DropSink)
     jvm = spark.sparkContext._jvm
     level = jvm.org.apache.logging.log4j.Level.INFO
     for name in ("org.apache.spark.api.python", "org.apache.spark.sql.execution.python"):

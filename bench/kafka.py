@@ -47,14 +47,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from bench._common import (
     Result,
@@ -63,7 +62,7 @@ from bench._common import (
     commitPercentiles,
     sequenceStream,
 )
-from twophase.spark.worker import freezeWorkerHeap
+from bench.drop import DropSink
 
 SPARK_KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 """Spark's Kafka connector for (b), resolved alone by Maven (see the module's docstring)."""
@@ -91,34 +90,6 @@ def sparkKafkaJar(coordinates: str = SPARK_KAFKA_CONNECTOR) -> str:
             cwd=cache,
         )  # fmt: skip
     return str(jar)
-
-
-class DropWriter(DataSourceStreamArrowWriter):
-    """A Python stream writer that reads its input and writes nothing: PySpark's floor."""
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        freezeWorkerHeap()  # at every entry, as twophase does: a floor, not a naive sink
-        for _ in iterator:
-            pass
-        return WriterCommitMessage()
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        freezeWorkerHeap()
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        freezeWorkerHeap()
-
-
-class DropSink(DataSource):
-    """``bench.drop``: the no-op Python sink of (f)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "bench.drop"
-
-    def streamWriter(self, schema: Any, overwrite: bool) -> DropWriter:
-        freezeWorkerHeap()
-        return DropWriter()
 
 
 @dataclass(frozen=True)

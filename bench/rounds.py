@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench import kafka as kb
 from bench import shapes
 from bench._common import (
     REPO,
@@ -43,6 +42,7 @@ from bench._common import (
     pgUrl,
     writeResults,
 )
+from bench.drop import DropSink
 from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     packages = tuple(pkg for t in names for pkg in TARGETS[t].sessionPackages())
     conf = {k: v for t in names for k, v in TARGETS[t].sessionConf().items()}
     spark = benchSession(args.master, 200, packages, conf)
-    spark.dataSource.register(kb.DropSink)
+    spark.dataSource.register(DropSink)
     work = Path(tempfile.mkdtemp(prefix="twophase-rounds-"))
     ctx = Context(spark, work, pgUrl(), bootstrapServers())
     targets = [TARGETS[name](ctx) for name in names]

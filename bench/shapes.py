@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import kafka as kb
 from bench._common import REPO, bootstrapServers, markdownTable, pgUrl, writeResults
+from bench.drop import DropSink, dropRows
 from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
@@ -239,7 +239,7 @@ def floorWriter(spark: Any, ctx: Context, shape: Shape, batches: int, tag: str =
     ckpt = str(ctx.work / f"drop-foreachBatch-{shape.source}{shape.partitions}{tag}-ckpt")
 
     def writeBatch(df: Any, batchId: int) -> None:
-        df.coalesce(slots).mapInArrow(_dropRows, "rows long").collect()
+        df.coalesce(slots).mapInArrow(dropRows, "rows long").collect()
 
     return frame.writeStream.foreachBatch(writeBatch).option("checkpointLocation", ckpt)
 
@@ -309,13 +309,6 @@ def goal(shape: Shape, target: str, runs: dict[str, Run], floor: Run) -> str:
     return "; ".join(said) + f" (ceiling at equal tasks {_ratio(runs['spark coalesced'], floor)})"
 
 
-def _dropRows(batches: Any) -> Any:
-    import pyarrow as pa
-
-    rows = sum(batch.num_rows for batch in batches)
-    yield pa.RecordBatch.from_pydict({"rows": [rows]})
-
-
 def _ratio(a: Run, b: Run) -> str:
     if a.error or b.error or not b.secondsPerBatch:
         return "-"
@@ -348,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     packages = tuple(pkg for t in targets for pkg in TARGETS[t].sessionPackages())
     conf = {k: v for t in targets for k, v in TARGETS[t].sessionConf().items()}
     spark = benchSession(args.master, 200, packages, conf)
-    spark.dataSource.register(kb.DropSink)
+    spark.dataSource.register(DropSink)
     ctx = Context(
         spark, Path(tempfile.mkdtemp(prefix="twophase-shapes-")), pgUrl(), bootstrapServers()
     )

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import twophase
-    from bench.kafka import DropSink
+    from bench.drop import DropSink
 
     spark = (
         SparkSession.builder.master(args.master)
