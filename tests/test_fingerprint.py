@@ -42,3 +42,8 @@ def test_what_differs_is_said() -> None:
     assert other.toText() != base
     with pytest.raises(ValueError, match="not a record fingerprint"):
         Fingerprint.fromText("nonsense")
+
+
+def test_no_keys_is_every_key_null() -> None:
+    values: list[object] = [b"a", "b", None, b""]
+    assert fingerprint((values, None)) == fingerprint((values, [None] * len(values)))

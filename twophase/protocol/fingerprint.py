@@ -38,11 +38,17 @@ def _blobs(values: Sequence[Any]) -> Iterable[bytes]:
 
 @dataclass
 class Fingerprint:
-    """Records counted and their CRC-32 and Adler-32 sums; ``add`` folds in more records."""
+    """Records counted and their CRC-32 and Adler-32 sums; ``add`` folds in more records.
+
+    ``scheme`` names how a sink turned its records into the bytes summed (empty: the original
+    scheme, a record's key and value as produced). Fingerprints of different schemes never
+    match, and ``differenceOf`` says so rather than comparing their sums.
+    """
 
     records: int = 0
     crcSum: int = 0
     adlerSum: int = 0
+    scheme: str = ""
 
     def add(
         self, values: Sequence[Any], keys: Sequence[Any] | None = None, *, extra: bytes = b""
@@ -53,11 +59,13 @@ class Fingerprint:
         """
         crc, adler = zlib.crc32, zlib.adler32
         blobs = _blobs(values)
-        keyBlobs = _blobs(keys) if keys is not None else repeat(_NULL, len(values))
-        if not isinstance(keyBlobs, list | tuple):
-            keyBlobs = list(keyBlobs)
-        crcs = map(crc, blobs, map(crc, keyBlobs, repeat(crc(extra))))
-        adlers = map(adler, blobs, map(adler, keyBlobs, repeat(adler(extra))))
+        if keys is None:  # every record starts from the same sums: take them once
+            crcs = map(crc, blobs, repeat(crc(_NULL, crc(extra))))
+            adlers = map(adler, blobs, repeat(adler(_NULL, adler(extra))))
+        else:
+            keyBlobs = _blobs(keys)
+            crcs = map(crc, blobs, map(crc, keyBlobs, repeat(crc(extra))))
+            adlers = map(adler, blobs, map(adler, keyBlobs, repeat(adler(extra))))
         self.crcSum = (self.crcSum + sum(crcs)) & _MASK
         self.adlerSum = (self.adlerSum + sum(adlers)) & _MASK
         self.records += len(values)
@@ -67,14 +75,16 @@ class Fingerprint:
         self.add([value], [key], extra=extra)
 
     def toText(self) -> str:
-        """``<records>:<crc sum hex>:<adler sum hex>``, the form a handle carries."""
-        return f"{self.records}:{self.crcSum:016x}:{self.adlerSum:016x}"
+        """``[<scheme>@]<records>:<crc sum hex>:<adler sum hex>``, the form a handle carries."""
+        sums = f"{self.records}:{self.crcSum:016x}:{self.adlerSum:016x}"
+        return f"{self.scheme}@{sums}" if self.scheme else sums
 
     @classmethod
     def fromText(cls, text: str) -> Fingerprint:
+        scheme, _, sums = text.rpartition("@")
         try:
-            records, crcSum, adlerSum = text.split(":")
-            return cls(int(records), int(crcSum, 16), int(adlerSum, 16))
+            records, crcSum, adlerSum = sums.split(":")
+            return cls(int(records), int(crcSum, 16), int(adlerSum, 16), scheme)
         except ValueError:
             raise ValueError(f"not a record fingerprint: {text!r}") from None
 
@@ -106,6 +116,16 @@ def differenceOf(logged: str, replay: str) -> str | None:
         old, new = Fingerprint.fromText(logged), Fingerprint.fromText(replay)
     except ValueError as exc:
         return str(exc)
+    if old.scheme != new.scheme:
+        return (
+            f"the decided records were fingerprinted as {_schemeName(old.scheme)}, the replay's "
+            f"as {_schemeName(new.scheme)} (the decided handle is from another twophase "
+            "version), so they cannot be compared"
+        )
     if old.records != new.records:
         return f"{old.records} records were prepared, the replay gave {new.records}"
     return f"the same {old.records} records in number, but their contents differ"
+
+
+def _schemeName(scheme: str) -> str:
+    return repr(scheme) if scheme else "the original scheme"

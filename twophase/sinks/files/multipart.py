@@ -28,8 +28,9 @@ from twophase.protocol.fingerprint import Fingerprint
 from twophase.redaction import getLogger
 from twophase.sinks.files.formats import EXTENSIONS
 from twophase.sinks.files.handles import COMMIT, KIND
-from twophase.sinks.files.jsonlines import encodeBatch
 from twophase.sinks.files.layout import sinkTag
+from twophase.sinks.files.rowbytes import SCHEME as ROWS_SCHEME
+from twophase.sinks.files.rowbytes import rowBytes
 from twophase.sinks.files.s3 import MAX_PARTS, S3Calls, multipartEtag, splitKey
 from twophase.sinks.files.storage import Storage
 
@@ -106,9 +107,10 @@ class MultipartFile(io.RawIOBase):
 
 
 def recordFingerprint(fingerprint: Fingerprint, batch: pa.RecordBatch) -> None:
-    """Fold a batch's rows into ``fingerprint``: each row as its JSON line (order-free)."""
-    lines = bytes(encodeBatch(batch)).split(b"\n")
-    fingerprint.add(lines[:-1] if lines and not lines[-1] else lines)
+    """Fold a batch's rows into ``fingerprint``: each row as its bytes (``rowbytes``),
+    in any order."""
+    fingerprint.scheme = ROWS_SCHEME
+    fingerprint.add(rowBytes(batch).to_pylist())
 
 
 @dataclass(frozen=True)
