@@ -232,7 +232,9 @@ bench-shapes: .venv
 
 # Each sink's foreachBatch against PySpark's floor in alternated rounds (the floor, then the
 # targets, reversed every other round): median ratio, spread, and CPU per micro-batch of the
-# JVM, the Python workers and the target's server; bench/results/rounds.{md,csv}.
+# JVM, the Python workers and the target's server; bench/results/rounds.{md,csv}. Targets: files,
+# Kafka, PostgreSQL, MariaDB, S3, Delta and Iceberg (for the last two, Spark's own path is the
+# append users write in foreachBatch, delta-rs and pyiceberg).
 # ROUNDS_ARGS="--spark" adds Spark's own path, default and coalesced alike; "--targets sql --rounds 6".
 .PHONY: bench-rounds
 bench-rounds: .venv

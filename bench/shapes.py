@@ -70,7 +70,15 @@ SHAPES = (
 DEFAULT_SHAPES = "0,1,2"
 """What ``make bench-shapes`` measures; the Python-source shape (3) is asked for by name."""
 PATHS = ("spark", "spark coalesced", "format", "format coalesced", "foreachBatch")
-GOALS = {"kafka": 2.0, "files": 2.0, "postgres": 1.5, "sql": 1.5, "s3": 1.5}
+GOALS = {
+    "kafka": 2.0,
+    "files": 2.0,
+    "postgres": 1.5,
+    "sql": 1.5,
+    "s3": 1.5,
+    "delta": 1.0,
+    "iceberg": 1.0,
+}
 """twophase's default foreachBatch over Spark's own default path, at 200 partitions and more."""
 
 

@@ -7,6 +7,7 @@ from bench.targets.files import FilesTarget, S3Target
 from bench.targets.kafka import KafkaTarget
 from bench.targets.postgres import PostgresTarget
 from bench.targets.sql import SqlTarget
+from bench.targets.tables import DeltaTarget, IcebergTarget
 
 TARGETS: dict[str, type[Target]] = {
     "files": FilesTarget,
@@ -14,6 +15,8 @@ TARGETS: dict[str, type[Target]] = {
     "postgres": PostgresTarget,
     "sql": SqlTarget,
     "s3": S3Target,
+    "delta": DeltaTarget,
+    "iceberg": IcebergTarget,
 }
 """Every target by the name ``--targets`` takes; a new sink's bench adds a module and a line."""
 
