@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,14 +151,19 @@ def measureRound(
 ) -> None:
     """One round: the floor, then each target by each of ``paths`` (``bench.shapes``' path
     names), the targets in reverse order in odd rounds."""
-    marks = CpuMarks(None, batches)
-    run = shapes.dropInForeachBatch(spark, ctx, shape, batches, f"-r{r}", onBatches=marks)
-    runs[FLOOR].samples.append(marks.sample(run))
-    log(f"  round {r + 1}: floor {run.shown()} s")
-    marks = CpuMarks(None, batches)
-    run = shapes.engineRun(spark, ctx, shape, batches, "noop", tag=f"-r{r}", onBatches=marks)
-    runs[NOOP].samples.append(marks.sample(run))
-    log(f"  round {r + 1}: noop {run.shown()} s")
+    tag = f"-r{r}"
+    serverless: tuple[tuple[str, Callable[[CpuMarks], shapes.Run]], ...] = (
+        (FLOOR, lambda m: shapes.dropInForeachBatch(spark, ctx, shape, batches, tag, onBatches=m)),
+        (
+            NOOP,
+            lambda m: shapes.engineRun(spark, ctx, shape, batches, "noop", tag=tag, onBatches=m),
+        ),
+    )
+    for key, start in serverless:
+        marks = CpuMarks(None, batches)
+        run = start(marks)
+        runs[key].samples.append(marks.sample(run))
+        log(f"  round {r + 1}: {key} {run.shown()} s")
     for target in targets if r % 2 == 0 else list(reversed(targets)):
         server = serverProcess(target.server())
         for path in paths:
