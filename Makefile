@@ -7,7 +7,7 @@
 #   make test-compat    the compatibility suite under PySpark 3.5, 4.0, 4.1, 4.2 and 4.3
 #   make unit           unit tests only (no services)
 #   make demo           the end-to-end demo
-#   make services       start PostgreSQL, Kafka, MariaDB and S3, write .services.env
+#   make services       start PostgreSQL, Kafka, MariaDB, S3 and a schema registry, write .services.env
 #   make services-down  stop them and delete their state
 #   make compose-up     the same servers and a Spark cluster under docker compose (compose-down)
 #   make lint           ruff format check, ruff lint, mypy

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The life of one local server (install, start, wait until ready, stop, clean up), shared by
-# services/{postgres,kafka,mariadb,s3,toxiproxy}.sh, and the helpers services/services.sh uses.
+# services/{postgres,kafka,mariadb,s3,registry,toxiproxy}.sh, and the helpers services/services.sh uses.
 # Sourced, not run; the caller has `set -euo pipefail`.
 #
 # A server script sets these variables, defines the hooks below, and ends with
@@ -37,7 +37,7 @@ REPO_ROOT=$(dirname "$SERVICES_DIR")
 
 # Downloads (Kafka jars) are cached here; running servers keep their state under $RUN_DIR.
 CACHE=${TWOPHASE_CACHE:-${HOME:?HOME is not set}/.cache/twophase}
-# TWOPHASE_SERVICES_SET=<n> (n > 1) names another set of the five servers, with state and
+# TWOPHASE_SERVICES_SET=<n> (n > 1) names another set of the servers, with state and
 # ports of its own, beside the first: `make test` gives each of its pytest workers one.
 SERVICES_SET=${TWOPHASE_SERVICES_SET:-1}
 [[ $SERVICES_SET =~ ^[1-9][0-9]*$ ]] ||

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Kafka, PostgreSQL, MariaDB and S3 (versitygw) together, for the integration tests and the demo,
-# and a Toxiproxy with one proxy in front of each (`postgres`, `kafka`, `mariadb`, `s3`).
+# Kafka, PostgreSQL, MariaDB, S3 (versitygw) and a schema registry (Apicurio) together, for the
+# integration tests and the demo, and a Toxiproxy with one proxy in front of each of the first
+# four (`postgres`, `kafka`, `mariadb`, `s3`).
 #
-#   services/services.sh up      start all five (harmless when they already run), make or update
+#   services/services.sh up      start all six (harmless when they already run), make or update
 #                                the proxies and write .services.env at the repo root
-#   services/services.sh down    stop all five, delete their state and .services.env
-#   services/services.sh status  exit 0 when all five are running
+#   services/services.sh down    stop all six, delete their state and .services.env
+#   services/services.sh status  exit 0 when all six are running
 #
 # .services.env has each server's own address, which never goes through a proxy, and
 # TWOPHASE_TOXIPROXY_URL, the proxies' API (integration_tests/toxiproxy.py): a client that
@@ -48,6 +49,7 @@ cmd_up() {
     "$SERVICES_DIR/kafka.sh" up
     "$SERVICES_DIR/mariadb.sh" up
     "$SERVICES_DIR/s3.sh" up
+    "$SERVICES_DIR/registry.sh" up
     "$SERVICES_DIR/toxiproxy.sh" up
     pg_url=$("$SERVICES_DIR/postgres.sh" url)
     bootstrap=$("$SERVICES_DIR/kafka.sh" bootstrap)
@@ -67,6 +69,7 @@ export TWOPHASE_S3_ACCESS_KEY=${TWOPHASE_S3_ACCESS_KEY:-$TWOPHASE_DEFAULT_S3_ACC
 export TWOPHASE_S3_SECRET_KEY=${TWOPHASE_S3_SECRET_KEY:-$TWOPHASE_DEFAULT_S3_SECRET_KEY}
 export TWOPHASE_S3_BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
 export TWOPHASE_TOXIPROXY_URL=$("$SERVICES_DIR/toxiproxy.sh" url)
+export TWOPHASE_SCHEMA_REGISTRY_URL=$("$SERVICES_DIR/registry.sh" url)
 EOF
     mv "$ENV_FILE.tmp" "$ENV_FILE"
     log "wrote $ENV_FILE"
@@ -80,6 +83,7 @@ cmd_down() {
     "$SERVICES_DIR/kafka.sh" down || rc=$?
     "$SERVICES_DIR/mariadb.sh" down || rc=$?
     "$SERVICES_DIR/s3.sh" down || rc=$?
+    "$SERVICES_DIR/registry.sh" down || rc=$?
     "$SERVICES_DIR/postgres.sh" down || rc=$?
     rm -f "$ENV_FILE"
     return "$rc"
@@ -91,6 +95,7 @@ cmd_status() {
     "$SERVICES_DIR/kafka.sh" status || rc=$?
     "$SERVICES_DIR/mariadb.sh" status || rc=$?
     "$SERVICES_DIR/s3.sh" status || rc=$?
+    "$SERVICES_DIR/registry.sh" status || rc=$?
     "$SERVICES_DIR/toxiproxy.sh" status || rc=$?
     return "$rc"
 }

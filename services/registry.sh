@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A schema registry on 127.0.0.1 (Apicurio Registry, in-memory storage) that speaks the
+# Confluent Schema Registry REST API at /apis/ccompat/v7, for the Kafka sink's and source's
+# Avro, JSON Schema and Protobuf formats. Needs Java 17+ and Maven (first run only, to fetch the
+# registry's distribution from Maven Central by its coordinates).
+#
+#   services/registry.sh up            start a registry on a free port (a restart starts empty:
+#                                      the storage is in memory)
+#   services/registry.sh down          stop it and delete its state
+#   services/registry.sh status        exit 0 when it is running
+#   services/registry.sh url           print the Confluent-compatible API's base URL
+#   services/registry.sh stop-server   SIGTERM the registry; the port is kept
+#   services/registry.sh kill-server   SIGKILL the registry (crash-like); the port is kept
+#   services/registry.sh start-server  start the stopped registry again, same port
+#
+# Environment: TWOPHASE_CACHE (default ~/.cache/twophase), JAVA_HOME. Version and heap:
+# services/settings.env. Why Apicurio: Confluent's own registry is not on Maven Central, and
+# Karapace is not on PyPI; docs/kafka.md says more. The life of the server (up, down, status,
+# the verbs above) is services/lib.sh's; this file says how the registry does each step.
+set -euo pipefail
+SERVICE=registry
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# What services/lib.sh needs to know (see there).
+TITLE="Apicurio Registry"
+NOUN=server
+ADDRESS_VERB=url
+STATE=$RUN_DIR/registry
+MARKER=port # the state is complete once its port is chosen
+SERVER_LOG=$STATE/server.log
+READY_TIMEOUT=${TWOPHASE_REGISTRY_READY_TIMEOUT:-90}
+READY_INTERVAL=0.5
+
+VERSION=$TWOPHASE_APICURIO_VERSION
+HOME_DIR=$CACHE/apicurio-registry-$VERSION
+JAR=$HOME_DIR/apicurio-registry-app-$VERSION-runner.jar
+JAVA=${JAVA_HOME:+$JAVA_HOME/bin/}java
+
+# svc_install: the distribution (a runner jar and its lib/), fetched by Maven once and cached.
+svc_install() {
+    [[ -f $JAR ]] && return 0
+    command -v "$JAVA" >/dev/null || die "java not found: install a JDK 17+ (Debian: apt-get install openjdk-17-jre-headless)"
+    command -v mvn >/dev/null ||
+        install_or_die "mvn not found: Maven is needed once to fetch the registry (Debian: sudo apt-get install maven)" maven
+    log "fetching Apicurio Registry $VERSION from Maven Central into $HOME_DIR (first run only)"
+    local tmp=$HOME_DIR.partial
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    if ! mvn -q -B dependency:copy -Dartifact="io.apicurio:apicurio-registry-app:$VERSION:zip:all" \
+        -DoutputDirectory="$tmp" >"$tmp/mvn.log" 2>&1; then
+        cat "$tmp/mvn.log" >&2
+        die "could not fetch Apicurio Registry $VERSION with Maven (is Maven Central reachable?)"
+    fi
+    # The archive holds the runner jar and lib/ (maybe under one top directory): keep those.
+    "$PYTHON" - "$tmp" "$VERSION" <<'EOP' || die "could not unpack Apicurio Registry $VERSION"
+import pathlib, shutil, sys, zipfile
+tmp, version = pathlib.Path(sys.argv[1]), sys.argv[2]
+archive = next(tmp.glob("*.zip"))
+with zipfile.ZipFile(archive) as z:
+    z.extractall(tmp / "unpacked")
+runner = next((tmp / "unpacked").rglob(f"apicurio-registry-app-{version}-runner.jar"))
+out = tmp / "app"
+out.mkdir()
+shutil.move(str(runner), out / runner.name)
+shutil.move(str(runner.parent / "lib"), out / "lib")
+EOP
+    rm -rf "$HOME_DIR"
+    mv "$tmp/app" "$HOME_DIR"
+    rm -rf "$tmp"
+}
+
+# svc_create: a free port.
+svc_create() { new_port; }
+
+# svc_load, svc_ports: the state keeps its port in $STATE/port.
+svc_load() { load_port; }
+svc_ports() { echo "$PORT"; }
+
+# svc_launch: the registry on the state's port, bound to 127.0.0.1, storage in memory.
+svc_launch() {
+    # shellcheck disable=SC2086 # the heap options are several words
+    start_background "$SERVER_LOG" "$STATE/pid" "$JAVA" $TWOPHASE_APICURIO_HEAP_OPTS \
+        -Dtwophase.state="$STATE" \
+        -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$PORT" \
+        -Dquarkus.log.level=WARN -Dquarkus.log.category.\"io.apicurio\".level=WARN \
+        -jar "$JAR"
+    log "Apicurio Registry $VERSION starting on 127.0.0.1:$PORT (pid $STARTED_PID)"
+}
+
+# svc_ready: the Confluent-compatible API lists the subjects.
+svc_ready() {
+    "$PYTHON" - "$(svc_address)" <<'EOP' 2>/dev/null
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1] + "/subjects", timeout=2) as reply:
+    sys.exit(0 if reply.status == 200 else 1)
+EOP
+}
+
+# svc_setup: nothing: subjects are made by the clients that register schemas.
+svc_setup() { :; }
+
+# svc_pid: the pid file's process, if it is still this state's registry.
+svc_pid() { pid_from_file "$STATE/pid" "-Dtwophase.state=$STATE"; }
+
+# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash.
+svc_stop() { stop_pid "$@"; }
+
+# svc_address: the base URL of the Confluent-compatible API.
+svc_address() { echo "http://127.0.0.1:$PORT/apis/ccompat/v7"; }
+
+service_main "$@"
