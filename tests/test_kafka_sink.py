@@ -39,6 +39,7 @@ from twophase.sinks.kafka import (
     transactionalIdFor,
 )
 from twophase.sinks.kafka import producer as producing
+from twophase.sinks.kafka.encoding import RecordEncoding
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "127.0.0.1:9"}
 
@@ -563,7 +564,11 @@ def test_keys_and_values_reach_the_producer_as_their_utf8_bytes(kind: pa.DataTyp
     texts = ["héllo", None, "", "wörld"]
     column = pa.array([t if t is None or kind in (pa.string(), pa.large_string())
                        else t.encode() for t in texts], kind)  # fmt: skip
-    assert sending._bytesOf(column) == [None if t is None else t.encode() for t in texts]
+    batch = pa.record_batch({"value": column, "key": column})
+    layout = ColumnLayout.of(batch.schema, "t")
+    encoded = RecordEncoding.plain().encode(batch, layout)
+    expected = [None if t is None else t.encode() for t in texts]
+    assert encoded.values == expected and encoded.keys == expected
 
 
 def test_a_fingerprint_is_the_same_for_text_and_its_bytes() -> None:

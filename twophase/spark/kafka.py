@@ -16,6 +16,8 @@ import pyarrow as pa
 from pyspark.sql.types import NullType, StructField, StructType
 
 from twophase.clients.kafka import ensureTopic
+from twophase.schemaregistry.avro import sparkDdlOf
+from twophase.schemaregistry.formats import resolve, resolvedOption
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.kafka import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
@@ -27,6 +29,8 @@ from twophase.sinks.kafka import (
     brokerTransactionMaxTimeoutMs,
     checkColumns,
 )
+from twophase.sinks.kafka.columns import SINK_COLUMNS, ColumnLayout
+from twophase.sinks.kafka.encoding import RecordEncoding
 from twophase.sources.kafka import (
     KafkaPlanner,
     KafkaRange,
@@ -34,6 +38,7 @@ from twophase.sources.kafka import (
     Offsets,
     readRange,
 )
+from twophase.sources.kafka.decoding import AvroDecoder, AvroValues
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.schema import arrowSchemaOf
 from twophase.spark.versions import (
@@ -47,8 +52,12 @@ from twophase.spark.versions import (
 )
 from twophase.spark.worker import freezeWorkerHeap
 
-_SINK_COLUMNS = frozenset({"value", "key", "topic", "partition", "headers"})
-"""The input columns the Kafka sink reads (any case); others are ignored, as Spark does."""
+_READER_OPTION = "twophase.kafka.source.valueReader"
+"""Where the driver leaves the source's resolved Avro reader schema for the tasks."""
+
+
+def _emptyBatch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
 
 
 class KafkaSink(TwoPhaseDataSource):
@@ -92,15 +101,21 @@ class KafkaSink(TwoPhaseDataSource):
         value without asking the brokers again.
         """
         settings = self.settings()
+        valueFormat, keyFormat = settings.valueFormat, settings.keyFormat
         # Columns the sink ignores keep their names (for the messages) but not their types:
-        # a type Arrow cannot hold must not fail a query that never writes it.
+        # a type Arrow cannot hold must not fail a query that never writes it. A value in a
+        # registry format without a `value` column is made of them: then they keep theirs.
+        ownValue = any(f.name.lower() == "value" for f in schema.fields)
+        keepAll = valueFormat.usesRegistry and not ownValue
         columns = StructType(
             [
-                f if f.name.lower() in _SINK_COLUMNS else StructField(f.name, NullType())
+                f if keepAll or f.name.lower() in SINK_COLUMNS else StructField(f.name, NullType())
                 for f in schema.fields
             ]
         )
-        checkColumns(arrowSchemaOf(columns, self.name()), settings.topic)
+        arrow = arrowSchemaOf(columns, self.name())
+        checkColumns(arrow, settings.topic, valueFormat.format, keyFormat.format)
+        self._registerSchemas(settings, arrow)
         if settings.badRecords is not None:
             ensureTopic(
                 settings.producerConfig,
@@ -124,16 +139,49 @@ class KafkaSink(TwoPhaseDataSource):
             chosen if chosen is not None else min(DEFAULT_TRANSACTION_TIMEOUT_MS, brokerMax)
         )
 
+    def _registerSchemas(self, settings: KafkaSettings, arrow: pa.Schema) -> None:
+        """Driver, before any task writes: register (or look up) the schema of each side in a
+        registry format, and leave its id and text in the options for the tasks."""
+        layout = ColumnLayout.of(
+            arrow, settings.topic, settings.valueFormat.format, settings.keyFormat.format
+        )
+        for spec in (settings.valueFormat, settings.keyFormat):
+            if not spec.usesRegistry:
+                continue
+            column = RecordEncoding.plain().column(_emptyBatch(arrow), layout, spec.side)
+            if column is None:
+                raise TwoPhaseConfigError(
+                    f"kafka sink: {spec.side}.format={spec.format} but the input has no "
+                    f"{spec.side!r} column"
+                )
+            found = resolve(spec, self.options, settings.topic, column.type)
+            name, value = resolvedOption(spec, found)
+            self.options[name] = value
+
     def schema(self) -> str:
-        """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source)."""
+        """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source);
+        with ``value.format=avro`` the value is a struct of the reader schema, resolved here
+        once and kept in the options for the tasks."""
         freezeWorkerHeap()
-        return KafkaSourceSettings.fromOptions(self.options).schema()
+        settings = KafkaSourceSettings.fromOptions(self.options)
+        values = self._avroValues(settings)
+        return settings.schema(None if values is None else sparkDdlOf(values.arrowType()))
+
+    def _avroValues(self, settings: KafkaSourceSettings) -> AvroValues | None:
+        resolved = optionOf(self.options, _READER_OPTION)
+        if resolved is not None:
+            return AvroValues.fromText(resolved, self.options)
+        values = AvroValues.fromOptions(self.options, settings.subscribe)
+        if values is not None:
+            self.options[_READER_OPTION] = values.toText()
+        return values
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """The source: ``spark.readStream.format("twophase.kafka")`` (PySpark 4.2+)."""
         freezeWorkerHeap()
         requireStreamingSources(self.name())
-        return KafkaStreamReader(KafkaSourceSettings.fromOptions(self.options))
+        settings = KafkaSourceSettings.fromOptions(self.options)
+        return KafkaStreamReader(settings, self._avroValues(settings))
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -142,9 +190,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Offsets live in Spark's checkpoint; the source joins no consumer group and commits nothing.
     """
 
-    def __init__(self, settings: KafkaSourceSettings) -> None:
+    def __init__(self, settings: KafkaSourceSettings, values: AvroValues | None = None) -> None:
         self.settings = settings
         self.planner = KafkaPlanner(settings)
+        self.values = values
+        """``value.format=avro``: how tasks decode the values."""
 
     def initialOffset(self) -> Offsets:
         return self.planner.initialOffset()
@@ -178,7 +228,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         freezeWorkerHeap()
         r = partition.value
         assert isinstance(r, KafkaRange)
-        yield from readRange(self.settings, r)
+        if self.values is None:
+            yield from readRange(self.settings, r)
+            return
+        decoder = AvroDecoder(self.values)
+        for batch in readRange(self.settings, r):
+            yield decoder.decode(batch, f"{r.topic}-{r.partition}")
 
 
 __all__ = ["KafkaSink", "KafkaStreamReader"]

@@ -30,13 +30,26 @@ _SQL_NAMES = {
 _HEADER_FIELDS = ({"key": "string", "value": "binary"}, {"key": "string", "value": "string"})
 
 
-def checkColumns(schema: pa.Schema, defaultTopic: str | None) -> None:
+SINK_COLUMNS = frozenset({"value", "key", "topic", "partition", "headers"})
+"""The input columns the Kafka sink reads (any case); others are ignored, as Spark does, or
+make the value's record when the value has a registry format and no ``value`` column."""
+
+
+def checkColumns(
+    schema: pa.Schema,
+    defaultTopic: str | None,
+    valueFormat: str = "bytes",
+    keyFormat: str = "bytes",
+) -> None:
     """Driver: check the input's columns as Spark's Kafka sink does; errors name the column.
 
     ``schema`` is the Arrow schema the tasks will get (other columns are ignored, as Spark
     does); ``defaultTopic`` is the ``topic`` option, which makes a ``topic`` column optional.
+    With a registry format (``avro``, ``jsonschema``) the ``value`` (or ``key``) column may be
+    of any type, and without a ``value`` column the row's other columns are the value.
     """
     fields = {f.name.lower(): f.type for f in schema}
+    registryValue = valueFormat in ("avro", "jsonschema")
 
     def check(name: str, accepted: tuple[str, ...], what: str) -> None:
         kind = fields.get(name)
@@ -45,13 +58,20 @@ def checkColumns(schema: pa.Schema, defaultTopic: str | None) -> None:
                 f"kafka sink: column {name!r} has type {_sqlName(kind)}; it must be {what}"
             )
 
-    if "value" not in fields:
+    if "value" not in fields and not registryValue:
         raise TwoPhaseConfigError(
             "kafka sink: the input needs a 'value' column (string or binary); it has "
             f"{', '.join(schema.names) or 'no columns'}"
         )
-    check("value", ("string", "binary"), "string or binary")
-    check("key", ("string", "binary"), "string or binary")
+    if registryValue and "value" not in fields and not set(fields) - SINK_COLUMNS:
+        raise TwoPhaseConfigError(
+            f"kafka sink: value.format={valueFormat} needs a 'value' column, or other columns "
+            "than key, topic, partition and headers to make the value's record of"
+        )
+    if valueFormat == "bytes":
+        check("value", ("string", "binary"), "string or binary (or set value.format)")
+    if keyFormat == "bytes":
+        check("key", ("string", "binary"), "string or binary (or set key.format)")
     check("topic", ("string",), "string")
     check("partition", ("integer",), "int")
     if "topic" not in fields and not defaultTopic:
@@ -76,31 +96,42 @@ def checkColumns(schema: pa.Schema, defaultTopic: str | None) -> None:
 class ColumnLayout:
     """Where Spark's Kafka columns are: ``value``; optional key, topic, partition, headers."""
 
-    value: int
+    value: int | None
+    """``None``: the value is the record of the ``rest`` columns (a registry format)."""
     key: int | None
     topic: int | None
     partition: int | None
     headers: int | None
+    rest: tuple[int, ...] = ()
+    """The columns other than the sink's own, in order: the value when there is no ``value``."""
 
     @classmethod
-    def of(cls, schema: pa.Schema, defaultTopic: str | None) -> ColumnLayout:
+    def of(
+        cls,
+        schema: pa.Schema,
+        defaultTopic: str | None,
+        valueFormat: str = "bytes",
+        keyFormat: str = "bytes",
+    ) -> ColumnLayout:
         """Executor: check a task's Arrow schema as Spark's Kafka sink checks its DataFrame."""
         names = {name.lower(): i for i, name in enumerate(schema.names)}
+        anyValue = valueFormat != "bytes"
 
-        def column(name: str, accepted: tuple[str, ...]) -> int | None:
+        def column(name: str, accepted: tuple[str, ...] | None) -> int | None:
             index = names.get(name)
             if index is None:
                 return None
             kind = schema.field(index).type
-            if _arrowKind(kind) not in accepted:
+            if accepted is not None and _arrowKind(kind) not in accepted:
                 raise KafkaWriteError(
                     f"kafka sink: column {name!r} has type {kind}; it must be "
                     f"{' or '.join(accepted)}"
                 )
             return index
 
-        value = column("value", ("string", "binary", "null"))
-        if value is None:
+        value = column("value", None if anyValue else ("string", "binary", "null"))
+        rest = tuple(i for i, n in enumerate(schema.names) if n.lower() not in SINK_COLUMNS)
+        if value is None and not (valueFormat in ("avro", "jsonschema") and rest):
             raise KafkaWriteError(
                 "kafka sink: the input has no 'value' column (string or binary); columns: "
                 f"{', '.join(schema.names)}"
@@ -112,10 +143,11 @@ class ColumnLayout:
             )
         return cls(
             value=value,
-            key=column("key", ("string", "binary", "null")),
+            key=column("key", None if keyFormat != "bytes" else ("string", "binary", "null")),
             topic=None if defaultTopic else topic,
             partition=column("partition", ("integer", "null")),
             headers=column("headers", ("headers", "null")),
+            rest=rest if value is None else (),
         )
 
 

@@ -27,6 +27,9 @@ KEPT_BYTES = 4096
 
 TOO_LARGE = "too large"
 NULL_TOPIC = "null topic"
+UNSERIALIZABLE = "unserializable"
+"""A row whose key or value the ``key.format``/``value.format`` serializer refused: the
+dead-letter record keeps the row's value and key as their JSON text."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ def deadLetter(
     headers: list[tuple[str, Any]] | None = None,
 ) -> DeadLetter:
     """The dead-letter record of row ``row`` (the task's position, from 0), meant for
-    ``topic``, refused for ``reason`` (``TOO_LARGE`` or ``NULL_TOPIC``; ``error`` in words);
+    ``topic``, refused for ``reason`` (``TOO_LARGE``, ``NULL_TOPIC`` or ``UNSERIALIZABLE``;
+    ``error`` in words);
     ``size`` is its key and value bytes, ``limit`` the producer's ``message.max.bytes`` the
     dead-letter record must fit under; its own ``headers`` follow twophase's."""
     wholeValue, wholeKey = _blob(value), _blob(key)

@@ -34,6 +34,7 @@ from twophase.resources import Resources
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
 from twophase.sinks.kafka.deliveries import Deliveries
+from twophase.sinks.kafka.encoding import RecordEncoding
 from twophase.sinks.kafka.errors import KafkaWriteError
 from twophase.sinks.kafka.pool import Pooled
 from twophase.sinks.kafka.settings import DEFAULT_MESSAGE_TIMEOUT_MS
@@ -125,6 +126,8 @@ class KafkaTransaction:
     startedAtMs: int = 0
     queueLimit: int = DEFAULT_QUEUE_MESSAGES
     layout: ColumnLayout | None = None
+    encoding: RecordEncoding = field(default_factory=RecordEncoding.plain, repr=False)
+    """How rows become record values and keys (options ``value.format``, ``key.format``)."""
     produced: int = 0
     largest: tuple[int, int] = (-1, -1)
     """The largest record produced: its key and value bytes, its position in the task."""
@@ -154,6 +157,7 @@ def beginTransaction(
     requestTimeoutSeconds: float = 30.0,
     deadLetterTopic: str | None = None,
     resources: Resources | None = None,
+    encoding: RecordEncoding | None = None,
 ) -> KafkaTransaction:
     """A transaction of sink ``prefix``; its producer is taken now (in the background) when the
     topic is known, else at the first record."""
@@ -169,6 +173,7 @@ def beginTransaction(
         queueLimit=int(config.get("queue.buffering.max.messages", DEFAULT_QUEUE_MESSAGES)),
         deadLetterTopic=deadLetterTopic,
         resources=resources,
+        encoding=encoding or RecordEncoding.plain(),
     )
     if defaultTopic:
 

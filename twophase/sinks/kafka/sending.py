@@ -17,8 +17,15 @@ from twophase.clients.kafka import errorText
 from twophase.redaction import redact
 from twophase.sinks.kafka import pool
 from twophase.sinks.kafka.columns import ColumnLayout
-from twophase.sinks.kafka.deadletter import NULL_TOPIC, TOO_LARGE, deadLetter, describeRefusal
+from twophase.sinks.kafka.deadletter import (
+    NULL_TOPIC,
+    TOO_LARGE,
+    UNSERIALIZABLE,
+    deadLetter,
+    describeRefusal,
+)
 from twophase.sinks.kafka.deliveries import MSG_SIZE_TOO_LARGE, QUEUE_FULL
+from twophase.sinks.kafka.encoding import Encoded
 from twophase.sinks.kafka.errors import KafkaWriteError, RecordTooLargeError
 from twophase.sinks.kafka.oversize import (
     brokerRefused,
@@ -40,18 +47,18 @@ BATCH_CHUNK = 5000
 
 def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     """Produce one Arrow batch into the transaction; fail at the first delivery error."""
+    encoding = txn.encoding
     if txn.layout is None:
-        txn.layout = ColumnLayout.of(batch.schema, txn.defaultTopic)
+        formats = encoding.formats
+        txn.layout = ColumnLayout.of(
+            batch.schema, txn.defaultTopic, formats["value"].format, formats["key"].format
+        )
     layout = txn.layout
     base = txn.produced  # the task's position of the batch's first row
-    sizes = recordSizes(
-        batch.column(layout.value), batch.column(layout.key) if layout.key is not None else None
-    )
-    if len(sizes) and int(sizes.max()) > txn.largest[0]:
-        txn.largest = (int(sizes.max()), base + int(sizes.argmax()))
-    values = _bytesOf(batch.column(layout.value))
-    keys = _bytesOf(batch.column(layout.key)) if layout.key is not None else None
+    encoded = encoding.encode(batch, layout)
     topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
+    if encoded.failed and txn.deadLetterTopic is None:  # fails before any record is produced
+        _setAsideUnserializable(txn, batch, layout, encoded, base, topics)
     awaitStart(txn)
     if txn.producer is None:
         acquire(txn, str(txn.defaultTopic or next((t for t in topics or () if t), "")))
@@ -59,6 +66,13 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     assert producer is not None
     if not txn.began:
         begin(txn, producer)
+    if encoded.failed:
+        batch, encoded = _setAsideUnserializable(txn, batch, layout, encoded, base, topics)
+        topics = batch.column(layout.topic).to_pylist() if layout.topic is not None else None
+    sizes = recordSizes(encoded.valueArray, encoded.keyArray)
+    if len(sizes) and int(sizes.max()) > txn.largest[0]:
+        txn.largest = (int(sizes.max()), base + int(sizes.argmax()))
+    values, keys = encoded.values, encoded.keys
     if (
         layout.topic is None
         and layout.partition is None
@@ -127,14 +141,33 @@ def write(txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
     _raiseDeliveryErrors(txn)
 
 
-def _bytesOf(column: pa.Array) -> list[Any]:
-    """A key or value column as Python ``bytes`` (``None`` for null): strings as their UTF-8
-    bytes without a ``str`` per row, the form the producer and the fingerprint both take."""
-    if pa.types.is_string(column.type):
-        column = column.cast(pa.binary())
-    elif pa.types.is_large_string(column.type):
-        column = column.cast(pa.large_binary())
-    return column.to_pylist()
+def _setAsideUnserializable(
+    txn: KafkaTransaction,
+    batch: pa.RecordBatch,
+    layout: ColumnLayout,
+    encoded: Encoded,
+    base: int,
+    topics: list[Any] | None,
+) -> tuple[pa.RecordBatch, Encoded]:
+    """Rows whose key or value cannot be serialized (``value.format``, ``key.format``): fail
+    the task, naming the first, or with ``badRecords`` set them aside; the batch without them."""
+    rows = sorted(encoded.failed)
+    if txn.deadLetterTopic is None:
+        first = rows[0]
+        raise KafkaWriteError(
+            f"kafka sink: row {base + first} of partition {txn.ctx.partitionId} (counting from "
+            f"0) cannot be serialized: {redact(encoded.failed[first])} ({len(rows)} such row(s) "
+            "in this batch). Fix the rows or the schema, or set the option badRecords=<topic> "
+            "to set such rows aside"
+        )
+    for row in rows:
+        value, key = txn.encoding.shown(batch, layout, row)
+        topic = topics[row] if topics is not None else txn.defaultTopic
+        size = len(value or b"") + len(key or b"")
+        why = encoded.failed[row]
+        _setAside(txn, UNSERIALIZABLE, topic, base + row, value, key, size, error=why)
+    keep = pa.array([i not in encoded.failed for i in range(batch.num_rows)])
+    return batch.filter(keep), encoded.without(set(rows))
 
 
 def _produceBatch(
@@ -222,6 +255,7 @@ def _setAside(
     key: Any,
     size: Any,
     headers: list[tuple[str, Any]] | None = None,
+    error: str | None = None,
 ) -> None:
     """Produce the dead-letter record of a refused row into the task's transaction."""
     dead = txn.deadLetterTopic
@@ -231,7 +265,7 @@ def _setAside(
     letter = deadLetter(
         txn.ctx,
         reason=reason,
-        error=describeRefusal(reason, bytes_, limit),
+        error=redact(error) if error is not None else describeRefusal(reason, bytes_, limit),
         topic=topic,
         row=row,
         value=value,

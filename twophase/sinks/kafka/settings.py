@@ -17,6 +17,8 @@ from twophase.clients.kafka import (
     librdkafkaConfig,
 )
 from twophase.options import SinkOption, keptOptions
+from twophase.schemaregistry.client import PREFIX, SAFE_REGISTRY_SETTINGS
+from twophase.schemaregistry.formats import RESOLVED, FormatSpec
 from twophase.settings import TwoPhaseConfigError, floatOption, optionOf
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
@@ -81,6 +83,60 @@ OPTIONS = (
         "`fail`: a record Kafka refuses fails its batch; a topic name: such records go to that "
         'dead-letter topic in the task\'s own transaction (see "Setting refused records aside")',
     ),
+    SinkOption(
+        ("value.format", "key.format"),
+        "choice",
+        "`bytes`",
+        "`bytes` (a string or binary column as its bytes), `string`, `avro` or `jsonschema` "
+        '(the registry\'s wire format; see "Avro and JSON Schema")',
+    ),
+    SinkOption(
+        ("schema.registry.url",),
+        "string",
+        "-",
+        "the schema registry (Confluent's REST API), needed by `avro` and `jsonschema`",
+    ),
+    SinkOption(
+        ("schema.registry.*",),
+        "prefix",
+        "",
+        "the registry client's other settings (`schema.registry.basic.auth.user.info`, "
+        "`schema.registry.bearer.auth.*`, `schema.registry.ssl.*`); the checkpoint keeps only "
+        "the `ssl.*.location` paths",
+        kept=tuple(PREFIX + s for s in SAFE_REGISTRY_SETTINGS if s != "url"),
+    ),
+    SinkOption(
+        ("value.schema", "key.schema"),
+        "string",
+        "derived from the columns",
+        "the schema's JSON text; rows it does not fit fail before anything is written",
+    ),
+    SinkOption(
+        ("value.subject.name.strategy", "key.subject.name.strategy"),
+        "choice",
+        "`TopicNameStrategy`",
+        "`TopicNameStrategy` (`<topic>-value`), `RecordNameStrategy` (the record's full name) "
+        "or `TopicRecordNameStrategy` (`<topic>-<record name>`)",
+    ),
+    SinkOption(
+        ("value.record.name", "key.record.name"),
+        "string",
+        "`topLevelRecord`",
+        "the full name of a derived record schema (`com.example.Order`)",
+    ),
+    SinkOption(
+        ("auto.register.schemas",),
+        "boolean",
+        "true",
+        "register the schema (idempotent, on the driver before the tasks); false: it must be "
+        "registered already",
+    ),
+    SinkOption(
+        ("use.latest.version",),
+        "boolean",
+        "false",
+        "write with the subject's latest schema instead of the derived or given one",
+    ),
 )
 """The Kafka sink's options, declared once (docs/kafka.md's table comes from it)."""
 
@@ -138,6 +194,10 @@ class KafkaSettings:
     requestTimeoutSeconds: float
     badRecords: str | None = None
     """The dead-letter topic; ``None``: ``fail``."""
+    valueFormat: FormatSpec = field(default_factory=lambda: FormatSpec("value"))
+    keyFormat: FormatSpec = field(default_factory=lambda: FormatSpec("key"))
+    registered: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
+    """What the driver registered, by side (``formats.RESOLVED``'s JSON), for the tasks."""
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> KafkaSettings:
@@ -160,7 +220,16 @@ class KafkaSettings:
                 "'.', '-', starting with a letter or digit"
             )
         topic = (optionOf(options, "topic") or "").strip() or None
+        formats = {side: FormatSpec.fromOptions(options, side) for side in ("value", "key")}
+        registered = {
+            side: raw
+            for side in formats
+            if (raw := optionOf(options, RESOLVED.format(side=side))) is not None
+        }
         return cls(
+            valueFormat=formats["value"],
+            keyFormat=formats["key"],
+            registered=registered,
             badRecords=_deadLetterTopic(options, topic),
             producerConfig=config,
             topic=topic,

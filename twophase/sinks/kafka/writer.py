@@ -18,6 +18,7 @@ from twophase.redaction import getLogger
 from twophase.resources import Resources
 from twophase.sinks.kafka import producer as producing
 from twophase.sinks.kafka import sending
+from twophase.sinks.kafka.encoding import RecordEncoding
 from twophase.sinks.kafka.handles import KIND, describeHandle
 from twophase.sinks.kafka.producer import KafkaTransaction
 from twophase.sinks.kafka.settings import KafkaSettings
@@ -35,6 +36,7 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
         self.settings = settings
         self.resources = resources
         """Where the pooled producers are kept (``None``: the worker process's)."""
+        self._encoding: RecordEncoding | None = None
 
     @classmethod
     def fromOptions(cls, options: Mapping[str, str]) -> KafkaWriter:
@@ -57,7 +59,15 @@ class KafkaWriter(TransactionWriter[KafkaTransaction]):
             requestTimeoutSeconds=self.settings.requestTimeoutSeconds,
             deadLetterTopic=self.settings.badRecords,
             resources=self.resources,
+            encoding=self.encoding(),
         )
+
+    def encoding(self) -> RecordEncoding:
+        """How rows become record bytes; built once per writer."""
+        if self._encoding is None:
+            s = self.settings
+            self._encoding = RecordEncoding(s.valueFormat, s.keyFormat, s.registered)
+        return self._encoding
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> None:
         """Executor: produce the batch's rows into the open transaction."""

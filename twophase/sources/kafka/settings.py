@@ -148,8 +148,14 @@ class KafkaSourceSettings:
     def readCommitted(self) -> bool:
         return self.consumerConfig["isolation.level"] == "read_committed"
 
-    def schema(self) -> str:
-        return f"{BASE_SCHEMA}, {HEADERS_SCHEMA}" if self.includeHeaders else BASE_SCHEMA
+    def schema(self, valueType: str | None = None) -> str:
+        """Spark's DDL of the columns; ``valueType`` replaces ``value``'s (a decoded value)."""
+        base = (
+            BASE_SCHEMA
+            if valueType is None
+            else BASE_SCHEMA.replace("value binary", f"value {valueType}")
+        )
+        return f"{base}, {HEADERS_SCHEMA}" if self.includeHeaders else base
 
     def describeSubscription(self) -> str:
         if self.subscribe:
