@@ -124,8 +124,9 @@ def liveReport(spec: PipelineSpec, reader: LiveReader) -> Any:
     """What the ``read_committed`` reader that followed the run saw, against the source."""
     from twophase import verify
 
-    seen = reader.finish()
-    return verify.compare(pipelineNamed(spec.pipeline).liveExpected(spec), seen, ("key", "value"))
+    pipeline = pipelineNamed(spec.pipeline)
+    seen = pipeline.liveSeen(spec, reader.finish())
+    return verify.compare(pipeline.liveExpected(spec), seen, ("key", "value"))
 
 
 def verifyOutput(spec: PipelineSpec) -> Any:

@@ -27,6 +27,8 @@ class PipelineSpec:
     bootstrap: str = ""
     inputTopic: str = ""
     outputTopic: str = ""
+    registryUrl: str = ""
+    """The schema registry of ``kafka-avro``."""
     s3Path: str = ""
     """The ``s3`` pipeline's output URL (its ``fs.*`` options are in ``sinkOptions``)."""
     sqlUrl: str = ""

@@ -5,7 +5,8 @@ files under one decision: every protocol point of the five sinks in one schedule
 batch-completion point of the table commits included, the PostgreSQL target with prepared and
 staged partitions in every batch),
 ``s3`` (sequence -> files on the S3 server, by multipart upload), ``mariadb`` (sequence ->
-twophase.sql, XA transactions) and ``kafka-kafka``. The sink pipelines first go
+twophase.sql, XA transactions) and ``kafka-avro`` (Kafka -> Kafka with Avro values through the
+schema registry on both sides). The sink pipelines first go
 through every protocol point of PROTOCOL.md section 5 (three task points in one start, then one
 start per driver point), then through seeded kills of the driver, an executor and each server
 they write to; the multi pipeline also goes down after a decision for longer than its Kafka
@@ -21,9 +22,10 @@ a slow link and lost replies of one of its servers through the proxies of
 ``services/toxiproxy.sh``, a full disk under its checkpoint (a tmpfs), and for the Kafka
 pipelines the broker cut off for longer than the transaction timeout while the query runs.
 
-The ``files`` (local rename), ``postgres``, ``kafka``, ``delta`` and ``iceberg`` pipelines stay
-in ``make chaos``'s soak: ``multi`` covers their sinks (its ``archive`` target is the files sink
-committing by rename), ``s3`` the files sink on S3.
+The ``files`` (local rename), ``postgres``, ``kafka``, ``kafka-kafka``, ``delta`` and
+``iceberg`` pipelines stay in ``make chaos``'s soak: ``multi`` covers their sinks (its
+``archive`` target is the files sink committing by rename), ``s3`` the files sink on S3, and
+``kafka-avro`` the Kafka source and sink of ``kafka-kafka``.
 The seed is fixed so CI is repeatable; ``TWOPHASE_CHAOS_SEED=<n>`` draws other schedules (the
 seed is printed on failure).
 """
@@ -51,7 +53,7 @@ from integration_tests.chaos.setup import (
 SEED = int(os.environ.get("TWOPHASE_CHAOS_SEED", "20261122"))
 RANDOM_KILLS = 3
 """Random kills after the nine protocol points (sinks); Kafka -> Kafka gets ten."""
-PAIRS = (("multi", "mariadb"), ("kafka-kafka", "s3"))
+PAIRS = (("multi", "mariadb"), ("kafka-avro", "s3"))
 """The pipelines of the bounded profile, two side by side: ``multi`` covers the postgres and
 kafka sinks, ``mariadb`` the sql sink's XA transactions (with kills of the MariaDB server).
 The two of a pair share no server, so neither's kills and faults reach the other; side by side
@@ -79,7 +81,7 @@ def test_bounded_chaos_is_exactly_once(
     )
 
     def run(pipeline: str) -> ChaosResult:
-        cover = pipeline != "kafka-kafka"
+        cover = pipeline != "kafka-avro"
         return runPipeline(
             pipeline,
             tmp_path / pipeline,
@@ -109,7 +111,7 @@ def assertBounded(result: ChaosResult, workdir: Path) -> None:
     kinds = faultTargets(pipeline, proxies=True, disk=Disk.possible())
     delivered = {k.event.kind for k in result.kills if k.event.isFault}
     assert delivered >= set(kinds), f"faults not delivered {where}: {set(kinds) - delivered}"
-    if pipeline != "kafka-kafka":
+    if pipeline != "kafka-avro":
         fired = {k.event.point for k in result.kills if k.event.kind == "point"}
         points = set(TASK_POINTS + DRIVER_POINTS)
         if PIPELINES[pipeline].completesBatches:

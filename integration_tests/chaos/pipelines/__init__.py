@@ -10,13 +10,14 @@ from integration_tests.chaos.pipelines.base import Pipeline
 from integration_tests.chaos.pipelines.delta import DELTA
 from integration_tests.chaos.pipelines.files import FILES, S3
 from integration_tests.chaos.pipelines.iceberg import ICEBERG
-from integration_tests.chaos.pipelines.kafka import KAFKA, KAFKA_KAFKA
+from integration_tests.chaos.pipelines.kafka import KAFKA, KAFKA_AVRO, KAFKA_KAFKA
 from integration_tests.chaos.pipelines.multi import MULTI
 from integration_tests.chaos.pipelines.postgres import POSTGRES
 from integration_tests.chaos.pipelines.sql import MARIADB
 
 PIPELINES: dict[str, Pipeline] = {
-    p.name: p for p in (FILES, POSTGRES, KAFKA, KAFKA_KAFKA, MULTI, S3, MARIADB, DELTA, ICEBERG)
+    p.name: p
+    for p in (FILES, POSTGRES, KAFKA, KAFKA_KAFKA, KAFKA_AVRO, MULTI, S3, MARIADB, DELTA, ICEBERG)
 }
 
 __all__ = ["PIPELINES", "Pipeline"]

@@ -90,6 +90,10 @@ class Pipeline:
         """Parent: what that reader must see, once each (key and value columns)."""
         return self.expected(spec)
 
+    def liveSeen(self, spec: PipelineSpec, seen: Any) -> Any:
+        """Parent: what that reader saw, in the form ``liveExpected`` has (as it is here)."""
+        return seen
+
     def verify(self, spec: PipelineSpec) -> Any:
         """Parent, once drained: ``twophase verify``'s report of the sink against the source."""
         from twophase import verify

@@ -5,13 +5,17 @@ sequence (key = id, value = payload) with a short transaction timeout; ``kafka-k
 topic ``read_committed`` whose input holds aborted transactions between the committed ones,
 and writes its key and value to another topic; one record in 97 is too large for the producer
 (``TOO_LARGE_EVERY``) and goes to a dead-letter topic (option ``badRecords``) in the same
-transactions. Both schedules kill the broker besides the driver and the executors; records
-are counted by key and value, the dead letters by key.
+transactions. ``kafka-avro`` is ``kafka-kafka`` with Avro values in the schema registry's
+wire format on both sides (the source decodes them, the sink registers its schema and encodes
+them), its records compared by key and decoded value. The schedules kill the broker besides
+the driver and the executors; records are counted by key and value, the dead letters by key.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from integration_tests.chaos.pipelines.base import Pipeline, need
@@ -59,9 +63,11 @@ def newOutputTopic(spec: PipelineSpec, services: Services) -> None:
     spec.outputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-out")
 
 
-def fillInput(bootstrap: str, topic: str, rows: int) -> None:
-    """``rows`` committed records (key ``<id>``, value ``row-<id>``) and, between them, aborted
-    transactions a read_committed source must skip."""
+def fillInput(
+    bootstrap: str, topic: str, rows: int, value: Callable[[int], bytes] | None = None
+) -> None:
+    """``rows`` committed records (key ``<id>``, value ``row-<id>`` or ``value(id)``) and,
+    between them, aborted transactions a read_committed source must skip."""
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -76,7 +82,7 @@ def fillInput(bootstrap: str, topic: str, rows: int) -> None:
             producer.abort_transaction(60)
         producer.begin_transaction()
         for i in range(start, min(rows, start + INPUT_TRANSACTION_ROWS)):
-            producer.produce(topic, b"row-%d" % i, key=b"%d" % i)
+            producer.produce(topic, value(i) if value else b"row-%d" % i, key=b"%d" % i)
         producer.commit_transaction(60)
 
 
@@ -131,9 +137,13 @@ class KafkaKafkaPipeline(KafkaPipeline):
         spec.sinkOptions.update(boundedKafka())
         newOutputTopic(spec, services)
         spec.inputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-in")
-        fillInput(spec.bootstrap, spec.inputTopic, spec.rows)
+        self.fillTopic(spec)
         spec.sinkOptions["kafka.message.max.bytes"] = PRODUCER_MAX_BYTES
         spec.sinkOptions["badRecords"] = f"{spec.outputTopic}-dead"  # created by the sink
+
+    def fillTopic(self, spec: PipelineSpec) -> None:
+        """The input topic's records."""
+        fillInput(spec.bootstrap, spec.inputTopic, spec.rows)
 
     def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
         return (
@@ -142,13 +152,21 @@ class KafkaKafkaPipeline(KafkaPipeline):
             .option("subscribe", spec.inputTopic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
+            .options(**self.sourceOptions(spec))
             .load()
-            .selectExpr(
-                "key",
-                f"CASE WHEN pmod(CAST(CAST(key AS STRING) AS BIGINT), {TOO_LARGE_EVERY}) = "
-                f"{TOO_LARGE_AT} THEN CAST(repeat(CAST(value AS STRING), 800) AS BINARY) "
-                "ELSE value END AS value",
-            )
+            .selectExpr("key", self.outputValue())
+        )
+
+    def sourceOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        """The source's options besides the topic's."""
+        return {}
+
+    def outputValue(self) -> str:
+        """The output's value: the input's, one record in 97 made too large."""
+        return (
+            f"CASE WHEN pmod(CAST(CAST(key AS STRING) AS BIGINT), {TOO_LARGE_EVERY}) = "
+            f"{TOO_LARGE_AT} THEN CAST(repeat(CAST(value AS STRING), 800) AS BINARY) "
+            "ELSE value END AS value"
         )
 
     def offered(self, spec: PipelineSpec) -> Any:
@@ -205,5 +223,94 @@ class KafkaKafkaPipeline(KafkaPipeline):
         )
 
 
+INPUT_SCHEMA = {
+    "type": "record",
+    "name": "Row",
+    "namespace": "chaos",
+    "fields": [{"name": "id", "type": "long"}, {"name": "payload", "type": "string"}],
+}
+"""``kafka-avro``'s input records (key ``<id>``, value ``{id, payload: "row-<id>"}``)."""
+
+
+class KafkaAvroPipeline(KafkaKafkaPipeline):
+    """twophase.kafka (Avro values, read_committed) -> twophase.kafka (Avro values)."""
+
+    name = "kafka-avro"
+
+    def prepare(self, spec: PipelineSpec, services: Services) -> None:
+        from integration_tests.conftest import service_setting
+
+        spec.registryUrl = need(service_setting("TWOPHASE_SCHEMA_REGISTRY_URL") or "", "registry")
+        super().prepare(spec, services)
+        spec.sinkOptions.update(
+            {
+                "value.format": "avro",
+                "value.record.name": "chaos.Out",
+                "schema.registry.url": spec.registryUrl,
+            }
+        )
+
+    def fillTopic(self, spec: PipelineSpec) -> None:
+        value = self.avroValue(spec.registryUrl, spec.inputTopic)
+        fillInput(spec.bootstrap, spec.inputTopic, spec.rows, value)
+
+    @staticmethod
+    def avroValue(url: str, topic: str) -> Callable[[int], bytes]:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        serializer = AvroSerializer(SchemaRegistryClient({"url": url}), json.dumps(INPUT_SCHEMA))
+        context = SerializationContext(topic, MessageField.VALUE)
+        return lambda i: serializer({"id": i, "payload": f"row-{i}"}, context)
+
+    def sourceOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        return {"value.format": "avro", "schema.registry.url": spec.registryUrl}
+
+    def outputValue(self) -> str:
+        return (
+            "named_struct('id', value.id, 'payload', CASE WHEN pmod(value.id, "
+            f"{TOO_LARGE_EVERY}) = {TOO_LARGE_AT} THEN repeat(value.payload, 800) "
+            "ELSE value.payload END) AS value"
+        )
+
+    def offered(self, spec: PipelineSpec) -> Any:
+        return decodedValues(super().offered(spec), spec.registryUrl)
+
+    def actual(self, spec: PipelineSpec) -> Any:
+        return decodedValues(super().actual(spec), spec.registryUrl)
+
+    def liveSeen(self, spec: PipelineSpec, seen: Any) -> Any:
+        return decodedValues(seen, spec.registryUrl)
+
+
+def decodedValues(table: Any, url: str) -> Any:
+    """``table`` (key, value in the registry's wire format) with each value as the sorted JSON
+    of its decoded record: the same rows compare equal whatever schema id wrote them."""
+    import io
+
+    import fastavro
+    import pyarrow as pa
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": url})
+    schemas: dict[int, Any] = {}
+    decoded = []
+    for raw in table.column("value").to_pylist():
+        if raw is None or len(raw) < 5:
+            decoded.append(raw)
+            continue
+        schemaId = int.from_bytes(raw[1:5], "big")
+        if schemaId not in schemas:
+            text = client.get_schema(schemaId).schema_str
+            schemas[schemaId] = fastavro.parse_schema(json.loads(str(text)))
+        record = fastavro.schemaless_reader(io.BytesIO(raw[5:]), schemas[schemaId], None)
+        decoded.append(json.dumps(record, sort_keys=True).encode())
+    return table.set_column(
+        table.schema.get_field_index("value"), "value", pa.array(decoded, pa.binary())
+    )
+
+
 KAFKA = KafkaPipeline()
 KAFKA_KAFKA = KafkaKafkaPipeline()
+KAFKA_AVRO = KafkaAvroPipeline()
