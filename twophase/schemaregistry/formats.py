@@ -135,14 +135,13 @@ def _schemaFor(spec: FormatSpec, kind: pa.DataType) -> tuple[str, str | None]:
         if spec.format == AVRO and isinstance(name, str) and parsed.get("namespace"):
             name = f"{parsed['namespace']}.{name}"
         return spec.schema, name if isinstance(name, str) else None
+    recordName = spec.recordName or avro.DEFAULT_RECORD_NAME
     if spec.format == AVRO:
-        derived = avro.schemaOf(kind, spec.recordName or avro.DEFAULT_RECORD_NAME)
-        name = None if isinstance(derived, str) or derived.get("type") != "record" else (
-            spec.recordName or avro.DEFAULT_RECORD_NAME
-        )  # fmt: skip
+        derived = avro.schemaOf(kind, recordName)
+        isRecord = isinstance(derived, dict) and derived.get("type") == "record"
+        name = recordName if isRecord else None
         return avro.schemaText(derived), name
-    title = spec.recordName or avro.DEFAULT_RECORD_NAME
-    return jsonschemas.schemaText(jsonschemas.schemaOf(kind, title)), title
+    return jsonschemas.schemaText(jsonschemas.schemaOf(kind, recordName)), recordName
 
 
 def subjectOf(spec: FormatSpec, topic: str | None, recordName: str | None) -> str:

@@ -71,13 +71,13 @@ def schemaText(schema: dict[str, Any]) -> str:
 def rowTexts(column: pa.Array) -> pa.Array:
     """The JSON text of every value of ``column`` (a struct: one object per row, its fields in
     column order), as Spark's JSON writer writes each type; nulls stay null."""
+    import pyarrow.compute as pc
+
     from twophase.sinks.files.jsonlines import valueText
 
     if not pa.types.is_struct(column.type):
         text = valueText(column)
     else:
-        import pyarrow.compute as pc
-
         parts: list[Any] = [pa.scalar("{", pa.large_string())]
         for i, f in enumerate(column.type):
             key = ("," if i else "") + json.dumps(f.name, ensure_ascii=False) + ":"
@@ -86,7 +86,5 @@ def rowTexts(column: pa.Array) -> pa.Array:
         parts.append(pa.scalar("}", pa.large_string()))
         text = pc.binary_join_element_wise(*parts, pa.scalar("", pa.large_string()))
     if column.null_count:
-        import pyarrow.compute as pc
-
         text = pc.if_else(column.is_valid(), text, pa.scalar(None, text.type))
     return text
