@@ -14,21 +14,12 @@ from typing import Any
 
 import pytest
 
-from integration_tests.conftest import service_setting
 from integration_tests.spark_processes import sharedSession
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 
 pytestmark = pytest.mark.timeout(600)
 
 SECRET = "reg-user:Tw0phase-Registry-S3cret"
-
-
-@pytest.fixture(scope="module")
-def registry_url() -> str:
-    url = service_setting("TWOPHASE_SCHEMA_REGISTRY_URL")
-    if not url:
-        pytest.fail("TWOPHASE_SCHEMA_REGISTRY_URL is unset: run `make services`", pytrace=False)
-    return url
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +94,7 @@ def deserialized(bootstrap: str, topic: str, url: str, kind: str) -> list[tuple[
 
 
 def test_avro_records_of_the_rows_columns_read_back_with_confluents_deserializer(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     """No ``value`` column: the row's other columns are the Avro record, its schema derived
     and registered under ``<topic>-value``; a second query reuses the same schema id."""
@@ -113,27 +104,27 @@ def test_avro_records_of_the_rows_columns_read_back_with_confluents_deserializer
         "topic": topic,
         "value.format": "avro",
         "value.record.name": "it.twophase.Order",
-        "schema.registry.url": registry_url,
+        "schema.registry.url": schema_registry_url,
     }
     runOnce(rows(spark, tmp_path), tmp_path, options)
-    got = deserialized(kafka_bootstrap, topic, registry_url, "avro")
+    got = deserialized(kafka_bootstrap, topic, schema_registry_url, "avro")
     assert [g[0] for g in got] == [str(i) for i in range(50)]
     assert [g[1] for g in got] == expected(50)
     ids = {g[2] for g in got}
     assert len(ids) == 1
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    client = SchemaRegistryClient({"url": registry_url})
+    client = SchemaRegistryClient({"url": schema_registry_url})
     latest = client.get_latest_version(f"{topic}-value")
     assert latest.schema_id in ids and json.loads(latest.schema.schema_str)["name"] == "Order"
     runOnce(rows(spark, tmp_path / "again", 3), tmp_path, options, name="again")
-    again = deserialized(kafka_bootstrap, topic, registry_url, "avro")
+    again = deserialized(kafka_bootstrap, topic, schema_registry_url, "avro")
     assert {g[2] for g in again} == ids
     assert client.get_versions(f"{topic}-value") == [latest.version]
 
 
 def test_json_schema_records_of_a_value_struct_through_the_data_source(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic = createTopic(kafka_bootstrap)
     frame = rows(spark, tmp_path, 10).selectExpr("key", "struct(id, payload, tags) AS value")
@@ -142,20 +133,20 @@ def test_json_schema_records_of_a_value_struct_through_the_data_source(
         .option("kafka.bootstrap.servers", kafka_bootstrap)
         .option("topic", topic)
         .option("value.format", "jsonschema")
-        .option("schema.registry.url", registry_url)
+        .option("schema.registry.url", schema_registry_url)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination()
-    got = deserialized(kafka_bootstrap, topic, registry_url, "jsonschema")
+    got = deserialized(kafka_bootstrap, topic, schema_registry_url, "jsonschema")
     assert [g[1] for g in got] == [
         {"id": i, "payload": f"payload-{i}", "tags": [f"t{i}", "x"]} for i in range(10)
     ]
 
 
 def test_a_given_schema_the_rows_do_not_fit_fails_before_any_record(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic = createTopic(kafka_bootstrap)
     schema = {
@@ -169,15 +160,33 @@ def test_a_given_schema_the_rows_do_not_fit_fails_before_any_record(
         "topic": topic,
         "value.format": "avro",
         "value.schema": json.dumps(schema),
-        "schema.registry.url": registry_url,
+        "schema.registry.url": schema_registry_url,
     }
     with pytest.raises(Exception, match=r"Avro int cannot hold int64"):
         runOnce(frame, tmp_path, options)
     assert readTopic(kafka_bootstrap, topic, isolation="read_uncommitted") == []
 
 
+def test_a_given_primitive_avro_schema_is_used_as_given(
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
+) -> None:
+    """``value.schema='"long"'``: no record, so no record name; the subject is the topic's."""
+    topic = createTopic(kafka_bootstrap)
+    frame = rows(spark, tmp_path, 4).selectExpr("key", "id AS value")
+    options = {
+        "kafka.bootstrap.servers": kafka_bootstrap,
+        "topic": topic,
+        "value.format": "avro",
+        "value.schema": '"long"',
+        "schema.registry.url": schema_registry_url,
+    }
+    runOnce(frame, tmp_path, options)
+    got = deserialized(kafka_bootstrap, topic, schema_registry_url, "avro")
+    assert [g[1] for g in got] == [0, 1, 2, 3]
+
+
 def test_rows_the_schema_refuses_go_to_the_dead_letter_topic_in_the_same_decision(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic, dead = createTopic(kafka_bootstrap), createTopic(kafka_bootstrap, prefix="it-dead")
     schema = {
@@ -193,13 +202,13 @@ def test_rows_the_schema_refuses_go_to_the_dead_letter_topic_in_the_same_decisio
         "topic": topic,
         "value.format": "avro",
         "value.schema": json.dumps(schema),
-        "schema.registry.url": registry_url,
+        "schema.registry.url": schema_registry_url,
     }
     with pytest.raises(Exception, match=r"cannot be serialized: the value as avro"):
         runOnce(frame, tmp_path, options, name="fail")
     assert readTopic(kafka_bootstrap, topic, isolation="read_committed") == []
     runOnce(frame, tmp_path, {**options, "badRecords": dead}, name="aside")
-    kept = deserialized(kafka_bootstrap, topic, registry_url, "avro")
+    kept = deserialized(kafka_bootstrap, topic, schema_registry_url, "avro")
     assert [g[0] for g in kept] == ["1", "2", "4", "5"]
     letters = readTopic(kafka_bootstrap, dead)
     assert sorted(r.key.decode() for r in letters) == ["0", "3"]
@@ -212,7 +221,7 @@ def test_rows_the_schema_refuses_go_to_the_dead_letter_topic_in_the_same_decisio
 def test_registry_credentials_never_reach_the_checkpoint_or_the_logs(
     spark: Any,
     kafka_bootstrap: str,
-    registry_url: str,
+    schema_registry_url: str,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -221,12 +230,12 @@ def test_registry_credentials_never_reach_the_checkpoint_or_the_logs(
         "kafka.bootstrap.servers": kafka_bootstrap,
         "topic": topic,
         "value.format": "avro",
-        "schema.registry.url": registry_url,
+        "schema.registry.url": schema_registry_url,
         "schema.registry.basic.auth.user.info": SECRET,
     }
     caplog.set_level("DEBUG")
     runOnce(rows(spark, tmp_path, 4), tmp_path, options)
-    assert len(deserialized(kafka_bootstrap, topic, registry_url, "avro")) == 4
+    assert len(deserialized(kafka_bootstrap, topic, schema_registry_url, "avro")) == 4
     password = SECRET.split(":", 1)[1]
     for path in (tmp_path / "checkpoint-q").rglob("*"):
         if path.is_file():
@@ -235,7 +244,7 @@ def test_registry_credentials_never_reach_the_checkpoint_or_the_logs(
 
 
 def test_a_schema_not_registered_without_auto_register_is_a_clear_error(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic = unique("it-unregistered")
     options = {
@@ -243,14 +252,14 @@ def test_a_schema_not_registered_without_auto_register_is_a_clear_error(
         "topic": topic,
         "value.format": "avro",
         "auto.register.schemas": "false",
-        "schema.registry.url": registry_url,
+        "schema.registry.url": schema_registry_url,
     }
     with pytest.raises(Exception, match=r"not registered under subject .*auto.register.schemas"):
         runOnce(rows(spark, tmp_path, 2), tmp_path, options)
 
 
 def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     """docs/kafka.md, "Avro and JSON Schema with a schema registry": its example as written,
     with this machine's addresses, fed by confluent-kafka's own Avro serializer."""
@@ -268,7 +277,7 @@ def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
     source, target = createTopic(kafka_bootstrap, 2, "it-orders"), unique("it-gross")
     replaced = (
         code.replace('"broker:9092"', repr(kafka_bootstrap))
-        .replace('"http://registry:8081"', repr(registry_url))
+        .replace('"http://registry:8081"', repr(schema_registry_url))
         .replace('"orders"', repr(source))
         .replace('"orders-gross"', repr(target))
         .replace('"/checkpoints/orders-gross"', repr(str(tmp_path / "checkpoint")))
@@ -285,7 +294,7 @@ def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
                                         "precision": 10, "scale": 2}},
         ],
     }  # fmt: skip
-    client = SchemaRegistryClient({"url": registry_url})
+    client = SchemaRegistryClient({"url": schema_registry_url})
     serializer = AvroSerializer(client, json.dumps(schema))
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(30):
@@ -300,7 +309,7 @@ def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
         query.processAllAvailable()
     finally:
         query.stop()
-    got = deserialized(kafka_bootstrap, target, registry_url, "avro")
+    got = deserialized(kafka_bootstrap, target, schema_registry_url, "avro")
     assert [g[1]["order_id"] for g in got] == list(range(30))
     assert got[3][1] == {"order_id": 3, "customer": "c0", "gross": decimal.Decimal("4.20")}
 
@@ -331,10 +340,10 @@ V2 = {
 
 
 def test_a_schema_change_mid_stream_is_named_or_read_into_the_given_schema(
-    spark: Any, kafka_bootstrap: str, registry_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic = createTopic(kafka_bootstrap)
-    _produceAvro(kafka_bootstrap, registry_url, topic, V1, [{"id": 1}, {"id": 2}])
+    _produceAvro(kafka_bootstrap, schema_registry_url, topic, V1, [{"id": 1}, {"id": 2}])
 
     def start(name: str, **extra: str) -> Any:
         reader = (
@@ -343,7 +352,7 @@ def test_a_schema_change_mid_stream_is_named_or_read_into_the_given_schema(
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .option("value.format", "avro")
-            .option("schema.registry.url", registry_url)
+            .option("schema.registry.url", schema_registry_url)
         )
         for key, value in extra.items():
             reader = reader.option(key, value)
@@ -362,7 +371,7 @@ def test_a_schema_change_mid_stream_is_named_or_read_into_the_given_schema(
         latest.processAllAvailable()
         given.processAllAvailable()
         assert spark.sql("SELECT id FROM latest_schema ORDER BY id").collect() == [(1,), (2,)]
-        _produceAvro(kafka_bootstrap, registry_url, topic, V2, [{"id": 3, "note": "new"}])
+        _produceAvro(kafka_bootstrap, schema_registry_url, topic, V2, [{"id": 3, "note": "new"}])
         given.processAllAvailable()
         rows = spark.sql("SELECT id, note FROM given_schema ORDER BY id").collect()
         assert [tuple(r) for r in rows] == [(1, "-"), (2, "-"), (3, "new")]

@@ -131,6 +131,8 @@ def _schemaFor(spec: FormatSpec, kind: pa.DataType) -> tuple[str, str | None]:
             raise TwoPhaseConfigError(
                 f"option {spec.side}.schema is not JSON ({exc}); give the schema's JSON text"
             ) from None
+        if not isinstance(parsed, dict):  # a primitive ("long") or a union: no record name
+            return spec.schema, None
         name = parsed.get("name") if spec.format == AVRO else parsed.get("title")
         if spec.format == AVRO and isinstance(name, str) and parsed.get("namespace"):
             name = f"{parsed['namespace']}.{name}"
