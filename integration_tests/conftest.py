@@ -17,6 +17,8 @@ import shlex
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -196,6 +198,31 @@ def pg_url() -> str:
     if problem is not None:  # failing outside `except` keeps the report to one line
         pytest.fail(
             f"PostgreSQL is not reachable at {url} ({problem}); {HOW_TO_START}", pytrace=False
+        )
+    return url
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url() -> str:
+    """The registry's Confluent-compatible base URL, checked to list the subjects."""
+    url = service_setting("TWOPHASE_SCHEMA_REGISTRY_URL")
+    if not url:
+        pytest.fail(
+            "The schema registry is not configured: TWOPHASE_SCHEMA_REGISTRY_URL is unset and "
+            f"{SERVICES_ENV} has none; {HOW_TO_START}",
+            pytrace=False,
+        )
+    problem = None
+    try:
+        with urllib.request.urlopen(f"{url}/subjects", timeout=10) as reply:
+            if reply.status != 200:
+                problem = f"GET /subjects answered {reply.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(
+            f"The schema registry is not reachable at {url} ({problem}); {HOW_TO_START}",
+            pytrace=False,
         )
     return url
 
