@@ -139,8 +139,7 @@ def test_options_are_checked_before_anything_runs() -> None:
     assert (spec.format, spec.strategy, spec.autoRegister) == ("avro", "record", False)
     with pytest.raises(TwoPhaseConfigError, match="schema.registry.url"):
         FormatSpec.fromOptions({"value.format": "avro"}, "value")
-    with pytest.raises(TwoPhaseConfigError, match="protobuf is not supported yet"):
-        FormatSpec.fromOptions({**base, "key.format": "protobuf"}, "key")
+    assert FormatSpec.fromOptions({**base, "key.format": "protobuf"}, "key").usesRegistry
     with pytest.raises(TwoPhaseConfigError, match="must be one of"):
         FormatSpec.fromOptions({**base, "value.format": "xml"}, "value")
     with pytest.raises(TwoPhaseConfigError, match="has no schema"):

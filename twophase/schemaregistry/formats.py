@@ -1,14 +1,16 @@
 """A Kafka record's key or value in the schema registry's wire format: the options that choose
 it, the schema registered on the driver, and the rows serialized on the executors.
 
-The wire format is a zero byte, the schema id as four big-endian bytes, then the Avro binary or
-JSON text of the row. The driver registers (or looks up) each schema once per query, before any
-task writes, and hands its id and text to the tasks in the options (``RESOLVED``): a task never
-writes to the registry, and a replay of a batch serializes the same rows to the same bytes.
+The wire format is a zero byte, the schema id as four big-endian bytes, then the Avro binary, the
+JSON text or (after the message's indexes) the Protobuf message of the row. The driver registers
+(or looks up) each schema once per query, before any task writes, and hands its id and text to
+the tasks in the options (``RESOLVED``): a task never writes to the registry, and a replay of a
+batch serializes the same rows to the same bytes.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from collections.abc import Mapping
@@ -28,9 +30,13 @@ from twophase.schemaregistry.client import (
 )
 from twophase.settings import TwoPhaseConfigError, boolOption, optionOf
 
-BYTES, STRING, AVRO, JSONSCHEMA = "bytes", "string", "avro", "jsonschema"
-FORMATS = (BYTES, STRING, AVRO, JSONSCHEMA)
-REGISTRY_FORMATS = (AVRO, JSONSCHEMA)
+BYTES, STRING, AVRO, JSONSCHEMA, PROTOBUF = "bytes", "string", "avro", "jsonschema", "protobuf"
+FORMATS = (BYTES, STRING, AVRO, JSONSCHEMA, PROTOBUF)
+REGISTRY_FORMATS = (AVRO, JSONSCHEMA, PROTOBUF)
+PACKAGES = {AVRO: "fastavro", JSONSCHEMA: "jsonschema", PROTOBUF: "google.protobuf"}
+"""The module each format needs, from the extra ``twophase[schema-registry]``."""
+KINDS = {AVRO: avro.KIND, JSONSCHEMA: jsonschemas.KIND, PROTOBUF: "PROTOBUF"}
+"""The registry's schema type of each format."""
 
 STRATEGIES = {
     "topicnamestrategy": "topic",
@@ -63,10 +69,6 @@ class FormatSpec:
     @classmethod
     def fromOptions(cls, options: Mapping[str, str], side: str) -> FormatSpec:
         name = (optionOf(options, f"{side}.format") or BYTES).strip().lower()
-        if name == "protobuf":
-            raise TwoPhaseConfigError(
-                f"option {side}.format=protobuf is not supported yet: use avro or jsonschema"
-            )
         if name not in FORMATS:
             raise TwoPhaseConfigError(
                 f"option {side}.format={name!r} must be one of {', '.join(FORMATS)}"
@@ -87,6 +89,11 @@ class FormatSpec:
             autoRegister=boolOption(options, "auto.register.schemas", True),
             useLatest=boolOption(options, "use.latest.version", False),
         )
+        if spec.usesRegistry and not _installed(PACKAGES[name]):
+            raise TwoPhaseConfigError(
+                f"option {side}.format={name} needs the Python package {PACKAGES[name]}, which "
+                "is not installed: pip install 'twophase[schema-registry]'"
+            )
         if spec.usesRegistry and registryConfig(options) is None:
             raise TwoPhaseConfigError(
                 f"option {side}.format={name} needs option schema.registry.url (the registry's "
@@ -95,9 +102,16 @@ class FormatSpec:
         if not spec.usesRegistry and spec.schema is not None:
             raise TwoPhaseConfigError(
                 f"option {side}.schema is set but {side}.format={name} has no schema: set "
-                f"{side}.format to avro or jsonschema"
+                f"{side}.format to avro, jsonschema or protobuf"
             )
         return spec
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def resolve(
@@ -116,14 +130,22 @@ def resolve(
         _checkFits(spec, found.text, kind, subject)
         return found
     _checkFits(spec, text, kind, subject)
-    kindName = avro.KIND if spec.format == AVRO else jsonschemas.KIND
     if spec.autoRegister:
-        return register(client, subject, text, kindName)
-    return lookup(client, subject, text, kindName)
+        return register(client, subject, text, KINDS[spec.format])
+    return lookup(client, subject, text, KINDS[spec.format])
 
 
 def _schemaFor(spec: FormatSpec, kind: pa.DataType) -> tuple[str, str | None]:
     """The schema text, given or derived, and its record name (``None``: not a record)."""
+    if spec.format == PROTOBUF:
+        from twophase.schemaregistry import protobufs
+
+        if spec.schema is not None:
+            file = protobufs.fileFromText(spec.schema, f"option {spec.side}.schema")
+            message, _ = protobufs.messageOf(file, spec.recordName)
+            return spec.schema, message.DESCRIPTOR.full_name
+        recordName = spec.recordName or avro.DEFAULT_RECORD_NAME
+        return protobufs.schemaText(protobufs.fileOf(kind, recordName)), recordName
     if spec.schema is not None:
         try:
             parsed = json.loads(spec.schema)
@@ -181,6 +203,12 @@ def _checkFits(spec: FormatSpec, text: str, kind: pa.DataType, subject: str) -> 
                 f"the Avro schema of {spec.side} (subject {subject!r}) is not valid: {exc}"
             ) from None
         why = avro.misfit(parsed, kind)
+    elif spec.format == PROTOBUF:
+        from twophase.schemaregistry import protobufs
+
+        file = protobufs.fileFromText(text, f"the {spec.side} (subject {subject!r})")
+        message, _ = protobufs.messageOf(file, spec.recordName)
+        why = protobufs.misfit(message.DESCRIPTOR, kind)
     else:
         why = None  # JSON Schema is checked row by row when given
     if why is not None:
@@ -210,11 +238,18 @@ class Encoder:
         found = json.loads(raw)
         self.schemaId = int(found["id"])
         self.header = b"\x00" + self.schemaId.to_bytes(4, "big")
-        self.schema = json.loads(found["text"])
+        self.schema: Any = None if spec.format == PROTOBUF else json.loads(found["text"])
         self._parsed: Any = None
         self._validator: Any = None
         self._bulk: bool | None = None
         """Whether ``avrobulk`` writes this schema (decided at the first column)."""
+        self._message: Any = None
+        if spec.format == PROTOBUF:
+            from twophase.schemaregistry import protobufs
+
+            file = protobufs.fileFromText(found["text"], f"the {spec.side}")
+            self._message, index = protobufs.messageOf(file, spec.recordName)
+            self.header += protobufs.indexBytes(index)
 
     def encode(self, column: pa.Array) -> tuple[pa.Array, dict[int, str]]:
         """The column's values in the wire format (a binary array, null for null), and the
@@ -227,6 +262,8 @@ class Encoder:
                 if encoded is not None:
                     return encoded, {}
             values, failed = self._avro(column)
+        elif self.spec.format == PROTOBUF:
+            values, failed = self._protobuf(column)
         else:
             values, failed = self._json(column)
         return pa.array(values, pa.binary()), failed
@@ -255,6 +292,25 @@ class Encoder:
                 out.append(None)
                 continue
             out.append(buffer.getvalue())
+        return out, failed
+
+    def _protobuf(self, column: pa.Array) -> tuple[list[bytes | None], dict[int, str]]:
+        from twophase.schemaregistry import protobufs
+
+        target = protobufs.messageType(column.type)
+        rows = (column if target == column.type else column.cast(target, safe=False)).to_pylist()
+        serialize, header = protobufs.serializer(self._message, column.type), self.header
+        out: list[bytes | None] = []
+        failed: dict[int, str] = {}
+        for i, row in enumerate(rows):
+            if row is None:
+                out.append(None)
+                continue
+            try:
+                out.append(header + serialize(row))
+            except (TypeError, ValueError) as exc:
+                failed[i] = protobufs.whyRefused(self._message, row, column.type, exc)
+                out.append(None)
         return out, failed
 
     def _json(self, column: pa.Array) -> tuple[list[bytes | None], dict[int, str]]:

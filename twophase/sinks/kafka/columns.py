@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from twophase.schemaregistry.formats import REGISTRY_FORMATS
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.kafka.errors import KafkaWriteError
 
@@ -45,11 +46,12 @@ def checkColumns(
 
     ``schema`` is the Arrow schema the tasks will get (other columns are ignored, as Spark
     does); ``defaultTopic`` is the ``topic`` option, which makes a ``topic`` column optional.
-    With a registry format (``avro``, ``jsonschema``) the ``value`` (or ``key``) column may be
-    of any type, and without a ``value`` column the row's other columns are the value.
+    With a registry format (``avro``, ``jsonschema``, ``protobuf``) the ``value`` (or ``key``)
+    column may be of any type, and without a ``value`` column the row's other columns are the
+    value.
     """
     fields = {f.name.lower(): f.type for f in schema}
-    registryValue = valueFormat in ("avro", "jsonschema")
+    registryValue = valueFormat in REGISTRY_FORMATS
 
     def check(name: str, accepted: tuple[str, ...], what: str) -> None:
         kind = fields.get(name)
@@ -131,7 +133,7 @@ class ColumnLayout:
 
         value = column("value", None if anyValue else ("string", "binary", "null"))
         rest = tuple(i for i, n in enumerate(schema.names) if n.lower() not in SINK_COLUMNS)
-        if value is None and not (valueFormat in ("avro", "jsonschema") and rest):
+        if value is None and not (valueFormat in REGISTRY_FORMATS and rest):
             raise KafkaWriteError(
                 "kafka sink: the input has no 'value' column (string or binary); columns: "
                 f"{', '.join(schema.names)}"

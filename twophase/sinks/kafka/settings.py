@@ -87,14 +87,14 @@ OPTIONS = (
         ("value.format", "key.format"),
         "choice",
         "`bytes`",
-        "`bytes` (a string or binary column as its bytes), `string`, `avro` or `jsonschema` "
-        '(the registry\'s wire format; see "Avro and JSON Schema")',
+        "`bytes` (a string or binary column as its bytes), `string`, `avro`, `jsonschema` or "
+        '`protobuf` (the registry\'s wire format; see "Avro, JSON Schema and Protobuf")',
     ),
     SinkOption(
         ("schema.registry.url",),
         "string",
         "-",
-        "the schema registry (Confluent's REST API), needed by `avro` and `jsonschema`",
+        "the schema registry (Confluent's REST API), needed by `avro`, `jsonschema`, `protobuf`",
     ),
     SinkOption(
         ("schema.registry.*",),
@@ -109,7 +109,8 @@ OPTIONS = (
         ("value.schema", "key.schema"),
         "string",
         "derived from the columns",
-        "the schema's JSON text; rows it does not fit fail before anything is written",
+        "the schema's JSON text (Protobuf: the base64 of its FileDescriptorProto); rows it does "
+        "not fit fail before anything is written",
     ),
     SinkOption(
         ("value.subject.name.strategy", "key.subject.name.strategy"),
@@ -122,7 +123,8 @@ OPTIONS = (
         ("value.record.name", "key.record.name"),
         "string",
         "`topLevelRecord`",
-        "the full name of a derived record schema (`com.example.Order`)",
+        "the full name of a derived record schema (`com.example.Order`); Protobuf: the "
+        "message of a given file that has several",
     ),
     SinkOption(
         ("auto.register.schemas",),
