@@ -261,7 +261,7 @@ def test_a_schema_not_registered_without_auto_register_is_a_clear_error(
 def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
     spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
-    """docs/kafka.md, "Avro and JSON Schema with a schema registry": its example as written,
+    """docs/kafka.md, "Avro, JSON Schema and Protobuf with a schema registry": its example,
     with this machine's addresses, fed by confluent-kafka's own Avro serializer."""
     import decimal
     import re
@@ -272,7 +272,7 @@ def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "kafka.md").read_text()
-    section = text.split("### Avro and JSON Schema with a schema registry", 1)[1]
+    section = text.split("### Avro, JSON Schema and Protobuf with a schema registry", 1)[1]
     code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
     source, target = createTopic(kafka_bootstrap, 2, "it-orders"), unique("it-gross")
     replaced = (
@@ -331,6 +331,21 @@ def _produceAvro(
     producer.flush(30)
 
 
+def decoded(spark: Any, bootstrap: str, url: str, topic: str, fmt: str, **extra: str) -> Any:
+    """The twophase.kafka source over ``topic`` from its start, values decoded from ``fmt``."""
+    reader = (
+        spark.readStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("value.format", fmt)
+        .option("schema.registry.url", url)
+    )
+    for key, value in extra.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
 V1 = {"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"}]}
 V2 = {
     "type": "record",
@@ -346,19 +361,9 @@ def test_a_schema_change_mid_stream_is_named_or_read_into_the_given_schema(
     _produceAvro(kafka_bootstrap, schema_registry_url, topic, V1, [{"id": 1}, {"id": 2}])
 
     def start(name: str, **extra: str) -> Any:
-        reader = (
-            spark.readStream.format("twophase.kafka")
-            .option("kafka.bootstrap.servers", kafka_bootstrap)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .option("value.format", "avro")
-            .option("schema.registry.url", schema_registry_url)
-        )
-        for key, value in extra.items():
-            reader = reader.option(key, value)
+        reader = decoded(spark, kafka_bootstrap, schema_registry_url, topic, "avro", **extra)
         return (
-            reader.load()
-            .selectExpr("value.*")
+            reader.selectExpr("value.*")
             .writeStream.format("memory")
             .queryName(name)
             .option("checkpointLocation", str(tmp_path / name))

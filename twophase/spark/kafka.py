@@ -38,7 +38,7 @@ from twophase.sources.kafka import (
     Offsets,
     readRange,
 )
-from twophase.sources.kafka.decoding import AvroDecoder, AvroValues
+from twophase.sources.kafka.decoding import RegistryDecoder, RegistryValues
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.schema import arrowSchemaOf
 from twophase.spark.versions import (
@@ -164,14 +164,14 @@ class KafkaSink(TwoPhaseDataSource):
         once and kept in the options for the tasks."""
         freezeWorkerHeap()
         settings = KafkaSourceSettings.fromOptions(self.options)
-        values = self._avroValues(settings)
+        values = self._registryValues(settings)
         return settings.schema(None if values is None else sparkDdlOf(values.arrowType()))
 
-    def _avroValues(self, settings: KafkaSourceSettings) -> AvroValues | None:
+    def _registryValues(self, settings: KafkaSourceSettings) -> RegistryValues | None:
         resolved = optionOf(self.options, _READER_OPTION)
         if resolved is not None:
-            return AvroValues.fromText(resolved, self.options)
-        values = AvroValues.fromOptions(self.options, settings.subscribe)
+            return RegistryValues.fromText(resolved, self.options)
+        values = RegistryValues.fromOptions(self.options, settings.subscribe)
         if values is not None:
             self.options[_READER_OPTION] = values.toText()
         return values
@@ -181,7 +181,7 @@ class KafkaSink(TwoPhaseDataSource):
         freezeWorkerHeap()
         requireStreamingSources(self.name())
         settings = KafkaSourceSettings.fromOptions(self.options)
-        return KafkaStreamReader(settings, self._avroValues(settings))
+        return KafkaStreamReader(settings, self._registryValues(settings))
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -190,7 +190,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Offsets live in Spark's checkpoint; the source joins no consumer group and commits nothing.
     """
 
-    def __init__(self, settings: KafkaSourceSettings, values: AvroValues | None = None) -> None:
+    def __init__(self, settings: KafkaSourceSettings, values: RegistryValues | None = None) -> None:
         self.settings = settings
         self.planner = KafkaPlanner(settings)
         self.values = values
@@ -231,7 +231,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.values is None:
             yield from readRange(self.settings, r)
             return
-        decoder = AvroDecoder(self.values)
+        decoder = RegistryDecoder(self.values)
         for batch in readRange(self.settings, r):
             yield decoder.decode(batch, f"{r.topic}-{r.partition}")
 

@@ -1,11 +1,11 @@
-"""The Kafka source's Avro values: the reader schema chosen on the driver, and each task's
-records decoded from the registry's wire format into a ``value`` struct column.
+"""The Kafka source's Avro and Protobuf values: the reader schema chosen on the driver, and each
+task's records decoded from the registry's wire format into a ``value`` struct column.
 
 The driver takes the reader schema once, at the query's start: the one ``value.schema`` gives,
 or the latest version of the subject (``value.subject``, default ``<topic>-value``). A record
 written with another schema is decoded into the reader schema when the user gave one (Avro's
-schema resolution), and is otherwise a clear error naming the subject and both schema ids:
-a query's columns do not change while it runs.
+schema resolution; Protobuf's field numbers), and is otherwise a clear error naming the subject
+and both schema ids: a query's columns do not change while it runs.
 """
 
 from __future__ import annotations
@@ -23,12 +23,18 @@ from twophase.schemaregistry.client import byId, latest, registryClient, registr
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sources.kafka.errors import KafkaSourceError
 
+FORMATS = {"avro": avro.KIND, "protobuf": "PROTOBUF"}
+"""The value formats the source decodes, with the registry's schema type of each."""
+
 
 @dataclass(frozen=True)
-class AvroValues:
-    """How a task decodes values: the reader schema, its id (``None`` when given by the user)
-    and the registry to fetch other writers' schemas from."""
+class RegistryValues:
+    """How a task decodes values: the format, the reader schema, its id (``None`` when given by
+    the user) and the registry to fetch other writers' schemas from."""
 
+    format: str
+    recordName: str | None
+    """Protobuf: the message of the file to read (``None``: its first)."""
     subject: str
     readerText: str
     readerId: int | None
@@ -37,67 +43,99 @@ class AvroValues:
     registry: Mapping[str, str] = field(repr=False, hash=False)  # may hold secrets
 
     @classmethod
-    def fromOptions(cls, options: Mapping[str, str], topics: tuple[str, ...]) -> AvroValues | None:
-        """Driver: ``None`` unless ``value.format=avro``; else the reader schema, resolved."""
+    def fromOptions(
+        cls, options: Mapping[str, str], topics: tuple[str, ...]
+    ) -> RegistryValues | None:
+        """Driver: ``None`` for ``value.format=bytes``; else the reader schema, resolved."""
         fmt = (optionOf(options, "value.format") or "bytes").strip().lower()
         if fmt == "bytes":
             return None
-        if fmt != "avro":
+        if fmt not in FORMATS:
             raise TwoPhaseConfigError(
-                f"the kafka source's option value.format={fmt!r} must be bytes or avro "
-                "(jsonschema and protobuf are not decoded by the source yet: read the value as "
-                "bytes and use from_json)"
+                f"the kafka source's option value.format={fmt!r} must be bytes, avro or "
+                "protobuf (jsonschema is not decoded by the source yet: read the value as bytes "
+                "and use from_json)"
             )
         registry = registryConfig(options)
         if registry is None:
             raise TwoPhaseConfigError(
-                "the kafka source's option value.format=avro needs option schema.registry.url"
+                f"the kafka source's option value.format={fmt} needs option schema.registry.url"
             )
         subject = (optionOf(options, "value.subject") or "").strip()
         if not subject:
             if len(topics) != 1:
                 raise TwoPhaseConfigError(
-                    "the kafka source's option value.format=avro reads the subject "
+                    f"the kafka source's option value.format={fmt} reads the subject "
                     "<topic>-value of one subscribed topic; with several topics or a pattern "
                     "set option value.subject"
                 )
             subject = f"{topics[0]}-value"
+        name = (optionOf(options, "value.record.name") or "").strip() or None
         given = (optionOf(options, "value.schema") or "").strip()
         if given:
-            return cls(subject, given, None, None, True, registry)
-        found = latest(registryClient(registry), subject)
-        return cls(subject, found.text, found.schemaId, found.version, False, registry)
+            values = cls(fmt, name, subject, given, None, None, True, registry)
+        else:
+            found = latest(registryClient(registry), subject)
+            if found.kind.upper() != FORMATS[fmt]:
+                raise TwoPhaseConfigError(
+                    f"the kafka source's option value.format={fmt}, but subject {subject!r} "
+                    f"holds a {found.kind} schema: set value.format to match"
+                )
+            values = cls(fmt, name, subject, found.text, found.schemaId, found.version, False,
+                         registry)  # fmt: skip
+        values.arrowType()  # a schema that cannot be read fails here, on the driver
+        return values
 
     def arrowType(self) -> pa.DataType:
         """The ``value`` column's type: every field nullable, as Spark's DDL makes it."""
+        if self.format == "protobuf":
+            from twophase.schemaregistry import protobufs
+
+            return _nullable(protobufs.arrowTypeOf(self.message()[0].DESCRIPTOR))
         return _nullable(avro.arrowTypeOf(json.loads(self.readerText))[0])
+
+    def message(self) -> tuple[Any, int]:
+        """Protobuf: the reader's message class and its index in the file."""
+        from twophase.schemaregistry import protobufs
+
+        where = f"subject {self.subject!r}"
+        return protobufs.messageOf(protobufs.fileFromText(self.readerText, where), self.recordName)
 
     def toText(self) -> str:
         """For the tasks, in an option: everything but the registry settings."""
-        fields = ("subject", "readerText", "readerId", "readerVersion", "given")
+        fields = ("format", "recordName", "subject", "readerText", "readerId", "readerVersion",
+                  "given")  # fmt: skip
         return json.dumps({name: getattr(self, name) for name in fields}, sort_keys=True)
 
     @classmethod
-    def fromText(cls, text: str, options: Mapping[str, str]) -> AvroValues:
+    def fromText(cls, text: str, options: Mapping[str, str]) -> RegistryValues:
         registry = registryConfig(options)
         assert registry is not None
         return cls(**json.loads(text), registry=registry)
 
 
-class AvroDecoder:
+class RegistryDecoder:
     """Executor: a batch's ``value`` column decoded (writers' schemas fetched by id, cached)."""
 
-    def __init__(self, values: AvroValues) -> None:
-        from fastavro import parse_schema
-
+    def __init__(self, values: RegistryValues) -> None:
         self.values = values
-        self.reader = parse_schema(json.loads(values.readerText))
         self.kind = values.arrowType()
         self.writers: dict[int, Any] = {}
+        """Schema id -> how its records are read (a parsed Avro schema; Protobuf: the reader's
+        message, once the writer's schema is known to be the reader's or the user gave one)."""
+        if values.format == "protobuf":
+            from twophase.schemaregistry import protobufs
+
+            self.message, self.index = values.message()
+            self.reader: Any = protobufs.pythonOf(self.message.DESCRIPTOR)
+        else:
+            from fastavro import parse_schema
+
+            self.reader = parse_schema(json.loads(values.readerText))
+        if values.readerId is not None:
+            self.writers[values.readerId] = self.reader
 
     def decode(self, batch: pa.RecordBatch, where: str) -> pa.RecordBatch:
-        from fastavro import schemaless_reader
-
         index = batch.schema.get_field_index("value")
         offsets = batch.column("offset").to_pylist()
         records: list[Any] = []
@@ -112,24 +150,42 @@ class AvroDecoder:
                     "value.format=bytes"
                 )
             writer = self._writer(int.from_bytes(raw[1:5], "big"), where, offset)
-            stream = io.BytesIO(raw)
-            stream.seek(5)
-            reader = self.reader if writer is not self.reader else None
-            records.append(schemaless_reader(stream, writer, reader))
+            records.append(self._one(raw, writer, where, offset))
         decoded = pa.array(records, self.kind)
         return batch.set_column(index, pa.field("value", self.kind), decoded)
 
+    def _one(self, raw: bytes, writer: Any, where: str, offset: int) -> Any:
+        if self.values.format == "avro":
+            from fastavro import schemaless_reader
+
+            stream = io.BytesIO(raw)
+            stream.seek(5)
+            return schemaless_reader(
+                stream, writer, self.reader if writer is not self.reader else None
+            )
+        from google.protobuf.message import DecodeError
+
+        from twophase.schemaregistry import protobufs
+
+        try:
+            indexes, start = protobufs.readIndexes(raw, 5)
+            if indexes != [self.index]:
+                raise ValueError(f"message indexes {indexes}, not [{self.index}]")
+            return self.reader(self.message.FromString(raw[start:]))
+        except (ValueError, DecodeError) as exc:
+            raise KafkaSourceError(
+                f"kafka source: the record at {where} offset {offset} is not a "
+                f"{self.message.DESCRIPTOR.full_name} of subject {self.values.subject!r} ({exc})"
+            ) from None
+
     def _writer(self, schemaId: int, where: str, offset: int) -> Any:
-        if schemaId == self.values.readerId:
-            return self.reader
         found = self.writers.get(schemaId)
         if found is not None:
             return found
-        from fastavro import parse_schema
-
         v = self.values
         writer = byId(registryClient(v.registry), schemaId, v.subject)
-        if not v.given and json.loads(writer.text) != json.loads(v.readerText):
+        same = _sameSchema(v.format, writer.text, v.readerText)
+        if not v.given and not same:
             raise KafkaSourceError(
                 f"kafka source: the record at {where} offset {offset} was written with schema "
                 f"id {schemaId}, but the query reads subject {v.subject!r} with its version "
@@ -137,9 +193,24 @@ class AvroDecoder:
                 "to read with the new schema (its columns change), or give the schema to read "
                 "every version into with option value.schema"
             )
-        parsed = self.reader if json.loads(writer.text) == json.loads(v.readerText) else None
-        self.writers[schemaId] = parsed or parse_schema(json.loads(writer.text))
+        if same or v.format == "protobuf":
+            self.writers[schemaId] = self.reader
+        else:
+            from fastavro import parse_schema
+
+            self.writers[schemaId] = parse_schema(json.loads(writer.text))
         return self.writers[schemaId]
+
+
+def _sameSchema(fmt: str, one: str, other: str) -> bool:
+    if fmt == "protobuf":
+        from twophase.schemaregistry import protobufs
+
+        try:
+            return protobufs.fileFromText(one, "") == protobufs.fileFromText(other, "")
+        except TwoPhaseConfigError:
+            return False
+    return bool(json.loads(one) == json.loads(other))
 
 
 def _nullable(kind: pa.DataType) -> pa.DataType:
