@@ -123,7 +123,7 @@ def test_avro_records_of_the_rows_columns_read_back_with_confluents_deserializer
     assert client.get_versions(f"{topic}-value") == [latest.version]
 
 
-def test_json_schema_records_of_a_value_struct_through_the_data_source(
+def test_json_schema_records_of_a_value_struct_through_the_data_source_and_back(
     spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topic = createTopic(kafka_bootstrap)
@@ -140,9 +140,22 @@ def test_json_schema_records_of_a_value_struct_through_the_data_source(
     )
     query.awaitTermination()
     got = deserialized(kafka_bootstrap, topic, schema_registry_url, "jsonschema")
-    assert [g[1] for g in got] == [
-        {"id": i, "payload": f"payload-{i}", "tags": [f"t{i}", "x"]} for i in range(10)
-    ]
+    want = [{"id": i, "payload": f"payload-{i}", "tags": [f"t{i}", "x"]} for i in range(10)]
+    assert [g[1] for g in got] == want
+    back = (
+        decoded(spark, kafka_bootstrap, schema_registry_url, topic, "jsonschema")
+        .selectExpr("value.*")
+        .writeStream.format("memory")
+        .queryName("json_back")
+        .option("checkpointLocation", str(tmp_path / "read"))
+        .start()
+    )
+    try:
+        back.processAllAvailable()
+    finally:
+        back.stop()
+    read = spark.sql("SELECT id, payload, tags FROM json_back ORDER BY id").collect()
+    assert [r.asDict() for r in read] == want
 
 
 def test_a_given_schema_the_rows_do_not_fit_fails_before_any_record(

@@ -144,3 +144,39 @@ def test_options_are_checked_before_anything_runs() -> None:
         FormatSpec.fromOptions({**base, "value.format": "xml"}, "value")
     with pytest.raises(TwoPhaseConfigError, match="has no schema"):
         FormatSpec.fromOptions({"value.schema": "{}"}, "value")
+
+
+def test_json_schema_records_decode_back_into_their_columns() -> None:
+    """The source's side: the derived schema read back as Arrow types, each row's JSON into
+    them (decimals come back as doubles, as JSON numbers are)."""
+    schema = json.loads(jsonschemas.schemaText(jsonschemas.schemaOf(ROWS.type, "Row")))
+    kind = jsonschemas.arrowTypeOf(schema)
+    read = jsonschemas.pythonOf(kind)
+    texts = jsonschemas.rowTexts(ROWS).to_pylist()
+    decoded = pa.array([None if t is None else read(json.loads(t)) for t in texts], kind)
+    assert sorted(f.name for f in kind) == sorted(ROWS.type.names)
+    for f in ROWS.type:
+        want = ROWS.field(f.name)
+        want = want.cast(pa.float64()) if pa.types.is_decimal(f.type) else want
+        assert decoded.field(f.name).to_pylist() == want.to_pylist(), f.name
+
+
+def test_hand_written_json_schemas_map_to_columns_or_are_named() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": ["integer", "null"]},
+            "note": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+            "any": {},
+            "labels": {"type": "object", "additionalProperties": {"type": "number"}},
+        },
+    }
+    kind = jsonschemas.arrowTypeOf(schema)
+    assert kind == pa.struct([("id", pa.int64()), ("note", pa.string()), ("any", pa.string()),
+                              ("labels", pa.map_(pa.string(), pa.float64()))])  # fmt: skip
+    value = jsonschemas.pythonOf(kind)({"id": 3, "any": {"a": [1]}, "labels": {"x": 1.5}})
+    assert value == {"id": 3, "note": None, "any": '{"a": [1]}', "labels": [("x", 1.5)]}
+    with pytest.raises(TwoPhaseConfigError, match=r"the value.ref uses \$ref"):
+        jsonschemas.arrowTypeOf({"type": "object", "properties": {"ref": {"$ref": "#/x"}}})
+    with pytest.raises(TwoPhaseConfigError, match="one of several types"):
+        jsonschemas.arrowTypeOf({"oneOf": [{"type": "string"}, {"type": "integer"}]})

@@ -1,10 +1,10 @@
-"""The Kafka source's Avro and Protobuf values: the reader schema chosen on the driver, and each
-task's records decoded from the registry's wire format into a ``value`` struct column.
+"""The Kafka source's Avro, Protobuf and JSON Schema values: the reader schema chosen on the
+driver, and each task's records decoded from the registry's wire format into a ``value`` column.
 
 The driver takes the reader schema once, at the query's start: the one ``value.schema`` gives,
 or the latest version of the subject (``value.subject``, default ``<topic>-value``). A record
 written with another schema is decoded into the reader schema when the user gave one (Avro's
-schema resolution; Protobuf's field numbers), and is otherwise a clear error naming the subject
+schema resolution; Protobuf's field numbers; JSON's field names), and is otherwise a clear error naming the subject
 and both schema ids: a query's columns do not change while it runs.
 """
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from twophase.schemaregistry import avro
+from twophase.schemaregistry import avro, jsonschemas
 from twophase.schemaregistry.client import byId, latest, registryClient, registryConfig
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sources.kafka.errors import KafkaSourceError
 
-FORMATS = {"avro": avro.KIND, "protobuf": "PROTOBUF"}
+FORMATS = {"avro": avro.KIND, "protobuf": "PROTOBUF", "jsonschema": jsonschemas.KIND}
 """The value formats the source decodes, with the registry's schema type of each."""
 
 
@@ -52,9 +52,8 @@ class RegistryValues:
             return None
         if fmt not in FORMATS:
             raise TwoPhaseConfigError(
-                f"the kafka source's option value.format={fmt!r} must be bytes, avro or "
-                "protobuf (jsonschema is not decoded by the source yet: read the value as bytes "
-                "and use from_json)"
+                f"the kafka source's option value.format={fmt!r} must be bytes, avro, "
+                "protobuf or jsonschema"
             )
         registry = registryConfig(options)
         if registry is None:
@@ -92,6 +91,8 @@ class RegistryValues:
             from twophase.schemaregistry import protobufs
 
             return _nullable(protobufs.arrowTypeOf(self.message()[0].DESCRIPTOR))
+        if self.format == "jsonschema":
+            return _nullable(jsonschemas.arrowTypeOf(json.loads(self.readerText)))
         return _nullable(avro.arrowTypeOf(json.loads(self.readerText))[0])
 
     def message(self) -> tuple[Any, int]:
@@ -128,6 +129,8 @@ class RegistryDecoder:
 
             self.message, self.index = values.message()
             self.reader: Any = protobufs.pythonOf(self.message.DESCRIPTOR)
+        elif values.format == "jsonschema":
+            self.reader = jsonschemas.pythonOf(self.kind)
         else:
             from fastavro import parse_schema
 
@@ -151,7 +154,14 @@ class RegistryDecoder:
                 )
             writer = self._writer(int.from_bytes(raw[1:5], "big"), where, offset)
             records.append(self._one(raw, writer, where, offset))
-        decoded = pa.array(records, self.kind)
+        try:
+            decoded = pa.array(records, self.kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise KafkaSourceError(
+                f"kafka source: a record at {where} offsets {offsets[0]}-{offsets[-1]} does not "
+                f"fit the value's columns of subject {self.values.subject!r} ({exc}): read the "
+                "value as bytes to see it"
+            ) from None
         return batch.set_column(index, pa.field("value", self.kind), decoded)
 
     def _one(self, raw: bytes, writer: Any, where: str, offset: int) -> Any:
@@ -163,6 +173,14 @@ class RegistryDecoder:
             return schemaless_reader(
                 stream, writer, self.reader if writer is not self.reader else None
             )
+        if self.values.format == "jsonschema":
+            try:
+                return self.reader(json.loads(raw[5:]))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise KafkaSourceError(
+                    f"kafka source: the record at {where} offset {offset} is not JSON of the "
+                    f"schema of subject {self.values.subject!r} ({type(exc).__name__}: {exc})"
+                ) from None
         from google.protobuf.message import DecodeError
 
         from twophase.schemaregistry import protobufs
@@ -193,7 +211,7 @@ class RegistryDecoder:
                 "to read with the new schema (its columns change), or give the schema to read "
                 "every version into with option value.schema"
             )
-        if same or v.format == "protobuf":
+        if same or v.format != "avro":
             self.writers[schemaId] = self.reader
         else:
             from fastavro import parse_schema
