@@ -448,6 +448,22 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
     control.start()
 
 
+@pytest.fixture
+def registry_server(schema_registry_url: str, services_dir: Path) -> Iterator[ServiceControl]:
+    """Control of the schema registry; running again after the test, whatever happened. Its
+    storage is in memory: a restart forgets every schema, so tests freeze it rather than kill."""
+    control = _control(
+        services_dir / "registry.sh",
+        "server",
+        "registry",
+        ["url"],
+        schema_registry_url,
+        f"the registry at {schema_registry_url}",
+    )
+    yield control
+    control.thaw()
+
+
 @pytest.fixture(scope="session")
 def mariadb_url() -> str:
     """The SQLAlchemy URL of the MariaDB of services/mariadb.sh (TWOPHASE_MARIADB_URL)."""

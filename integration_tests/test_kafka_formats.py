@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from integration_tests.conftest import ServiceControl, callsDuringAFreeze
 from integration_tests.spark_processes import sharedSession
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 
@@ -269,6 +270,34 @@ def test_a_schema_not_registered_without_auto_register_is_a_clear_error(
     }
     with pytest.raises(Exception, match=r"not registered under subject .*auto.register.schemas"):
         runOnce(rows(spark, tmp_path, 2), tmp_path, options)
+
+
+def test_a_registry_that_does_not_answer_fails_the_query_on_the_driver_in_bounded_time(
+    spark: Any,
+    kafka_bootstrap: str,
+    schema_registry_url: str,
+    registry_server: ServiceControl,
+    tmp_path: Path,
+) -> None:
+    """The registry frozen (SIGSTOP: connections accepted, never answered): the client's default
+    has no time limit, the sink's does (10 s a request); nothing reaches the topic."""
+    topic = createTopic(kafka_bootstrap)
+    options = {
+        "kafka.bootstrap.servers": kafka_bootstrap,
+        "topic": topic,
+        "value.format": "avro",
+        "value.record.name": "it.twophase.Frozen",
+        "schema.registry.url": schema_registry_url,
+        "schema.registry.max.retries": "0",
+    }
+    outcomes = callsDuringAFreeze(
+        registry_server, {"query": lambda: runOnce(rows(spark, tmp_path, 3), tmp_path, options)}, 90
+    )
+    assert "query" in outcomes, "the query was still blocked on the frozen registry after 90 s"
+    error, seconds = outcomes["query"]
+    assert error is not None and "the registry did not answer" in str(error)
+    assert seconds < 40
+    assert readTopic(kafka_bootstrap, topic, isolation="read_uncommitted") == []
 
 
 def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(

@@ -35,6 +35,10 @@ _NUMBERS = frozenset(
 )  # fmt: skip
 """Settings the client takes as numbers (Spark's options are strings)."""
 
+DEFAULT_TIMEOUT = 10
+"""Seconds a registry request may take when ``schema.registry.timeout`` is not set: the client's
+own default is no limit, so a registry that accepts and never answers would hang the driver."""
+
 _clients: dict[tuple[tuple[str, str], ...], Any] = {}
 _lock = threading.Lock()
 
@@ -66,9 +70,9 @@ def registryClient(config: Mapping[str, str]) -> Any:
         client = _clients.get(key)
         if client is None:
             try:
-                client = SchemaRegistryClient(
-                    {k: _number(k, v) if k in _NUMBERS else v for k, v in config.items()}
-                )
+                settings = {k: _number(k, v) if k in _NUMBERS else v for k, v in config.items()}
+                settings.setdefault("timeout", DEFAULT_TIMEOUT)
+                client = SchemaRegistryClient(settings)
             except (ValueError, TypeError) as exc:
                 raise TwoPhaseConfigError(
                     f"options schema.registry.*: {redact(str(exc))}; the client's settings are "
