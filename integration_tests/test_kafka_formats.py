@@ -388,6 +388,35 @@ def decoded(spark: Any, bootstrap: str, url: str, topic: str, fmt: str, **extra:
     return reader.load()
 
 
+def test_avro_keys_and_values_written_and_read_back_into_columns(
+    spark: Any, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
+) -> None:
+    """key.format and value.format both avro: subjects <topic>-key and <topic>-value on the
+    sink; on the source the key column is the key's type and the value a struct."""
+    topic = createTopic(kafka_bootstrap)
+    frame = rows(spark, tmp_path, 6).selectExpr("id AS key", "struct(id, payload) AS value")
+    formats = {"key.format": "avro", "value.format": "avro"}
+    runOnce(frame, tmp_path, {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic,
+                              "schema.registry.url": schema_registry_url, **formats})  # fmt: skip
+    query = (
+        decoded(
+            spark, kafka_bootstrap, schema_registry_url, topic, "avro", **{"key.format": "avro"}
+        )
+        .selectExpr("key", "value.payload")
+        .writeStream.format("memory")
+        .queryName("avro_keys")
+        .option("checkpointLocation", str(tmp_path / "read"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    read = spark.sql("SELECT key, payload FROM avro_keys ORDER BY key").collect()
+    assert [tuple(r) for r in read] == [(i, f"payload-{i}") for i in range(6)]
+    assert dict(spark.table("avro_keys").dtypes)["key"] == "bigint"
+
+
 V1 = {"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"}]}
 V2 = {
     "type": "record",

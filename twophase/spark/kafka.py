@@ -52,8 +52,9 @@ from twophase.spark.versions import (
 )
 from twophase.spark.worker import freezeWorkerHeap
 
-_READER_OPTION = "twophase.kafka.source.valueReader"
-"""Where the driver leaves the source's resolved Avro reader schema for the tasks."""
+_READER_OPTION = "twophase.kafka.source.{side}Reader"
+"""Where the driver leaves the source's resolved reader schema of a side for the tasks."""
+_SIDES = ("value", "key")
 
 
 def _emptyBatch(schema: pa.Schema) -> pa.RecordBatch:
@@ -160,28 +161,35 @@ class KafkaSink(TwoPhaseDataSource):
 
     def schema(self) -> str:
         """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source);
-        with ``value.format=avro`` the value is a struct of the reader schema, resolved here
-        once and kept in the options for the tasks."""
+        with ``value.format`` (``key.format``) ``avro``, ``protobuf`` or ``jsonschema`` the value
+        (key) is decoded with the reader schema, resolved here once and kept in the options for
+        the tasks."""
         freezeWorkerHeap()
         settings = KafkaSourceSettings.fromOptions(self.options)
-        values = self._registryValues(settings)
-        return settings.schema(None if values is None else sparkDdlOf(values.arrowType()))
+        types = {side: sparkDdlOf(v.arrowType()) for side, v in self._registryValues(settings)}
+        return settings.schema(types.get("value"), types.get("key"))
 
-    def _registryValues(self, settings: KafkaSourceSettings) -> RegistryValues | None:
-        resolved = optionOf(self.options, _READER_OPTION)
-        if resolved is not None:
-            return RegistryValues.fromText(resolved, self.options)
-        values = RegistryValues.fromOptions(self.options, settings.subscribe)
-        if values is not None:
-            self.options[_READER_OPTION] = values.toText()
-        return values
+    def _registryValues(self, settings: KafkaSourceSettings) -> list[tuple[str, RegistryValues]]:
+        found = []
+        for side in _SIDES:
+            option = _READER_OPTION.format(side=side)
+            resolved = optionOf(self.options, option)
+            if resolved is not None:
+                values: RegistryValues | None = RegistryValues.fromText(resolved, self.options)
+            else:
+                values = RegistryValues.fromOptions(self.options, settings.subscribe, side)
+                if values is not None:
+                    self.options[option] = values.toText()
+            if values is not None:
+                found.append((side, values))
+        return found
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """The source: ``spark.readStream.format("twophase.kafka")`` (PySpark 4.2+)."""
         freezeWorkerHeap()
         requireStreamingSources(self.name())
         settings = KafkaSourceSettings.fromOptions(self.options)
-        return KafkaStreamReader(settings, self._registryValues(settings))
+        return KafkaStreamReader(settings, [v for _, v in self._registryValues(settings)])
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -190,11 +198,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Offsets live in Spark's checkpoint; the source joins no consumer group and commits nothing.
     """
 
-    def __init__(self, settings: KafkaSourceSettings, values: RegistryValues | None = None) -> None:
+    def __init__(
+        self, settings: KafkaSourceSettings, values: Sequence[RegistryValues] = ()
+    ) -> None:
         self.settings = settings
         self.planner = KafkaPlanner(settings)
-        self.values = values
-        """``value.format=avro``: how tasks decode the values."""
+        self.values = tuple(values)
+        """How tasks decode the value and the key (none: both stay bytes)."""
 
     def initialOffset(self) -> Offsets:
         return self.planner.initialOffset()
@@ -228,12 +238,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         freezeWorkerHeap()
         r = partition.value
         assert isinstance(r, KafkaRange)
-        if self.values is None:
+        if not self.values:
             yield from readRange(self.settings, r)
             return
-        decoder = RegistryDecoder(self.values)
+        decoders = [RegistryDecoder(v) for v in self.values]
         for batch in readRange(self.settings, r):
-            yield decoder.decode(batch, f"{r.topic}-{r.partition}")
+            for decoder in decoders:
+                batch = decoder.decode(batch, f"{r.topic}-{r.partition}")
+            yield batch
 
 
 __all__ = ["KafkaSink", "KafkaStreamReader"]

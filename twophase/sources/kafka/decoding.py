@@ -1,11 +1,13 @@
-"""The Kafka source's Avro, Protobuf and JSON Schema values: the reader schema chosen on the
-driver, and each task's records decoded from the registry's wire format into a ``value`` column.
+"""The Kafka source's values (and keys) in Avro, Protobuf or JSON Schema: the reader schema
+chosen on the driver, and each task's records decoded from the registry's wire format into a
+column.
 
 The driver takes the reader schema once, at the query's start: the one ``value.schema`` gives,
-or the latest version of the subject (``value.subject``, default ``<topic>-value``). A record
-written with another schema is decoded into the reader schema when the user gave one (Avro's
-schema resolution; Protobuf's field numbers; JSON's field names), and is otherwise a clear error naming the subject
-and both schema ids: a query's columns do not change while it runs.
+or the latest version of the subject (``value.subject``, default ``<topic>-value``; the key's
+likewise). A record written with another schema is decoded into the reader schema when the user
+gave one (Avro's schema resolution; Protobuf's field numbers; JSON's field names), and is
+otherwise a clear error naming the subject and both schema ids: a query's columns do not change
+while it runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class RegistryValues:
     """How a task decodes values: the format, the reader schema, its id (``None`` when given by
     the user) and the registry to fetch other writers' schemas from."""
 
+    side: str
+    """``value`` or ``key``: the column decoded."""
     format: str
     recordName: str | None
     """Protobuf: the message of the file to read (``None``: its first)."""
@@ -44,49 +48,49 @@ class RegistryValues:
 
     @classmethod
     def fromOptions(
-        cls, options: Mapping[str, str], topics: tuple[str, ...]
+        cls, options: Mapping[str, str], topics: tuple[str, ...], side: str = "value"
     ) -> RegistryValues | None:
-        """Driver: ``None`` for ``value.format=bytes``; else the reader schema, resolved."""
-        fmt = (optionOf(options, "value.format") or "bytes").strip().lower()
+        """Driver: ``None`` for ``<side>.format=bytes``; else the reader schema, resolved."""
+        fmt = (optionOf(options, f"{side}.format") or "bytes").strip().lower()
         if fmt == "bytes":
             return None
         if fmt not in FORMATS:
             raise TwoPhaseConfigError(
-                f"the kafka source's option value.format={fmt!r} must be bytes, avro, "
+                f"the kafka source's option {side}.format={fmt!r} must be bytes, avro, "
                 "protobuf or jsonschema"
             )
         registry = registryConfig(options)
         if registry is None:
             raise TwoPhaseConfigError(
-                f"the kafka source's option value.format={fmt} needs option schema.registry.url"
+                f"the kafka source's option {side}.format={fmt} needs option schema.registry.url"
             )
-        subject = (optionOf(options, "value.subject") or "").strip()
+        subject = (optionOf(options, f"{side}.subject") or "").strip()
         if not subject:
             if len(topics) != 1:
                 raise TwoPhaseConfigError(
-                    f"the kafka source's option value.format={fmt} reads the subject "
-                    "<topic>-value of one subscribed topic; with several topics or a pattern "
-                    "set option value.subject"
+                    f"the kafka source's option {side}.format={fmt} reads the subject "
+                    f"<topic>-{side} of one subscribed topic; with several topics or a pattern "
+                    f"set option {side}.subject"
                 )
-            subject = f"{topics[0]}-value"
-        name = (optionOf(options, "value.record.name") or "").strip() or None
-        given = (optionOf(options, "value.schema") or "").strip()
+            subject = f"{topics[0]}-{side}"
+        name = (optionOf(options, f"{side}.record.name") or "").strip() or None
+        given = (optionOf(options, f"{side}.schema") or "").strip()
         if given:
-            values = cls(fmt, name, subject, given, None, None, True, registry)
+            values = cls(side, fmt, name, subject, given, None, None, True, registry)
         else:
             found = latest(registryClient(registry), subject)
             if found.kind.upper() != FORMATS[fmt]:
                 raise TwoPhaseConfigError(
-                    f"the kafka source's option value.format={fmt}, but subject {subject!r} "
-                    f"holds a {found.kind} schema: set value.format to match"
+                    f"the kafka source's option {side}.format={fmt}, but subject {subject!r} "
+                    f"holds a {found.kind} schema: set {side}.format to match"
                 )
-            values = cls(fmt, name, subject, found.text, found.schemaId, found.version, False,
+            values = cls(side, fmt, name, subject, found.text, found.schemaId, found.version, False,
                          registry)  # fmt: skip
         values.arrowType()  # a schema that cannot be read fails here, on the driver
         return values
 
     def arrowType(self) -> pa.DataType:
-        """The ``value`` column's type: every field nullable, as Spark's DDL makes it."""
+        """The decoded column's type: every field nullable, as Spark's DDL makes it."""
         if self.format == "protobuf":
             from twophase.schemaregistry import protobufs
 
@@ -104,8 +108,8 @@ class RegistryValues:
 
     def toText(self) -> str:
         """For the tasks, in an option: everything but the registry settings."""
-        fields = ("format", "recordName", "subject", "readerText", "readerId", "readerVersion",
-                  "given")  # fmt: skip
+        fields = ("side", "format", "recordName", "subject", "readerText", "readerId",
+                  "readerVersion", "given")  # fmt: skip
         return json.dumps({name: getattr(self, name) for name in fields}, sort_keys=True)
 
     @classmethod
@@ -116,7 +120,8 @@ class RegistryValues:
 
 
 class RegistryDecoder:
-    """Executor: a batch's ``value`` column decoded (writers' schemas fetched by id, cached)."""
+    """Executor: a batch's ``value`` (or ``key``) column decoded (writers' schemas fetched by
+    id, cached)."""
 
     def __init__(self, values: RegistryValues) -> None:
         self.values = values
@@ -139,7 +144,8 @@ class RegistryDecoder:
             self.writers[values.readerId] = self.reader
 
     def decode(self, batch: pa.RecordBatch, where: str) -> pa.RecordBatch:
-        index = batch.schema.get_field_index("value")
+        side = self.values.side
+        index = batch.schema.get_field_index(side)
         offsets = batch.column("offset").to_pylist()
         records: list[Any] = []
         for raw, offset in zip(batch.column(index).to_pylist(), offsets, strict=True):
@@ -148,9 +154,9 @@ class RegistryDecoder:
                 continue
             if len(raw) < 5 or raw[0] != 0:
                 raise KafkaSourceError(
-                    f"kafka source: the record at {where} offset {offset} is not in the schema "
-                    "registry's wire format (no magic byte 0 and schema id): read it with "
-                    "value.format=bytes"
+                    f"kafka source: the {side} of the record at {where} offset {offset} is not "
+                    "in the schema registry's wire format (no magic byte 0 and schema id): read "
+                    f"it with {side}.format=bytes"
                 )
             writer = self._writer(int.from_bytes(raw[1:5], "big"), where, offset)
             records.append(self._one(raw, writer, where, offset))
@@ -159,10 +165,10 @@ class RegistryDecoder:
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise KafkaSourceError(
                 f"kafka source: a record at {where} offsets {offsets[0]}-{offsets[-1]} does not "
-                f"fit the value's columns of subject {self.values.subject!r} ({exc}): read the "
+                f"fit the {side}'s columns of subject {self.values.subject!r} ({exc}): read the "
                 "value as bytes to see it"
             ) from None
-        return batch.set_column(index, pa.field("value", self.kind), decoded)
+        return batch.set_column(index, pa.field(side, self.kind), decoded)
 
     def _one(self, raw: bytes, writer: Any, where: str, offset: int) -> Any:
         if self.values.format == "avro":
@@ -209,7 +215,7 @@ class RegistryDecoder:
                 f"id {schemaId}, but the query reads subject {v.subject!r} with its version "
                 f"{v.readerVersion} (id {v.readerId}), taken when it started. Restart the query "
                 "to read with the new schema (its columns change), or give the schema to read "
-                "every version into with option value.schema"
+                f"every version into with option {v.side}.schema"
             )
         if same or v.format != "avro":
             self.writers[schemaId] = self.reader

@@ -148,13 +148,14 @@ class KafkaSourceSettings:
     def readCommitted(self) -> bool:
         return self.consumerConfig["isolation.level"] == "read_committed"
 
-    def schema(self, valueType: str | None = None) -> str:
-        """Spark's DDL of the columns; ``valueType`` replaces ``value``'s (a decoded value)."""
-        base = (
-            BASE_SCHEMA
-            if valueType is None
-            else BASE_SCHEMA.replace("value binary", f"value {valueType}")
-        )
+    def schema(self, valueType: str | None = None, keyType: str | None = None) -> str:
+        """Spark's DDL of the columns; ``valueType`` and ``keyType`` replace the binary type of
+        ``value`` and ``key`` (decoded from a registry format)."""
+        base = BASE_SCHEMA
+        if valueType is not None:
+            base = base.replace("value binary", f"value {valueType}")
+        if keyType is not None:
+            base = base.replace("key binary", f"key {keyType}")
         return f"{base}, {HEADERS_SCHEMA}" if self.includeHeaders else base
 
     def describeSubscription(self) -> str:
