@@ -142,3 +142,22 @@ def test_maps_are_written_in_key_order_so_a_replay_writes_the_same_bytes() -> No
     first, second = encoder(text).encode(one)[0][0], encoder(text).encode(other)[0][0]
     assert first == second
     assert cls.FromString(first.as_py()[6:]).m == {"a": 1, "b": 2, "c": 3}
+
+
+def test_maps_and_arrays_of_structs_and_nested_names_that_would_clash() -> None:
+    kind = pa.struct([
+        ("m", pa.map_(pa.string(), pa.struct([("a", pa.int64())]))),
+        ("l", pa.list_(pa.struct([("b", pa.string())]))),
+        ("my_field", pa.struct([("x", pa.int32())])), ("My_field", pa.struct([("y", pa.int32())])),
+    ])  # fmt: skip
+    text, cls = derived(kind)
+    row = {"m": [("k", {"a": 1})], "l": [{"b": "z"}], "my_field": {"x": 1}, "My_field": {"y": 2}}
+    out, failed = encoder(text).encode(pa.array([row], kind))
+    assert failed == {}
+    message = cls.FromString(out[0].as_py()[6:])
+    assert (message.m["k"].a, message.l[0].b, message.my_field.x, message.My_field.y) == (
+        1, "z", 1, 2,
+    )  # fmt: skip
+    clash = pa.struct([("my_field", pa.int32()), ("myField", pa.int32())])
+    with pytest.raises(TwoPhaseConfigError, match=r"duplicate json_name.*Rename the columns"):
+        derived(clash)

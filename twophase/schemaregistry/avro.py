@@ -128,7 +128,7 @@ def pythonValues(column: pa.Array) -> list[Any]:
     if target != column.type:
         column = column.cast(_inMicros(column.type)).cast(target)
     values = column.to_pylist()
-    return _mapsAsDicts(values, target) if _hasMap(target) else values
+    return mapsAsDicts(values, target) if hasMap(target) else values
 
 
 def _inMicros(kind: pa.DataType) -> pa.DataType:
@@ -146,7 +146,7 @@ def _inMicros(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def _hasMap(kind: pa.DataType) -> bool:
+def hasMap(kind: pa.DataType) -> bool:
     return any(pa.types.is_map(k) for k in _types(kind))
 
 
@@ -161,7 +161,8 @@ def _types(kind: pa.DataType) -> Iterator[pa.DataType]:
             yield from _types(f.type)
 
 
-def _mapsAsDicts(values: list[Any], kind: pa.DataType) -> list[Any]:
+def mapsAsDicts(values: list[Any], kind: pa.DataType) -> list[Any]:
+    """Python values of Arrow type ``kind`` with every map as a dict (Arrow gives pairs)."""
     return [_mapAsDict(v, kind) for v in values]
 
 

@@ -299,6 +299,8 @@ class Encoder:
 
         target = protobufs.messageType(column.type)
         rows = (column if target == column.type else column.cast(target, safe=False)).to_pylist()
+        if avro.hasMap(target):  # a map of messages takes a dict only
+            rows = avro.mapsAsDicts(rows, target)
         serialize, header = protobufs.serializer(self._message, column.type), self.header
         out: list[bytes | None] = []
         failed: dict[int, str] = {}

@@ -69,7 +69,7 @@ def _message(
         field = message.field.add(name=f.name, number=number, label=F.LABEL_OPTIONAL)
         kind = f.type
         if pa.types.is_map(kind):
-            entry = message.nested_type.add(name=_typeName(f.name) + "Entry")
+            entry = message.nested_type.add(name=_typeName(message, f.name, "Entry"))
             entry.options.map_entry = True
             entryPath = f"{path}.{entry.name}"
             key, value = pa.field("key", kind.key_type), pa.field("value", kind.item_type)
@@ -88,7 +88,7 @@ def _message(
                 )
             field.label, kind = F.LABEL_REPEATED, kind.value_type
         if pa.types.is_struct(kind):
-            nested = message.nested_type.add(name=_typeName(f.name))
+            nested = message.nested_type.add(name=_typeName(message, f.name))
             field.type, field.type_name = F.TYPE_MESSAGE, f"{path}.{nested.name}"
             _message(nested, field.type_name, list(kind), file)
         elif pa.types.is_timestamp(kind):
@@ -125,8 +125,15 @@ def _scalar(kind: pa.DataType, name: str) -> int:
     )
 
 
-def _typeName(field: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in field.split("_") if part) or "Value"
+def _typeName(message: descriptor_pb2.DescriptorProto, field: str, suffix: str = "") -> str:
+    """A nested type's name for ``field`` (``line_items`` -> ``LineItems``), unique in
+    ``message``."""
+    base = "".join(part[:1].upper() + part[1:] for part in field.split("_") if part) or "Value"
+    taken = {t.name for t in message.nested_type}
+    name, n = base + suffix, 2
+    while name in taken:
+        name, n = f"{base}{n}{suffix}", n + 1
+    return name
 
 
 def _isList(kind: pa.DataType) -> bool:
@@ -160,7 +167,13 @@ def messageOf(file: descriptor_pb2.FileDescriptorProto, name: str | None) -> tup
     index among the file's top-level messages, as the wire format's message indexes count."""
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(file)
+    try:
+        pool.Add(file)
+    except (TypeError, ValueError) as exc:  # what protoc would refuse: clashing names, ...
+        raise TwoPhaseConfigError(
+            f"the Protobuf schema of message(s) {', '.join(m.name for m in file.message_type)} "
+            f"is not valid: {exc}. Rename the columns (or fix the given schema)"
+        ) from None
     prefix = f"{file.package}." if file.package else ""
     names = [prefix + m.name for m in file.message_type]
     if name is None and len(names) > 1:
