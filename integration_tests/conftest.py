@@ -450,8 +450,7 @@ def postgres_server(pg_url: str, services_dir: Path) -> Iterator[ServiceControl]
 
 @pytest.fixture
 def registry_server(schema_registry_url: str, services_dir: Path) -> Iterator[ServiceControl]:
-    """Control of the schema registry; running again after the test, whatever happened. Its
-    storage is in memory: a restart forgets every schema, so tests freeze it rather than kill."""
+    """Control of the schema registry; running again after the test, whatever happened."""
     control = _control(
         services_dir / "registry.sh",
         "server",
@@ -462,6 +461,7 @@ def registry_server(schema_registry_url: str, services_dir: Path) -> Iterator[Se
     )
     yield control
     control.thaw()
+    control.start()
 
 
 @pytest.fixture(scope="session")

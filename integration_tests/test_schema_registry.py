@@ -33,6 +33,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
+from integration_tests.conftest import ServiceControl
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 
 FieldType = descriptor_pb2.FieldDescriptorProto
@@ -167,6 +168,23 @@ def test_registering_the_same_schema_twice_returns_the_same_id(
     latest = again.get_latest_version(subject)
     assert (latest.schema_id, latest.version) == (first, 1)
     assert again.lookup_schema(subject, Schema(text, kind)).schema_id == first
+
+
+def test_schemas_and_ids_survive_a_killed_registry(
+    schema_registry_url: str, registry_server: ServiceControl
+) -> None:
+    """SIGKILL and start again: a record's schema id must keep naming the same schema, and new
+    ids must not reuse old ones (the registry's storage is a file, written at once)."""
+    subject = unique("it-durable") + "-value"
+    first = SchemaRegistryClient({"url": schema_registry_url})
+    schemaId = first.register_schema(subject, Schema(AVRO_ORDER, "AVRO"))
+    registry_server.kill()
+    registry_server.start()
+    after = SchemaRegistryClient({"url": schema_registry_url})  # no cached answers
+    assert json.loads(after.get_schema(schemaId).schema_str) == json.loads(AVRO_ORDER)
+    assert after.get_latest_version(subject).schema_id == schemaId
+    other = json.dumps({"type": "record", "name": "Other", "fields": []})
+    assert after.register_schema(unique("it-durable") + "-value", Schema(other, "AVRO")) > schemaId
 
 
 def test_avro_records_through_kafka(

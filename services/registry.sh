@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A schema registry on 127.0.0.1 (Apicurio Registry, in-memory storage) that speaks the
+# A schema registry on 127.0.0.1 (Apicurio Registry, stored in an H2 file) that speaks the
 # Confluent Schema Registry REST API at /apis/ccompat/v7, for the Kafka sink's and source's
 # Avro, JSON Schema and Protobuf formats. Needs Java 17+ and Maven (first run only, to fetch the
 # registry's distribution from Maven Central by its coordinates).
 #
-#   services/registry.sh up            start a registry on a free port (a restart starts empty:
-#                                      the storage is in memory)
+#   services/registry.sh up            start a registry on a free port (its schemas and ids are
+#                                      kept in the state directory across restarts and kills)
 #   services/registry.sh down          stop it and delete its state
 #   services/registry.sh status        exit 0 when it is running
 #   services/registry.sh url           print the Confluent-compatible API's base URL
@@ -77,13 +77,16 @@ svc_create() { new_port; }
 svc_load() { load_port; }
 svc_ports() { echo "$PORT"; }
 
-# svc_launch: the registry on the state's port, bound to 127.0.0.1, storage in memory.
+# svc_launch: the registry on the state's port, bound to 127.0.0.1, its storage an H2 database
+# file in the state (Apicurio's default is in memory: a restart would forget every schema and
+# number ids from 1 again, so records already written would name other schemas).
 svc_launch() {
     # shellcheck disable=SC2086 # the heap options are several words
     start_background "$SERVER_LOG" "$STATE/pid" "$JAVA" $TWOPHASE_APICURIO_HEAP_OPTS \
         -Dtwophase.state="$STATE" \
         -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$PORT" \
         -Dquarkus.log.level=WARN -Dquarkus.log.category.\"io.apicurio\".level=WARN \
+        -Dapicurio.datasource.url="jdbc:h2:file:$STATE/data/registry;DB_CLOSE_ON_EXIT=FALSE;WRITE_DELAY=0" \
         -jar "$JAR"
     log "Apicurio Registry $VERSION starting on 127.0.0.1:$PORT (pid $STARTED_PID)"
 }
