@@ -43,7 +43,7 @@ def fileOf(kind: pa.DataType, recordName: str) -> descriptor_pb2.FileDescriptorP
         if not _NAME.fullmatch(part):
             raise TwoPhaseConfigError(
                 f"{recordName!r} is not a Protobuf message name (letters, digits and _, dots "
-                "between the package's parts): set option value.record.name"
+                "between the package's parts): set option value.record.name (key.record.name)"
             )
     file = descriptor_pb2.FileDescriptorProto(
         name=f"{recordName.replace('.', '/')}.proto", package=package, syntax="proto3"
@@ -179,13 +179,13 @@ def messageOf(file: descriptor_pb2.FileDescriptorProto, name: str | None) -> tup
     if name is None and len(names) > 1:
         raise TwoPhaseConfigError(
             f"the Protobuf schema has several messages ({', '.join(names)}): choose the one "
-            "the records hold with option value.record.name"
+            "the records hold with option value.record.name (key.record.name)"
         )
     chosen = names[0] if name is None else name
     if chosen not in names:
         raise TwoPhaseConfigError(
             f"the Protobuf schema has no top-level message {chosen!r} (it has "
-            f"{', '.join(names)}): set option value.record.name to one of them"
+            f"{', '.join(names)}): set option value.record.name (key.record.name) to one of them"
         )
     found = pool.FindMessageTypeByName(chosen)
     return message_factory.GetMessageClass(found), names.index(chosen)
