@@ -164,6 +164,11 @@ bench-postgres: .venv
 bench-kafka: .venv
 	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka
 
+# twophase.kafka's Avro against serializing in a pandas UDF before Spark's Kafka sink (after `make services`).
+.PHONY: bench-kafka-avro
+bench-kafka-avro: .venv
+	set -a; . ./.services.env; set +a; $(VENV)/bin/python -m bench.kafka_avro $(KAFKA_AVRO_ARGS)
+
 # twophase.multi (PostgreSQL + Kafka in one query) against the two sinks as separate queries and
 # Spark's noop sink (after `make services`); see docs/multi.md.
 .PHONY: bench-multi
