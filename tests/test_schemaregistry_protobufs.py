@@ -161,3 +161,20 @@ def test_maps_and_arrays_of_structs_and_nested_names_that_would_clash() -> None:
     clash = pa.struct([("my_field", pa.int32()), ("myField", pa.int32())])
     with pytest.raises(TwoPhaseConfigError, match=r"duplicate json_name.*Rename the columns"):
         derived(clash)
+
+
+def test_timestamps_are_the_same_bytes_as_from_datetimes_before_and_after_1970() -> None:
+    kind = pa.struct([("at", pa.timestamp("us", "UTC")), ("n", pa.int64())])
+    moments = [
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        dt.datetime(1900, 1, 1, 0, 0, 0, 1, tzinfo=dt.UTC),
+        dt.datetime(2024, 2, 29, 12, 0, 0, 500000, tzinfo=dt.UTC),
+        None,
+    ]
+    text, cls = derived(kind)
+    out, failed = encoder(text).encode(pa.array([{"at": m, "n": 1} for m in moments], kind))
+    assert failed == {}
+    for framed, moment in zip(out.to_pylist(), moments, strict=True):
+        assert framed[6:] == cls(at=moment, n=1).SerializeToString(deterministic=True)
+    alone, _ = encoder(derived(kind.field("at").type)[0]).encode(pa.array(moments, kind[0].type))
+    assert alone.to_pylist()[3] is None and alone.to_pylist()[0] is not None

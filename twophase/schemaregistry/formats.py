@@ -297,10 +297,7 @@ class Encoder:
     def _protobuf(self, column: pa.Array) -> tuple[list[bytes | None], dict[int, str]]:
         from twophase.schemaregistry import protobufs
 
-        target = protobufs.messageType(column.type)
-        rows = (column if target == column.type else column.cast(target, safe=False)).to_pylist()
-        if avro.hasMap(target):  # a map of messages takes a dict only
-            rows = avro.mapsAsDicts(rows, target)
+        rows = protobufs.pythonRows(column)
         serialize, header = protobufs.serializer(self._message, column.type), self.header
         out: list[bytes | None] = []
         failed: dict[int, str] = {}

@@ -309,6 +309,49 @@ def messageType(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
+def pythonRows(column: pa.Array) -> list[Any]:
+    """The column's values as a message constructor takes them (``messageType``), a record's
+    own timestamps as ``{"seconds", "nanos"}`` built by Arrow kernels: a ``datetime`` per value
+    costs more than the rest of the row (nested ones stay ``datetime``)."""
+    target = messageType(column.type)
+    if target != column.type:
+        column = column.cast(target, safe=False)
+    if pa.types.is_struct(target) and any(pa.types.is_timestamp(f.type) for f in target):
+        parts = column.flatten()
+        fields = [
+            (pa.field(f.name, _TIMESTAMP_PARTS), _timestampParts(part))
+            if pa.types.is_timestamp(f.type)
+            else (f, part)
+            for f, part in zip(target, parts, strict=True)
+        ]
+        column = pa.StructArray.from_arrays(
+            [a for _, a in fields], fields=[f for f, _ in fields], mask=column.is_null()
+        )
+    elif pa.types.is_timestamp(target):
+        column = _timestampParts(column)
+    rows = column.to_pylist()
+    from twophase.schemaregistry.avro import hasMap, mapsAsDicts
+
+    return mapsAsDicts(rows, column.type) if hasMap(column.type) else rows
+
+
+_TIMESTAMP_PARTS = pa.struct([("seconds", pa.int64()), ("nanos", pa.int32())])
+
+
+def _timestampParts(column: pa.Array) -> pa.Array:
+    """Microsecond timestamps as ``google.protobuf.Timestamp``'s fields (nanos in 0..999999999,
+    seconds rounded down, also before 1970)."""
+    import pyarrow.compute as pc
+
+    micros = pc.cast(column, pa.int64())
+    below = pc.if_else(pc.less(micros, 0), pa.scalar(999_999, pa.int64()), pa.scalar(0, pa.int64()))
+    seconds = pc.divide(pc.subtract(micros, below), pa.scalar(1_000_000, pa.int64()))
+    nanos = pc.multiply(pc.subtract(micros, pc.multiply(seconds, 1_000_000)), 1_000)
+    return pa.StructArray.from_arrays(
+        [seconds, pc.cast(nanos, pa.int32())], fields=list(_TIMESTAMP_PARTS), mask=column.is_null()
+    )
+
+
 def serializer(cls: Any, kind: pa.DataType) -> Callable[[Any], bytes]:
     """One value (as ``messageType(kind)``'s Python value) to the message's bytes, maps in key
     order, so that a replay of a batch writes the same bytes."""
