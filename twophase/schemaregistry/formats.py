@@ -295,10 +295,10 @@ class Encoder:
         return out, failed
 
     def _protobuf(self, column: pa.Array) -> tuple[list[bytes | None], dict[int, str]]:
-        from twophase.schemaregistry import protobufs
+        from twophase.schemaregistry import protobufrows
 
-        rows = protobufs.pythonRows(column)
-        serialize, header = protobufs.serializer(self._message, column.type), self.header
+        rows = protobufrows.pythonRows(column)
+        serialize, header = protobufrows.serializer(self._message, column.type), self.header
         out: list[bytes | None] = []
         failed: dict[int, str] = {}
         for i, row in enumerate(rows):
@@ -308,7 +308,7 @@ class Encoder:
             try:
                 out.append(header + serialize(row))
             except (TypeError, ValueError) as exc:
-                failed[i] = protobufs.whyRefused(self._message, row, column.type, exc)
+                failed[i] = protobufrows.whyRefused(self._message, row, column.type, exc)
                 out.append(None)
         return out, failed
 
