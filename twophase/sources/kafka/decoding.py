@@ -125,20 +125,22 @@ class RegistryDecoder:
 
     def __init__(self, values: RegistryValues) -> None:
         self.values = values
-        self.kind = values.arrowType()
         self.writers: dict[int, Any] = {}
         """Schema id -> how its records are read (a parsed Avro schema; Protobuf: the reader's
         message, once the writer's schema is known to be the reader's or the user gave one)."""
         if values.format == "protobuf":
             from twophase.schemaregistry import protobufs
 
-            self.message, self.index = values.message()
+            self.message, self.index = values.message()  # built once: the type comes from it
+            self.kind = _nullable(protobufs.arrowTypeOf(self.message.DESCRIPTOR))
             self.reader: Any = protobufs.pythonOf(self.message.DESCRIPTOR)
         elif values.format == "jsonschema":
+            self.kind = values.arrowType()
             self.reader = jsonschemas.pythonOf(self.kind)
         else:
             from fastavro import parse_schema
 
+            self.kind = values.arrowType()
             self.reader = parse_schema(json.loads(values.readerText))
         if values.readerId is not None:
             self.writers[values.readerId] = self.reader
