@@ -30,6 +30,13 @@ count includes the batches that deliver the backlog after production ends, and i
 ``--seconds``. Spark's path is not transactional: no markers. Batches/s: micro-batches ended
 while the producer ran, from the query's batch ids.
 
+Where a batch's time goes: the medians, over the batches that started in the measured window
+and read rows, of Spark's own progress figures (``durationMs``: the trigger's whole execution,
+the source's ``latestOffset``, ``getBatch`` with query planning, ``addBatch`` (the sink; for
+twophase the whole ``foreachBatch``: the tasks and the driver's decision and commit), and the
+offset and commit logs' writes), and for twophase the decision log's own figures of the same
+batches (the tasks' prepare, the decision's write, the transactions' commit).
+
 The lowest rate doubles as the light-rate latency check (twophase's p50 and p95 at most Spark's
 plus 50 ms). Writes ``bench/results/kafka-sustained.{md,csv}``; asserts nothing.
 """
@@ -44,13 +51,14 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import kafka as kb
 from bench._common import REPO, bootstrapServers, markdownTable, ratio, writeCsv
 from bench.latency import warmUp
+from bench.phases import collect, phases, phaseTable
 from bench.session import benchSession, log
 
 PATHS = ("twophase", "spark")
@@ -195,6 +203,8 @@ class Run:
     repeated: int = 0
     batches: int = 0
     error: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Median milliseconds a batch spends in each phase (``PHASES``, then twophase's ``LOGGED``)."""
 
     @property
     def holds(self) -> bool:
@@ -229,7 +239,13 @@ def startQuery(spark: Any, path: str, bootstrap: str, source: str, sink: str, wo
         .selectExpr("value")
     )
     if path == "twophase":
-        options = {"kafka.bootstrap.servers": bootstrap, "topic": sink, "checkpointLocation": ckpt}
+        options = {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": sink,
+            "checkpointLocation": ckpt,
+            "twophase.logLocation": logLocation(work, sink),
+            "logRetentionBatches": "100000",  # every measured batch's figures stay readable
+        }
         writer = frame.writeStream.foreachBatch(twophase.foreachBatch("twophase.kafka", options))
     else:
         writer = (
@@ -239,6 +255,10 @@ def startQuery(spark: Any, path: str, bootstrap: str, source: str, sink: str, wo
             .option("checkpointLocation", ckpt)
         )
     return writer.trigger(processingTime="1 second").start()
+
+
+def logLocation(work: Path, sink: str) -> str:
+    return str(work / f"log-{sink}")
 
 
 def batchId(query: Any) -> int:
@@ -261,11 +281,17 @@ def measure(spark: Any, bootstrap: str, path: str, rate: int, seconds: float, wo
     end = start + seconds
     producer = Producer(bootstrap, source, rate, start, end)
     reader = Reader(bootstrap, sink, start + min(30.0, seconds / 4), end, int(rate * seconds) + 1)
+    progress: dict[int, dict[str, Any]] = {}
+    lastCollected = time.time()
     try:
         reader.start()
         producer.start()
         while time.time() < end and query.isActive:
             time.sleep(0.2)
+            if time.time() - lastCollected > 20:
+                collect(query, progress)
+                lastCollected = time.time()
+        collect(query, progress)
         run.batches = batchId(query) - firstBatch
         if query.exception() is not None:
             run.error = str(query.exception()).splitlines()[0][:160]
@@ -288,6 +314,9 @@ def measure(spark: Any, bootstrap: str, path: str, rate: int, seconds: float, wo
     run.worst = reader.worst / 1000 if reader.inWindow else float("nan")
     run.keptUp = ratio(reader.seenByEnd, producer.producedBefore)
     run.markers = endOffsets(bootstrap, sink) - reader.read
+    measured = start + min(30.0, seconds / 4)
+    logged = logLocation(work, sink) if path == "twophase" else None
+    run.phases = phases(progress, measured, end, logged)
     kb.deleteTopics(bootstrap, [source, sink])
     return run
 
@@ -329,6 +358,11 @@ def report(runs: list[Run], out: Path, title: str) -> str:
                 f"{fmt(two.p95)} s, Spark's own {fmt(own.p50)} / {fmt(own.p95)} s; within "
                 f"Spark's + 50 ms: {'yes' if met else 'no'}."
             )
+    breakdown = phaseTable([(f"{r.rate:,}", r.path, r.phases) for r in runs])
+    summary.append(
+        "Where a batch's time goes (medians over the measured batches that read rows; Spark's "
+        "progress durationMs, and twophase's decision log):\n\n" + breakdown
+    )
     text = f"{table}\n\n" + "\n\n".join(summary)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kafka-sustained.md").write_text(f"# Kafka -> Kafka, sustained\n\n{title}\n\n{text}\n")

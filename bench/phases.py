@@ -1,0 +1,73 @@
+"""Where a streaming query's micro-batch spends its time: Spark's progress and twophase's log.
+
+Spark's ``StreamingQueryProgress.durationMs`` splits a trigger into the source's offsets, the
+planning, the sink (``addBatch``: for ``twophase.foreachBatch`` the tasks and the driver's
+decision and commit) and the offset logs; twophase's decision log adds its own figures of the
+same batch. Medians over the batches of a window, so a bench can say where a difference goes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bench._common import markdownTable
+
+PHASES = {
+    "trigger": ("triggerExecution",),
+    "latestOffset": ("latestOffset",),
+    "planning": ("getBatch", "queryPlanning"),
+    "addBatch": ("addBatch",),
+    "offset logs": ("walCommit", "commitOffsets"),
+}
+"""A column of the breakdown: the sum of these ``durationMs`` keys of Spark's progress."""
+LOGGED = {"prepare": "prepareSeconds", "decision": "decisionSeconds", "commit": "commitSeconds"}
+"""Twophase's columns: these figures of the decision log, per batch."""
+
+
+def collect(query: Any, progress: dict[int, dict[str, Any]]) -> None:
+    """Keep the query's recent progress reports by batch id (Spark keeps only the last 100)."""
+    for report in query.recentProgress:
+        progress[int(report["batchId"])] = report
+
+
+def phases(
+    progress: dict[int, dict[str, Any]], measured: float, end: float, logUrl: str | None
+) -> dict[str, float]:
+    """Median ms per phase of the batches that started in ``[measured, end]`` and read rows."""
+    chosen = []
+    for batch, report in sorted(progress.items()):
+        began = datetime.fromisoformat(report["timestamp"].replace("Z", "+00:00")).timestamp()
+        if measured <= began <= end and report.get("numInputRows", 0) > 0:
+            chosen.append((batch, report.get("durationMs", {})))
+    found: dict[str, list[float]] = {name: [] for name in PHASES}
+    for _, durations in chosen:
+        for name, keys in PHASES.items():
+            found[name].append(float(sum(durations.get(k, 0) for k in keys)))
+    if logUrl is not None:
+        from twophase.coordinator.log import DecisionLog
+
+        decisions = DecisionLog(logUrl)
+        for name in LOGGED:
+            found[name] = []
+        for batch, _ in chosen:
+            figures = decisions.figures(batch)
+            for name, attr in LOGGED.items():
+                value = getattr(figures, attr, None) if figures is not None else None
+                if value is not None:
+                    found[name].append(value * 1000)
+    return {name: statistics.median(values) for name, values in found.items() if values}
+
+
+def phaseTable(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> str:
+    """A markdown table: a rate and a path, then each phase's median ms (``-`` if not known)."""
+    names = [*PHASES, *LOGGED]
+    return markdownTable(
+        ["rate (rows/s)", "path", *(f"{n} (ms)" for n in names)],
+        [
+            [rate, path, *(f"{f[n]:.0f}" if n in f else "-" for n in names)]
+            for rate, path, f in rows
+        ],
+    )
