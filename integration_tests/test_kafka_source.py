@@ -24,6 +24,7 @@ from twophase.sources.kafka import (
     KafkaSourceError,
     KafkaSourceSettings,
     readRange,
+    readRanges,
 )
 
 
@@ -35,9 +36,10 @@ def reader(bootstrap: str, topics: str, **options: str) -> KafkaPlanner:
 
 
 def readAll(r: KafkaPlanner, start: dict[str, Any], end: dict[str, Any]) -> list[dict]:
+    """What a batch's tasks read: each group of ranges the planner chose, as Spark's reader."""
     rows: list[dict] = []
-    for part in r.partitions(start, end):
-        for batch in readRange(r.settings, part):
+    for group in r.groups(start, end):
+        for _, batch in readRanges(r.settings, group):
             rows.extend(batch.to_pylist())
     return rows
 
@@ -116,6 +118,62 @@ def test_an_open_transaction_ends_the_batch_at_the_last_stable_offset(
         **{"kafka.isolation.level": "read_uncommitted"},
     )
     assert uncommitted.latestOffset(start) == {topic: {"0": 5}}
+
+
+def test_ranges_of_several_partitions_are_read_together_exactly_as_one_by_one(
+    kafka_bootstrap: str,
+) -> None:
+    """One consumer reads a group of ranges: each range's records, no more, markers and
+    aborted transactions skipped, whatever range ends first; batches hold one partition each."""
+    topic = createTopic(kafka_bootstrap, partitions=3)
+    producer = transactional(kafka_bootstrap)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})
+    for round_ in range(3):
+        producer.begin_transaction()
+        for p in range(3):
+            for i in range(5 + 10 * p):
+                producer.produce(topic, f"t{round_}-p{p}-{i}".encode(), partition=p)
+        producer.flush(30)
+        if round_ == 1:
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+        plain.produce(topic, f"plain{round_}".encode(), partition=round_)
+        plain.flush(30)
+    r = reader(kafka_bootstrap, topic, startingOffsets="earliest")
+    start = r.initialOffset()
+    # 3 transactions' records, their 3 markers and one plain record in each partition; the
+    # last markers may follow commit_transaction's return
+    want = {topic: {str(p): 3 * (5 + 10 * p) + 3 + 1 for p in range(3)}}
+    deadline = time.monotonic() + 30
+    end = r.latestOffset(start)
+    while end != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+        end = r.latestOffset(start)
+    assert end == want
+    assert [len(g) for g in r.groups(start, end)] == [3]  # all small: one Spark partition
+    alone = {
+        part.partition: [row["value"] for b in readRange(r.settings, part) for row in b.to_pylist()]
+        for part in r.partitions(start, end)
+    }
+    together: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+    for part, batch in readRanges(r.settings, r.groups(start, end)[0]):
+        assert set(batch.column("partition").to_pylist()) == {part.partition}
+        together[part.partition] += batch.column("value").to_pylist()
+    assert together == alone
+    for p in range(3):
+        expected = [f"t{k}-p{p}-{i}".encode() for k in (0, 2) for i in range(5 + 10 * p)]
+        assert sorted(together[p]) == sorted([*expected, f"plain{p}".encode()])
+    # two ranges of one partition in a group are read one after the other
+    whole = r.partitions(start, end)[2]
+    middle = (whole.start + whole.end) // 2
+    halves = (KafkaRange(topic, 2, whole.start, middle), KafkaRange(topic, 2, middle, whole.end))
+    read = [row["value"] for _, b in readRanges(r.settings, halves) for row in b.to_pylist()]
+    assert read == alone[2]
+    # a small minimum splits the batch into more groups, reading the same records
+    split = reader(kafka_bootstrap, topic, startingOffsets="earliest", minRecordsPerPartition="60")
+    assert [len(g) for g in split.groups(start, end)] == [2, 1]
+    assert sorted(texts(readAll(split, start, end))) == sorted(texts(readAll(r, start, end)))
 
 
 def test_max_offsets_per_trigger_and_split_ranges_stop_where_planned(

@@ -388,6 +388,9 @@ def pipelineChild(args: argparse.Namespace) -> int:
         .option("subscribe", args.source)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", args.perBatch)
+        # a task per topic partition: two transactions a batch, so a crash can fall between
+        # their commits
+        .option("minRecordsPerPartition", "0")
         .load()
         .selectExpr("key", "value")
         .writeStream.format("twophase.kafka")

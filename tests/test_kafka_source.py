@@ -19,6 +19,7 @@ from twophase.sources.kafka import (
     RecordBatchBuilder,
     cappedEnd,
     offsetsOf,
+    packRanges,
     parseOffsetsJson,
     recordSchema,
     rowsOf,
@@ -70,6 +71,7 @@ def test_exactly_one_subscription_option() -> None:
         ("failOnDataLoss", "maybe", "boolean"),
         ("fetchOffset.numRetries", "-1", "at least 0"),
         ("fetchOffset.retryIntervalMs", "soon", "not an integer"),
+        ("minRecordsPerPartition", "-5", "at least 0"),
     ],
 )
 def test_bad_options_are_refused_by_name(option: str, value: str, message: str) -> None:
@@ -107,6 +109,27 @@ def test_min_partitions_splits_the_largest_ranges() -> None:
     covered = sorted((r.partition, r.start, r.end) for r in ranges)
     assert covered == [(0, 0, 25), (0, 25, 50), (0, 50, 100), (1, 0, 10)]
     assert splitRanges([KafkaRange("a", 0, 0, 1)], 3) == [KafkaRange("a", 0, 0, 1)]
+
+
+def test_small_ranges_are_read_together_up_to_min_records_per_partition() -> None:
+    def r(p: int, n: int, topic: str = "a") -> KafkaRange:
+        return KafkaRange(topic, p, 100, 100 + n)
+
+    assert settings().minRecordsPerPartition == 10000
+    small = [r(0, 250), r(1, 250), r(2, 250), r(3, 250)]
+    assert packRanges(small, 10000) == [tuple(small)]
+    # joined until a group holds at least the minimum; a large range stays alone, in order
+    assert packRanges([r(0, 6), r(1, 6), r(2, 20), r(3, 3), r(0, 4, "b")], 10) == [
+        (r(0, 6), r(1, 6)),
+        (r(2, 20),),
+        (r(3, 3), r(0, 4, "b")),
+    ]
+    # never two ranges of one topic partition in a group (minPartitions' split ranges)
+    halves = [KafkaRange("a", 0, 0, 5), KafkaRange("a", 0, 5, 10), KafkaRange("a", 1, 0, 5)]
+    assert packRanges(halves, 100) == [(halves[0],), (halves[1], halves[2])]
+    # 0: one Spark partition per range, as Spark's own Kafka source plans
+    assert packRanges(small, 0) == [(x,) for x in small]
+    assert packRanges([], 10) == []
 
 
 # -- columns --------------------------------------------------------------------------------

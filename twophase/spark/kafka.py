@@ -36,7 +36,7 @@ from twophase.sources.kafka import (
     KafkaRange,
     KafkaSourceSettings,
     Offsets,
-    readRange,
+    readRanges,
 )
 from twophase.sources.kafka.decoding import RegistryDecoder, RegistryValues
 from twophase.spark.datasource import TwoPhaseDataSource
@@ -193,7 +193,7 @@ class KafkaSink(TwoPhaseDataSource):
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """PySpark's stream reader over ``KafkaPlanner`` (driver) and ``readRange`` (executors).
+    """PySpark's stream reader over ``KafkaPlanner`` (driver) and ``readRanges`` (executors).
 
     Offsets live in Spark's checkpoint; the source joins no consumer group and commits nothing.
     """
@@ -224,8 +224,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.reportLatestOffset()
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        """One input partition per range the planner chose; its ``value`` is the range."""
-        return [InputPartition(r) for r in self.planner.partitions(start, end)]
+        """One input partition per group of ranges the planner chose; its ``value`` is the
+        tuple of ranges."""
+        return [InputPartition(group) for group in self.planner.groups(start, end)]
 
     def commit(self, end: Offsets) -> None:
         """Nothing to release: offsets live in Spark's checkpoint, never in a consumer group."""
@@ -234,15 +235,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Executor: the records of one range of one topic partition, as Arrow batches."""
+        """Executor: the records of one group of ranges, as Arrow batches."""
         freezeWorkerHeap()
-        r = partition.value
-        assert isinstance(r, KafkaRange)
-        if not self.values:
-            yield from readRange(self.settings, r)
-            return
+        group = partition.value
+        assert isinstance(group, tuple) and all(isinstance(r, KafkaRange) for r in group)
         decoders = [RegistryDecoder(v) for v in self.values]
-        for batch in readRange(self.settings, r):
+        for r, batch in readRanges(self.settings, group):
             for decoder in decoders:
                 batch = decoder.decode(batch, f"{r.topic}-{r.partition}")
             yield batch

@@ -152,6 +152,9 @@ class KafkaKafkaPipeline(KafkaPipeline):
             .option("subscribe", spec.inputTopic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
+            # a task per topic partition: two transactions a batch, so that the crash windows
+            # between commits are reached
+            .option("minRecordsPerPartition", "0")
             .options(**self.sourceOptions(spec))
             .load()
             .selectExpr("key", self.outputValue())

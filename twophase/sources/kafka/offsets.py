@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from twophase.settings import TwoPhaseConfigError
@@ -92,6 +92,33 @@ def cappedEnd(
             capped[tp] += 1
             granted += 1
     return capped
+
+
+def packRanges(ranges: Sequence[KafkaRange], records: int) -> list[tuple[KafkaRange, ...]]:
+    """The ranges one Spark partition each reads: in order, ranges of fewer than ``records``
+    offsets joined until a group holds at least ``records`` (never two ranges of one topic
+    partition in a group); a range of ``records`` or more, or every range when ``records`` is
+    0, alone. A function of the ranges only, so a replayed batch is read in the same groups.
+    """
+    groups: list[tuple[KafkaRange, ...]] = []
+    current: list[KafkaRange] = []
+    held = 0
+    for r in ranges:
+        size = r.end - r.start
+        if records <= 0 or size >= records:
+            groups.append((r,))
+            continue
+        if any((c.topic, c.partition) == (r.topic, r.partition) for c in current):
+            groups.append(tuple(current))
+            current, held = [], 0
+        current.append(r)
+        held += size
+        if held >= records:
+            groups.append(tuple(current))
+            current, held = [], 0
+    if current:
+        groups.append(tuple(current))
+    return groups
 
 
 def splitRanges(ranges: list[KafkaRange], wanted: int) -> list[KafkaRange]:

@@ -32,6 +32,7 @@ from twophase.sources.kafka.offsets import (
     Positions,
     cappedEnd,
     offsetsOf,
+    packRanges,
     rowsOf,
     splitRanges,
 )
@@ -270,6 +271,14 @@ class KafkaPlanner:
         if wanted and len(ranges) < wanted:
             ranges = splitRanges(ranges, wanted)
         return ranges
+
+    def groups(self, start: Offsets, end: Offsets) -> list[tuple[KafkaRange, ...]]:
+        """The batch's Spark partitions: ``partitions``' ranges, the small ones read together
+        up to ``minRecordsPerPartition`` (each alone when ``minPartitions`` is set)."""
+        ranges = self.partitions(start, end)
+        if self.settings.minPartitions:
+            return [(r,) for r in ranges]
+        return packRanges(ranges, self.settings.minRecordsPerPartition)
 
     def close(self) -> None:
         """Drop the admin client (the next call creates one again)."""

@@ -1,4 +1,4 @@
-"""Reading one range ``[start, end)`` of a Kafka topic partition into Arrow batches.
+"""Reading ranges ``[start, end)`` of Kafka topic partitions into Arrow batches.
 
 A range always returns the same records: the reader stops at the first record at or after
 ``end``, or when the consumer reports the end of the partition at or past ``end``. The last
@@ -7,14 +7,15 @@ at end - 1" would wait forever. Columns are those of Spark's Kafka source: ``key
 ``value`` binary, ``topic`` string, ``partition`` int, ``offset`` long, ``timestamp``
 timestamp, ``timestampType`` int (0 create time, 1 log append time), and with
 ``includeHeaders`` ``headers`` array<struct<key string, value binary>>. Spark-free: Spark's
-tasks and verify both read through ``readRange``.
+tasks (``readRanges``, several ranges with one consumer) and verify (``readRange``) read
+through the same code.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -39,13 +40,23 @@ _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 
 
 def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """The records of ``[r.start, r.end)`` of one topic partition, in Arrow batches.
+    """The records of ``[r.start, r.end)`` of one topic partition, in Arrow batches."""
+    for _, batch in readRanges(settings, (r,)):
+        yield batch
 
-    Stops at the first record at or after ``r.end``, or when the consumer reports the end of
-    the partition at or after ``r.end`` (the trailing offsets can be transaction markers or
-    aborted records, which a ``read_committed`` consumer never receives).
+
+def readRanges(
+    settings: KafkaSourceSettings, ranges: Sequence[KafkaRange]
+) -> Iterator[tuple[KafkaRange, pa.RecordBatch]]:
+    """The records of each range, in Arrow batches of one range each, read by one consumer.
+
+    The ranges of distinct topic partitions are fetched together (one consumer assigned to all
+    of them, so their fetches share requests); two ranges of one topic partition are read one
+    after the other. A range stops at its first record at or after its end, or when the
+    consumer reports the end of the partition at or after it (the trailing offsets can be
+    transaction markers or aborted records, which a ``read_committed`` consumer never gets).
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer
 
     config: dict[str, Any] = dict(settings.consumerConfig)
     config.setdefault("group.id", f"twophase-kafka-source-{uuid.uuid4().hex[:12]}")
@@ -54,60 +65,113 @@ def readRange(settings: KafkaSourceSettings, r: KafkaRange) -> Iterator[pa.Recor
     )
     config.setdefault("logger", ClientLog("consumer"))
     consumer = newClient(Consumer, config, "consumer")
-    where = f"{r.topic}-{r.partition} [{r.start}, {r.end})"
     try:
-        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        builder = RecordBatchBuilder(r.topic, r.partition, settings.includeHeaders)
-        lastProgress = time.monotonic()
-        nextOffset = r.start
-        done = False
-        while not done:
-            # consume() returns when it has as many events as asked for, else at its timeout:
-            # ask for no more than the range can still hold, so that the call that reads the
-            # range's last record (offset end - 1) returns at once.
-            wanted = min(settings.maxRecordsPerArrowBatch, max(1, r.end - nextOffset))
-            messages = consumer.consume(wanted, CONSUME_TIMEOUT_SECONDS)
-            if not messages:
-                if time.monotonic() - lastProgress > settings.pollTimeoutSeconds:
-                    raise KafkaSourceError(
-                        f"kafka source: no progress reading {where} for "
-                        f"{settings.pollTimeoutSeconds:.0f} s (broker down?)"
-                    )
-                continue
-            lastProgress = time.monotonic()
-            for message in messages:
-                error = message.error()
-                offset = message.offset()
-                offset = -1 if offset is None else offset
-                if error is not None:
-                    code = error.code()
-                    if code == KafkaError._PARTITION_EOF:
-                        if offset >= r.end:
-                            done = True
-                            break
-                        continue  # more records are being appended or replicated
-                    if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                        skipped = _outOfRange(settings, consumer, r, where, redact(error.str()))
-                        if skipped is None:
-                            done = True
-                            break
-                        consumer.assign([TopicPartition(r.topic, r.partition, skipped)])
-                        break
-                    raise KafkaSourceError(f"kafka source: reading {where}: {redact(error.str())}")
-                if offset >= r.end:
-                    done = True
-                    break
-                nextOffset = offset + 1
-                builder.add(message)
-                if offset == r.end - 1:
-                    done = True
-                    break
-            if builder.rows >= settings.maxRecordsPerArrowBatch:
-                yield builder.build()
-        if builder.rows:
-            yield builder.build()
+        for together in _rounds(ranges):
+            yield from _readTogether(settings, consumer, together)
     finally:
         consumer.close()
+
+
+def _rounds(ranges: Sequence[KafkaRange]) -> list[list[KafkaRange]]:
+    """The ranges in rounds that hold each topic partition at most once, in order."""
+    rounds: list[list[KafkaRange]] = []
+    for r in ranges:
+        for together in rounds:
+            if all((o.topic, o.partition) != (r.topic, r.partition) for o in together):
+                together.append(r)
+                break
+        else:
+            rounds.append([r])
+    return rounds
+
+
+class _Reading:
+    """One range being read: where it is, and its records not yet returned."""
+
+    def __init__(self, r: KafkaRange, headers: bool) -> None:
+        self.range = r
+        self.next = r.start
+        self.done = False
+        self.builder = RecordBatchBuilder(r.topic, r.partition, headers)
+        self.where = f"{r.topic}-{r.partition} [{r.start}, {r.end})"
+
+
+def _readTogether(
+    settings: KafkaSourceSettings, consumer: Any, ranges: Sequence[KafkaRange]
+) -> Iterator[tuple[KafkaRange, pa.RecordBatch]]:
+    """Ranges of distinct topic partitions, read with one assignment."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    reading = {(r.topic, r.partition): _Reading(r, settings.includeHeaders) for r in ranges}
+    assigned = [TopicPartition(r.topic, r.partition, r.start) for r in ranges]
+    consumer.assign(assigned)
+    consumer.resume(assigned)  # a partition an earlier round paused
+    lastProgress = time.monotonic()
+    open_ = list(reading.values())
+    while open_:
+        # consume() returns when it has as many events as asked for, else at its timeout: ask
+        # for no more than the ranges can still hold, so that the call that reads their last
+        # records returns at once.
+        left = sum(max(1, x.range.end - x.next) for x in open_)
+        messages = consumer.consume(
+            min(settings.maxRecordsPerArrowBatch, left), CONSUME_TIMEOUT_SECONDS
+        )
+        if not messages:
+            if time.monotonic() - lastProgress > settings.pollTimeoutSeconds:
+                raise KafkaSourceError(
+                    f"kafka source: no progress reading {', '.join(x.where for x in open_)} "
+                    f"for {settings.pollTimeoutSeconds:.0f} s (broker down?)"
+                )
+            continue
+        lastProgress = time.monotonic()
+        for message in messages:
+            x = reading.get((message.topic(), message.partition()))
+            error = message.error()
+            if x is None and error is not None:  # the client's, not a partition's
+                where = ", ".join(o.where for o in open_)
+                raise KafkaSourceError(f"kafka source: reading {where}: {redact(error.str())}")
+            if x is None or x.done:
+                continue
+            offset = message.offset()
+            offset = -1 if offset is None else offset
+            if error is not None:
+                code = error.code()
+                if code == KafkaError._PARTITION_EOF:
+                    if offset >= x.range.end:
+                        x.done = True
+                    continue  # else more records are being appended or replicated
+                if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    skipped = _outOfRange(settings, consumer, x.range, x.where, redact(error.str()))
+                    if skipped is None:
+                        x.done = True
+                    else:
+                        x.next = skipped
+                        # Assign again from where each open range is: what was fetched of
+                        # the others and not yet returned is fetched again.
+                        consumer.assign(
+                            [
+                                TopicPartition(o.range.topic, o.range.partition, o.next)
+                                for o in reading.values()
+                                if not o.done
+                            ]
+                        )
+                        break
+                    continue
+                raise KafkaSourceError(f"kafka source: reading {x.where}: {redact(error.str())}")
+            if offset >= x.range.end:
+                x.done = True
+                continue
+            x.next = offset + 1
+            x.builder.add(message)
+            if offset == x.range.end - 1:
+                x.done = True
+        for x in open_:
+            if x.builder.rows and (x.done or x.builder.rows >= settings.maxRecordsPerArrowBatch):
+                yield x.range, x.builder.build()
+        finished = [x for x in open_ if x.done]
+        if finished:  # fetch no more of them
+            consumer.pause([TopicPartition(x.range.topic, x.range.partition) for x in finished])
+            open_ = [x for x in open_ if not x.done]
 
 
 def _outOfRange(

@@ -10,6 +10,11 @@ format name:
 - ``maxOffsetsPerTrigger``: at most this many offsets per micro-batch, shared between
   partitions in proportion to their backlog;
 - ``minPartitions``: split large ranges so a batch has at least this many tasks;
+- ``minRecordsPerPartition`` (default 10000): topic partitions with fewer new records than this
+  are read together, several in one Spark partition by one consumer, until it holds at least
+  this many (0: one Spark partition per topic partition, as Spark's Kafka source plans; not
+  used with ``minPartitions``). A Python task has a fixed cost that Spark's JVM tasks do not,
+  so a batch of many small ranges is read faster, and sooner visible, in few tasks;
 - ``failOnDataLoss`` (default true): fail when offsets were deleted before they were read, or a
   partition disappeared; false skips them with a warning;
 - ``includeHeaders`` (default false): add the ``headers`` column;
@@ -66,6 +71,7 @@ class KafkaSourceSettings:
     startingOffsets: str | Offsets = "latest"
     maxOffsetsPerTrigger: int | None = None
     minPartitions: int | None = None
+    minRecordsPerPartition: int = 10000
     failOnDataLoss: bool = True
     includeHeaders: bool = False
     pollTimeoutSeconds: float = 120.0
@@ -131,6 +137,7 @@ class KafkaSourceSettings:
             startingOffsets=starting,
             maxOffsetsPerTrigger=maxOffsets,
             minPartitions=minPartitions,
+            minRecordsPerPartition=intOption(options, "minRecordsPerPartition", 10000, minimum=0),
             failOnDataLoss=boolOption(options, "failOnDataLoss", True),
             includeHeaders=boolOption(options, "includeHeaders", False),
             pollTimeoutSeconds=intOption(options, "kafkaConsumer.pollTimeoutMs", 120000, minimum=1)
