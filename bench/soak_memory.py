@@ -8,6 +8,9 @@ of a task is the sink's), back to back (``processingTime`` 0), into ``twophase.<
 the RSS, open file descriptors and threads of: this Python driver, the JVM, the driver-side
 Python workers (Spark's planner and commit runners) and the executors' Python workers (the
 tasks'); in local mode all are descendants of this process, told apart by command line.
+Beside the JVM's RSS, its heap as it reports it: committed, the old generation after the last
+collection that reached it (the live data a leak would grow) and non-heap, so a JVM whose RSS
+rose can be told apart from one that only committed more of its heap.
 Workers are reused and may be replaced, so a role is the sum over its processes, with the
 largest single process beside it. Prints a table per sink and, per role, the growth from batch
 ``--baseline`` (100) to the end against the 10% goal.
@@ -174,13 +177,44 @@ def soak(spark: Any, sink: str, where: dict[str, str], args: Any) -> list[dict[s
             if done < mark:
                 time.sleep(0.05)
                 continue
-            rows.append({"batch": done, "seconds": time.perf_counter() - started, **sampleRoles()})
+            rows.append(
+                {
+                    "batch": done,
+                    "seconds": time.perf_counter() - started,
+                    **sampleRoles(),
+                    "heap": jvmHeap(spark),
+                }
+            )
             log(f"  {sink}: batch {done}, {fmtRole(rows[-1]['workers'])} in executor workers")
             while mark <= done:
                 mark += args.every
     finally:
         query.stop()
     return rows
+
+
+def jvmHeap(spark: Any) -> dict[str, float]:
+    """The JVM's heap as it reports it, MiB: committed, used now, the old generation after the
+    last collection that reached it (live data: what a leak makes grow), and non-heap used."""
+    mib = 1024 * 1024
+    management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    heap = management.getMemoryMXBean().getHeapMemoryUsage()
+    nonHeap = management.getMemoryMXBean().getNonHeapMemoryUsage()
+    old = float("nan")
+    for pool in management.getMemoryPoolMXBeans():
+        after = pool.getCollectionUsage()
+        if "Old Gen" in pool.getName() and after is not None:
+            old = after.getUsed() / mib
+    return {
+        "committed": heap.getCommitted() / mib,
+        "used": heap.getUsed() / mib,
+        "oldAfterGc": old,
+        "nonHeap": nonHeap.getUsed() / mib,
+    }
+
+
+def fmtHeap(cell: dict[str, float]) -> str:
+    return f"{cell['committed']:.0f}/{cell['oldAfterGc']:.0f}/{cell['nonHeap']:.0f}"
 
 
 def fmtRole(cell: dict[str, float]) -> str:
@@ -209,6 +243,8 @@ def printSoak(sink: str, rows: list[dict[str, Any]], checks: list[dict[str, Any]
         header += [f"{ROLE_TITLES[r]} MiB/fds/thr"]
         if r in ("driverWorkers", "workers"):
             header += ["max MiB", "procs"]
+        if r == "jvm":
+            header += ["JVM heap committed / old gen after GC / non-heap MiB"]
     table = []
     for row in rows:
         cells = [str(row["batch"]), f"{row['seconds']:.0f}"]
@@ -216,6 +252,8 @@ def printSoak(sink: str, rows: list[dict[str, Any]], checks: list[dict[str, Any]
             cells.append(fmtRole(row[r]))
             if r in ("driverWorkers", "workers"):
                 cells += [f"{row[r]['rssMax']:.1f}", str(int(row[r]["procs"]))]
+            if r == "jvm":
+                cells.append(fmtHeap(row["heap"]) if "heap" in row else "-")
         table.append(cells)
     print(f"\n### {sink}\n")
     print(markdownTable(header, table))
@@ -226,6 +264,15 @@ def printSoak(sink: str, rows: list[dict[str, Any]], checks: list[dict[str, Any]
             f"{ROLE_TITLES[c['role']]}: batch {c['from']} -> {c['to']}: RSS {c['rss']:+.1f}%, "
             f"fds {c['fds']:+.1f}%, threads {c['threads']:+.1f}% "
             f"(largest process {c['rssMax']:+.1f}%): {mark} 10%"
+        )
+    base = next((r for r in rows if r["batch"] >= checks[0]["from"]), rows[0]) if checks else None
+    if base is not None and "heap" in base:
+        first, last = base["heap"], rows[-1]["heap"]
+        print(
+            f"JVM heap: batch {base['batch']} -> {rows[-1]['batch']}: committed "
+            f"{first['committed']:.0f} -> {last['committed']:.0f} MiB, old gen after GC "
+            f"{first['oldAfterGc']:.0f} -> {last['oldAfterGc']:.0f} MiB, non-heap "
+            f"{first['nonHeap']:.0f} -> {last['nonHeap']:.0f} MiB"
         )
     print(flush=True)
 
