@@ -49,11 +49,12 @@ def phases(
     if logUrl is not None:
         from twophase.coordinator.log import DecisionLog
 
-        decisions = DecisionLog(logUrl)
+        # one listing of the log for every batch (ids start at 0, so this many covers them all)
+        logged = {f.batchId: f for f in DecisionLog(logUrl).recentFigures(max(progress) + 1)}
         for name in LOGGED:
             found[name] = []
         for batch, _ in chosen:
-            figures = decisions.figures(batch)
+            figures = logged.get(batch)
             for name, attr in LOGGED.items():
                 value = getattr(figures, attr, None) if figures is not None else None
                 if value is not None:

@@ -275,10 +275,8 @@ class KafkaPlanner:
     def groups(self, start: Offsets, end: Offsets) -> list[tuple[KafkaRange, ...]]:
         """The batch's Spark partitions: ``partitions``' ranges, the small ones read together
         up to ``minRecordsPerPartition`` (each alone when ``minPartitions`` is set)."""
-        ranges = self.partitions(start, end)
-        if self.settings.minPartitions:
-            return [(r,) for r in ranges]
-        return packRanges(ranges, self.settings.minRecordsPerPartition)
+        records = 0 if self.settings.minPartitions else self.settings.minRecordsPerPartition
+        return packRanges(self.partitions(start, end), records)
 
     def close(self) -> None:
         """Drop the admin client (the next call creates one again)."""
