@@ -240,7 +240,8 @@ bench-shapes: .venv
 # JVM, the Python workers and the target's server; bench/results/rounds.{md,csv}. Targets: files,
 # Kafka, PostgreSQL, MariaDB, S3, Delta and Iceberg (for the last two, Spark's own path is the
 # append users write in foreachBatch, delta-rs and pyiceberg).
-# ROUNDS_ARGS="--spark" adds Spark's own path, default and coalesced alike; "--targets sql --rounds 6".
+# ROUNDS_ARGS="--spark" adds Spark's own path, default and coalesced alike; "--bare" the rows
+# written by the Python client alone (no twophase); "--targets sql --rounds 6".
 .PHONY: bench-rounds
 bench-rounds: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'

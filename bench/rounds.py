@@ -11,6 +11,10 @@ sink (the engine's ceiling), then the targets, in reverse order every other roun
 whole by the machine moves both sides; the lowest and highest of them are the spread, and the
 floor's median over the target's median is shown beside it.
 
+With ``--bare``, the floor's tasks also write the rows with the Python client twophase uses for
+the target and nothing of twophase (``bench.bare``: Kafka, PostgreSQL, MariaDB, S3), so the
+distance from the floor splits into what the client and its server cost and what twophase adds.
+
 Each run also counts CPU seconds per micro-batch after the first, by role: the JVM, the Python
 workers, and the target's server (the process listening on its port, with its children). The
 floor has no server, so what a sink costs over the floor splits into the sink's Python time
@@ -48,6 +52,8 @@ from bench.session import benchSession, log
 from bench.targets import TARGETS, Context, Target
 
 FLOOR = "floor"
+BARE = "bare"
+"""The floor's tasks writing with the target's Python client, without twophase (``bench.bare``)."""
 NOOP = "noop"
 """Spark's ``noop`` sink, one task per input partition: the engine alone, the ceiling."""
 
@@ -167,6 +173,8 @@ def measureRound(
     for target in targets if r % 2 == 0 else list(reversed(targets)):
         server = serverProcess(target.server())
         for path in paths:
+            if path == BARE and not target.bareTitle:
+                continue
             marks = CpuMarks(server, batches)
             run = shapes.measurePath(spark, target, shape, path, batches, f"-r{r}", marks)
             runs[f"{target.name}/{path}"].samples.append(marks.sample(run))
@@ -184,9 +192,13 @@ def rowsOf(
     ]
     for target in targets:
         for path in paths:
+            if path == BARE and not target.bareTitle:
+                continue
             shown = (
                 f"{target.sparkOwn}{path[len('spark') :]}"
                 if path.startswith("spark")
+                else f"bare client, no twophase: {target.bareTitle}"
+                if path == BARE
                 else f"twophase {path}, {target.title}"
             )
             rows.append([shape.title, shown, *_cells(runs[f"{target.name}/{path}"], floor)])
@@ -235,8 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         help="also Spark's own path, as users run it and coalesced alike (equal write tasks)",
     )
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument(
+        "--bare",
+        action="store_true",
+        help="also the rows written by the target's Python client without twophase (bench.bare)",
+    )
     args = p.parse_args(argv)
-    paths = ("foreachBatch", "spark", "spark coalesced") if args.spark else ("foreachBatch",)
+    paths: tuple[str, ...] = ("foreachBatch",)
+    paths += ("spark", "spark coalesced") if args.spark else ()
+    paths += (BARE,) if args.bare else ()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TWOPHASE_LOG_LEVEL", "WARNING")
     chosen = [shapes.SHAPES[int(i)] for i in args.shapes.split(",")]

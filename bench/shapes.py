@@ -16,6 +16,8 @@ reach against Spark's own path at equal task counts. Then, for each target
 - ``format coalesced``: the same after ``.coalesce(n)``;
 - ``foreachBatch``: ``twophase.foreachBatch("twophase.<target>", options)``, which writes each
   batch with as many tasks as there are slots (``writerTasks``' default).
+- ``bare`` (``make bench-rounds`` only): the floor's tasks writing the rows with the Python
+  client twophase uses for the target, without twophase (``bench.bare``).
 
 Each run is ``--batches`` micro-batches (the 1,000-partition shape fewer); the figure is the
 median of Spark's ``triggerExecution`` over the batches after the first. Files per batch are the
@@ -188,7 +190,14 @@ def measurePath(
     frame = source(spark, shape, batches, 100).selectExpr(*target.columns)
     if path.endswith("coalesced"):
         frame = frame.coalesce(spark.sparkContext.defaultParallelism)
-    if path.startswith("spark"):
+    if path == "bare":
+        task, slots = target.bareTask(label), spark.sparkContext.defaultParallelism
+
+        def writeBatch(df: Any, batchId: int) -> None:
+            df.coalesce(slots).mapInArrow(task, "rows long").collect()
+
+        writer = frame.writeStream.foreachBatch(writeBatch)
+    elif path.startswith("spark"):
         writer = target.sparkWriter(frame, label)
     elif path.startswith("format"):
         options = target.twophaseOptions(label)

@@ -32,6 +32,8 @@ class Target:
     twophaseFormat = ""
     columns: tuple[str, ...] = ("id", "payload")
     """The rows as ``selectExpr`` columns over the bench's ``id`` and ``payload``."""
+    bareTitle = ""
+    """The client and call of ``bareTask``'s path, as the bench shows it ("": no such path)."""
     packages: tuple[str, ...] = ()
     """Maven coordinates the session needs for Spark's own path."""
 
@@ -58,6 +60,11 @@ class Target:
     def twophaseOptions(self, label: str) -> dict[str, str]:
         """The options of ``format(self.twophaseFormat)`` for the path ``label``."""
         raise NotImplementedError
+
+    def bareTask(self, label: str) -> Any | None:
+        """A ``bench.bare`` ``mapInArrow`` function bound to the place ``label``: the rows
+        written by the Python client twophase uses, without twophase (``None``: no such path)."""
+        return None
 
     def server(self) -> str | None:
         """The URL or ``host:port`` of the server this target writes to (``None``: no server,

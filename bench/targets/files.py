@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from typing import Any
 
 import fsspec
 
+from bench import bare
 from bench import s3 as s3b
 from bench.targets.base import Context, Target
 
@@ -73,6 +75,7 @@ class S3Target(FilesTarget):
     name = "s3"
     title = "files on S3"
     sparkOwn = "Spark Parquet file sink on s3a"
+    bareTitle = "s3fs PUT of a Parquet file"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -102,6 +105,14 @@ class S3Target(FilesTarget):
 
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"path": f"s3://{self.root(label)}", **s3b.filesOptions(self.s3)}
+
+    def bareTask(self, label: str) -> Any:
+        options = {
+            "key": self.s3["key"],
+            "secret": self.s3["secret"],
+            "client_kwargs": {"endpoint_url": self.s3["endpoint"]},
+        }
+        return partial(bare.s3Rows, root=self.root(label), options=options)
 
     def server(self) -> str | None:
         return str(self.s3["endpoint"])

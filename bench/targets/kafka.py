@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from bench import bare
 from bench import kafka as kb
 from bench.targets.base import Context, Target
 
@@ -12,6 +14,7 @@ class KafkaTarget(Target):
     name = "kafka"
     title = "Kafka"
     sparkOwn = "Spark Kafka sink"
+    bareTitle = "confluent-kafka produce_batch"
     twophaseFormat = "twophase.kafka"
     columns = ("CAST(id AS STRING) AS key", "payload AS value")
 
@@ -32,6 +35,9 @@ class KafkaTarget(Target):
 
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"kafka.bootstrap.servers": self.ctx.bootstrap, "topic": self.topics[label]}
+
+    def bareTask(self, label: str) -> Any:
+        return partial(bare.kafkaRows, bootstrap=self.ctx.bootstrap, topic=self.topics[label])
 
     def server(self) -> str | None:
         return self.ctx.bootstrap.split(",")[0]

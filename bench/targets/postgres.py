@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from bench import bare
 from bench import postgres as pb
 from bench.targets.base import Context, Target
 
@@ -15,6 +17,7 @@ class PostgresTarget(Target):
     name = "postgres"
     title = "PostgreSQL"
     sparkOwn = "Spark JDBC in foreachBatch"
+    bareTitle = "psycopg COPY"
     twophaseFormat = "twophase.postgres"
     columns = COLUMNS
     packages = (pb.JDBC_DRIVER,)
@@ -41,6 +44,9 @@ class PostgresTarget(Target):
 
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"url": self.ctx.pgUrl, "table": self.tables[label]}
+
+    def bareTask(self, label: str) -> Any:
+        return partial(bare.postgresRows, url=self.ctx.pgUrl, table=self.tables[label])
 
     def cleanup(self) -> None:
         if self.tables:

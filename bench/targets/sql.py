@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from bench import bare
 from bench import sql as sqlb
 from bench.targets.base import Context, Target
 from bench.targets.postgres import COLUMNS
@@ -13,6 +15,7 @@ class SqlTarget(Target):
     name = "sql"
     title = "SQL (MariaDB)"
     sparkOwn = "Spark JDBC (MariaDB) in foreachBatch"
+    bareTitle = "PyMySQL LOAD DATA LOCAL"
     twophaseFormat = "twophase.sql"
     columns = COLUMNS
     packages = (sqlb.JDBC_DRIVER,)
@@ -47,6 +50,9 @@ class SqlTarget(Target):
 
     def twophaseOptions(self, label: str) -> dict[str, str]:
         return {"url": self.url, "dbtable": self.tables[label]}
+
+    def bareTask(self, label: str) -> Any:
+        return partial(bare.mariadbRows, url=str(self.url), table=self.tables[label])
 
     def cleanup(self) -> None:
         if not self.tables:
