@@ -41,16 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import fmtNumber
-from bench.tableformats import (
+from bench.tableformats import TableFormat
+from bench.tableformats import main as runBench
+from bench.tablegrowth import (
     Growth,
     LogTerms,
-    TableFormat,
     driveCommits,
     filesByKind,
     growthSchema,
     timed,
 )
-from bench.tableformats import main as runBench
 
 
 def options(work: Path, label: str) -> dict[str, str]:

@@ -51,10 +51,11 @@ from urllib.parse import unquote, urlparse
 
 from bench._common import fmtNumber
 from bench.session import log
-from bench.tableformats import (
+from bench.tableformats import TableFormat
+from bench.tableformats import main as runBench
+from bench.tablegrowth import (
     Growth,
     LogTerms,
-    TableFormat,
     driveCommits,
     filesByKind,
     filesTable,
@@ -62,7 +63,6 @@ from bench.tableformats import (
     growthSinkId,
     timed,
 )
-from bench.tableformats import main as runBench
 
 KEEP_SNAPSHOTS = 100
 """Snapshots the growth measurement's expiry keeps."""

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -283,11 +283,9 @@ def workerRss() -> dict[int, float]:
 
     rss = {}
     for kind, proc in processes():
-        try:
+        with suppress(psutil.Error):
             if kind == "workers":
                 rss[proc.pid] = proc.memory_info().rss / MIB
-        except psutil.Error:
-            continue
     return rss
 
 
