@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlparse
 
 from bench._common import REPO, fmtNumber, markdownTable, percentiles, ratio
@@ -30,8 +30,6 @@ TABLE_PATHS = ("t", "f", "w")
 """The paths that write a table of the format."""
 TWOPHASE_PATHS = ("t", "f")
 """The paths that create the table empty, then commit once per micro-batch."""
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
