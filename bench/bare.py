@@ -18,20 +18,42 @@ import io
 import os
 import uuid
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 import pyarrow as pa
 
 from twophase.spark.worker import freezeWorkerHeap
 
-_kept: dict[tuple[str, ...], Any] = {}
-"""This worker's producers and connections, by client and target."""
+
+@cache
+def _producer(bootstrap: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
 
 
-def _keep(key: tuple[str, ...], make: Any) -> Any:
-    if key not in _kept:
-        _kept[key] = make()
-    return _kept[key]
+@cache
+def _postgres(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url)
+
+
+@cache
+def _mariadb(url: str) -> Any:
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return pymysql.connect(
+        host=u.host,
+        port=u.port or 3306,
+        user=u.username,
+        password=u.password or "",
+        database=u.database,
+        local_infile=True,
+    )
 
 
 def _done(rows: int) -> Iterator[pa.RecordBatch]:
@@ -46,11 +68,8 @@ def _table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
 def kafkaRows(batches: Iterator[pa.RecordBatch], bootstrap: str, topic: str) -> Any:
     """``key`` and ``value`` columns produced with ``produce_batch``, then one ``flush``; the
     producer idempotent with ``acks=all`` (as a transactional one is), no delivery callback."""
-    from confluent_kafka import Producer
-
     freezeWorkerHeap()
-    config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"}
-    producer = _keep(("kafka", bootstrap), lambda: Producer(config))
+    producer = _producer(bootstrap)
     rows = 0
     for batch in batches:
         values = batch.column("value").cast(pa.binary()).to_pylist()
@@ -67,27 +86,22 @@ def kafkaRows(batches: Iterator[pa.RecordBatch], bootstrap: str, topic: str) -> 
     return _done(rows)
 
 
-def _naive(table: pa.Table) -> pa.Table:
-    """Zoned timestamps as their UTC wall clock (the session's zone is UTC)."""
-    columns = [
-        c.cast(pa.timestamp(c.type.unit)) if pa.types.is_timestamp(c.type) and c.type.tz else c
-        for c in table.columns
-    ]
-    return pa.Table.from_arrays(columns, names=table.column_names)
-
-
-def _csv(table: pa.Table, header: bool = False, delimiter: str = ",") -> bytes:
+def _csv(table: pa.Table) -> bytes:
+    """The rows as CSV by Arrow's writer, instants as their UTC wall clock (the session's zone
+    is UTC), as twophase's PostgreSQL sink writes them."""
     import pyarrow.csv as pacsv
 
+    from twophase.sinks.postgres.encoding import utcWallClock
+
+    columns = [utcWallClock(c.combine_chunks()) for c in table.columns]
     out = pa.BufferOutputStream()
-    options = pacsv.WriteOptions(include_header=header, delimiter=delimiter)
-    pacsv.write_csv(_naive(table), out, options)
+    ready = pa.Table.from_arrays(columns, names=table.column_names)
+    pacsv.write_csv(ready, out, pacsv.WriteOptions(include_header=False))
     return out.getvalue().to_pybytes()
 
 
 def postgresRows(batches: Iterator[pa.RecordBatch], url: str, table: str) -> Any:
     """The rows as CSV by Arrow's writer, one ``COPY`` into ``table``, one commit (psycopg)."""
-    import psycopg
     from psycopg import sql
 
     freezeWorkerHeap()
@@ -98,7 +112,7 @@ def postgresRows(batches: Iterator[pa.RecordBatch], url: str, table: str) -> Any
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, data.column_names))
     )
-    conn = _keep(("postgres", url), lambda: psycopg.connect(url))
+    conn = _postgres(url)
     with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
         copy.write(body)
     return _done(data.num_rows)
@@ -107,29 +121,15 @@ def postgresRows(batches: Iterator[pa.RecordBatch], url: str, table: str) -> Any
 def mariadbRows(batches: Iterator[pa.RecordBatch], url: str, table: str) -> Any:
     """The rows as CSV by Arrow's writer, one ``LOAD DATA LOCAL INFILE`` into ``table`` from
     an in-memory file, one commit (PyMySQL)."""
-    import pymysql
-    from sqlalchemy.engine import make_url
-
     freezeWorkerHeap()
     data = _table(batches)
     if data is None:
         return _done(0)
     body = _csv(data)
-    u = make_url(url)
     fd = os.memfd_create("bare-load")
     try:
         os.write(fd, body)
-        conn = _keep(
-            ("mariadb", url),
-            lambda: pymysql.connect(
-                host=u.host,
-                port=u.port or 3306,
-                user=u.username,
-                password=u.password or "",
-                database=u.database,
-                local_infile=True,
-            ),
-        )
+        conn = _mariadb(url)
         columns = ", ".join(f"`{c}`" for c in data.column_names)
         with conn.cursor() as cur:
             cur.execute(

@@ -172,13 +172,16 @@ def measureRound(
         log(f"  round {r + 1}: {key} {run.shown()} s")
     for target in targets if r % 2 == 0 else list(reversed(targets)):
         server = serverProcess(target.server())
-        for path in paths:
-            if path == BARE and not target.bareTitle:
-                continue
+        for path in pathsOf(target, paths):
             marks = CpuMarks(server, batches)
             run = shapes.measurePath(spark, target, shape, path, batches, f"-r{r}", marks)
             runs[f"{target.name}/{path}"].samples.append(marks.sample(run))
             log(f"  round {r + 1}: {target.name} {path} {run.shown()} s")
+
+
+def pathsOf(target: Target, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The paths ``target`` has: all of ``paths`` but the bare client where it has none."""
+    return tuple(p for p in paths if p != BARE or target.bareTitle)
 
 
 def rowsOf(
@@ -191,9 +194,7 @@ def rowsOf(
         [shape.title, "floor (rows dropped by Python tasks)", *_cells(floor, floor)],
     ]
     for target in targets:
-        for path in paths:
-            if path == BARE and not target.bareTitle:
-                continue
+        for path in pathsOf(target, paths):
             shown = (
                 f"{target.sparkOwn}{path[len('spark') :]}"
                 if path.startswith("spark")

@@ -191,12 +191,7 @@ def measurePath(
     if path.endswith("coalesced"):
         frame = frame.coalesce(spark.sparkContext.defaultParallelism)
     if path == "bare":
-        task, slots = target.bareTask(label), spark.sparkContext.defaultParallelism
-
-        def writeBatch(df: Any, batchId: int) -> None:
-            df.coalesce(slots).mapInArrow(task, "rows long").collect()
-
-        writer = frame.writeStream.foreachBatch(writeBatch)
+        writer = frame.writeStream.foreachBatch(inSlotTasks(spark, target.bareTask(label)))
     elif path.startswith("spark"):
         writer = target.sparkWriter(frame, label)
     elif path.startswith("format"):
@@ -252,13 +247,20 @@ def dropInForeachBatch(
 def floorWriter(spark: Any, ctx: Context, shape: Shape, batches: int, tag: str = "") -> Any:
     """The floor's query, ready to start: ``writeStream`` with a checkpoint of its own."""
     frame = source(spark, shape, batches, 100)
-    slots = spark.sparkContext.defaultParallelism
     ckpt = str(ctx.work / f"drop-foreachBatch-{shape.source}{shape.partitions}{tag}-ckpt")
+    writer = frame.writeStream.foreachBatch(inSlotTasks(spark, dropRows))
+    return writer.option("checkpointLocation", ckpt)
+
+
+def inSlotTasks(spark: Any, task: Callable[..., Any]) -> Callable[[Any, int], None]:
+    """A ``foreachBatch`` function that hands each batch, coalesced to one task per slot, to
+    ``task`` by ``mapInArrow`` (``task`` yields one ``rows`` row): the floor's shape."""
+    slots = spark.sparkContext.defaultParallelism
 
     def writeBatch(df: Any, batchId: int) -> None:
-        df.coalesce(slots).mapInArrow(dropRows, "rows long").collect()
+        df.coalesce(slots).mapInArrow(task, "rows long").collect()
 
-    return frame.writeStream.foreachBatch(writeBatch).option("checkpointLocation", ckpt)
+    return writeBatch
 
 
 def measureShape(

@@ -7,6 +7,7 @@ own (a directory, a topic, a table) named by a short label, so the paths never s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,11 @@ class Target:
         """The options of ``format(self.twophaseFormat)`` for the path ``label``."""
         raise NotImplementedError
 
-    def bareTask(self, label: str) -> Any | None:
+    def bareTask(self, label: str) -> Callable[..., Any]:
         """A ``bench.bare`` ``mapInArrow`` function bound to the place ``label``: the rows
-        written by the Python client twophase uses, without twophase (``None``: no such path)."""
-        return None
+        written by the Python client twophase uses, without twophase (only where ``bareTitle``
+        is set)."""
+        raise NotImplementedError
 
     def server(self) -> str | None:
         """The URL or ``host:port`` of the server this target writes to (``None``: no server,
