@@ -23,6 +23,8 @@ SINK_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
 class TwoPhaseConfigError(ValueError):
     """A sink option is missing or wrong; the message names the option and the fix."""
 
+    errorCode = "TWOPHASE_BAD_OPTION"
+
 
 def _lookup(options: Mapping[str, str], name: str) -> str | None:
     """Case-insensitive option lookup (PySpark hands data sources lower-cased keys)."""

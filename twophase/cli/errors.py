@@ -9,11 +9,8 @@ through ``redact``. ``sayFailure`` writes it, after the redacted traceback only 
 ``--debug`` or ``TWOPHASE_DEBUG=1`` (``debugging``).
 
 Whether a system did not answer or refused the credentials, which system, and the fix, come
-from the error's type: a ``SinkSystemError`` (a built-in sink's, or a user's sink's) says all
-three, itself or as the cause of the error raised; a client library's own error that reaches
-here unwrapped is read by the error class of the sink the registry finds for it
-(``specOfError``, ``SinkSystemError.classify``), and any ``ConnectionError`` or
-``TimeoutError`` counts as a system that did not answer.
+from the error's type, as ``twophase.sinks.systems`` reads it (a ``SinkSystemError``, a client
+library's error through the registry, any ``ConnectionError`` or ``TimeoutError``).
 
 Exit statuses of ``status``, ``recover`` and ``doctor`` (``verify`` has its own 0/1/2 with
 the same meaning of 2): 0 done, nothing left; 1 something is left to do or failed to finish;
@@ -38,10 +35,10 @@ from twophase.coordinator.errors import (
     RewriteMismatchError,
     RewritePendingError,
 )
-from twophase.protocol import SinkFailure, SinkSystemError, TransactionLostError
+from twophase.protocol import TransactionLostError
 from twophase.redaction import redact
 from twophase.settings import TwoPhaseConfigError
-from twophase.sinks.registry import GENERIC_FIX, specOfError
+from twophase.sinks.systems import SystemFailure, declaredError, systemFailure
 
 EXIT_OK = 0
 EXIT_LEFT_TO_DO = 1
@@ -55,8 +52,6 @@ OPERATIONS_DOC = "docs/operations.md"
 _PG_NOISE = re.compile(r"connection failed: connection to server at \"[^\"]*\", port \d+ failed: ")
 _PG_HINT = re.compile(r"\s*Is the server running on that host and accepting TCP/IP connections\?")
 _PARTITION = re.compile(r"\bpartition (\d+)\b")
-_CONNECTION = (SinkFailure.UNREACHABLE, SinkFailure.CREDENTIALS)
-"""Failures where the system did nothing: the command cannot go on (exit 2)."""
 
 
 class CommandError(Exception):
@@ -65,16 +60,6 @@ class CommandError(Exception):
     def __init__(self, message: str, status: int = EXIT_CANNOT) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class SystemFailure:
-    """A system that did not answer or refused the credentials: which, how, and the fix.
-    ``system`` is ``None`` when no sink claims the error (a plain ``ConnectionError``)."""
-
-    system: str | None
-    reason: SinkFailure
-    fix: str
 
 
 @dataclass(frozen=True)
@@ -154,7 +139,7 @@ def explain(exc: BaseException) -> Explanation:
         return Explanation(EXIT_CANNOT, f"{reason}. Nothing was changed.", failure.fix)
     if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
         return Explanation(EXIT_CANNOT, f"{_oneLine(exc)}. Nothing was changed.")
-    declared = _declared(exc)
+    declared = declaredError(exc)
     return Explanation(
         EXIT_LEFT_TO_DO,
         f"failed: {type(exc).__name__}: {_oneLine(exc)} (run again with --debug for the traceback)",
@@ -235,49 +220,6 @@ def _shorten(text: str) -> str:
 
 def _oneLine(exc: BaseException) -> str:
     return " ".join(redact(str(exc)).split()) or type(exc).__name__
-
-
-def systemFailure(exc: BaseException) -> SystemFailure | None:
-    """The system that did not answer or refused the credentials in ``exc`` (or an error it was
-    raised from), by type: a ``SinkSystemError`` says it; else the sink the registry finds for
-    ``exc`` reads its client library's errors; else a ``ConnectionError`` or ``TimeoutError``
-    (``socket.timeout``) is a system that did not answer. ``None``: the system answered."""
-    declared = _declared(exc)
-    if declared is not None:
-        if declared.reason not in _CONNECTION:
-            return None
-        fix = declared.fix or declared.fixFor(declared.reason) or GENERIC_FIX
-        return SystemFailure(declared.system, declared.reason, fix)
-    spec = specOfError(exc)
-    errorClass = spec.errorClass() if spec is not None else None
-    for error in _chain(exc):
-        reason = errorClass.classify(error) if errorClass is not None else None
-        if reason is None and isinstance(error, ConnectionError | TimeoutError):
-            reason = SinkFailure.UNREACHABLE
-        if reason is not None and reason in _CONNECTION:
-            if errorClass is None:
-                return SystemFailure(None, reason, GENERIC_FIX)
-            return SystemFailure(
-                errorClass.system, reason, errorClass.fixFor(reason) or GENERIC_FIX
-            )
-    return None
-
-
-def _declared(exc: BaseException) -> SinkSystemError | None:
-    """The first ``SinkSystemError`` of ``exc`` and the errors it was raised from."""
-    return next((e for e in _chain(exc) if isinstance(e, SinkSystemError)), None)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and each error it was raised from: ``__cause__``, else ``__context__`` unless
-    the raise left it out (``raise ... from None``), as a traceback shows them."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not e for e in chain):
-        chain.append(current)
-        suppressed = current.__suppress_context__
-        current = current.__cause__ or (None if suppressed else current.__context__)
-    return chain
 
 
 def _named(failure: SystemFailure | None, reason: str) -> str:

@@ -12,6 +12,8 @@ from twophase.redaction import redact
 class CoordinatorError(Exception):
     """Base class of every error the coordinator raises on its own account."""
 
+    errorCode = "TWOPHASE_LOG_CONFLICT"
+
 
 class LogOwnershipError(CoordinatorError):
     """The decision log belongs to another streaming query; writing to it could lose data.
@@ -20,6 +22,8 @@ class LogOwnershipError(CoordinatorError):
     old query's ``committed(0)`` would make the new query skip its own batch 0. The log refuses
     instead, and says how to proceed.
     """
+
+    errorCode = "TWOPHASE_LOG_OWNERSHIP"
 
     def __init__(self, url: str, sinkId: str, logQueryId: str, queryId: str, detail: str = ""):
         self.url = url
@@ -46,6 +50,8 @@ class UnfencedLogStoreError(CoordinatorError):
     that risk by name.
     """
 
+    errorCode = "TWOPHASE_UNFENCED_LOG_STORE"
+
     def __init__(self, store: str, path: str) -> None:
         self.store = store
         self.path = path
@@ -69,6 +75,8 @@ class DriverFencedError(CoordinatorError):
     while it still runs, or while it was frozen), before it writes anything of its own. What was
     decided stays decided; the newer driver finishes it.
     """
+
+    errorCode = "TWOPHASE_DRIVER_FENCED"
 
     def __init__(self, url: str, sinkId: str, epoch: int | None, newer: str, doing: str) -> None:
         self.url = url
@@ -121,6 +129,10 @@ class DecisionLogWriteError(CoordinatorError, OSError):
         )
         # Only errno: an OSError with strerror set would print "[Errno N] ..." instead.
         self.errno = cause.errno
+        # Recoverable for a full disk or an I/O error; not for a read-only filesystem or a
+        # write this process may not make (a restart only repeats those).
+        closed = cause.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        self.errorCode = "TWOPHASE_LOG_NOT_WRITABLE" if closed else "TWOPHASE_LOG_WRITE"
 
     def __reduce__(self) -> tuple[type[DecisionLogWriteError], tuple[str, str, OSError, str]]:
         return type(self), (self.url, self.record, self.cause, self.verb)
@@ -152,6 +164,8 @@ class CommitFailedError(CoordinatorError):
     recovery before the next batch) commits these handles again (commits are idempotent).
     """
 
+    errorCode = "TWOPHASE_COMMIT_FAILED"
+
     def __init__(
         self, sinkId: str, batchId: int, failures: Sequence[tuple[str, int, BaseException]]
     ):
@@ -178,6 +192,8 @@ class RewritePendingError(TransactionLostError, CoordinatorError):
     stay in the log, and the next start of the query writes those partitions again from Spark's
     replay of the batch, exactly once; the partitions that did commit are not written again.
     """
+
+    errorCode = "TWOPHASE_REWRITE_PENDING"
 
     def __init__(
         self,
@@ -219,6 +235,8 @@ class RewriteMismatchError(CoordinatorError):
     ``coalesce`` before a ``format()`` sink), so writing the replay would not restore what was
     decided.
     """
+
+    errorCode = "TWOPHASE_REWRITE_MISMATCH"
 
     def __init__(
         self, sinkId: str, batchId: int, differences: Sequence[tuple[int, str]], option: str

@@ -16,6 +16,8 @@ class TransientCommitError(Exception):
     at once, because retrying a permanent error hides it.
     """
 
+    errorCode = "TWOPHASE_UNREACHABLE"
+
 
 class TransactionLostError(Exception):
     """A decided transaction can no longer be committed (the participant aborted it).
@@ -27,6 +29,7 @@ class TransactionLostError(Exception):
     """
 
     rewritable: bool = True
+    errorCode = "TWOPHASE_TRANSACTION_LOST"
 
 
 class SinkContractError(TypeError):
@@ -35,6 +38,8 @@ class SinkContractError(TypeError):
     Names the sink class, the method, what it returned and what it must return, so the
     author of the sink sees the fix instead of a ``TypeError`` deep in the coordinator.
     """
+
+    errorCode = "TWOPHASE_SINK_CONTRACT"
 
 
 class SinkFailure(Enum):
@@ -86,6 +91,11 @@ class SinkSystemError(Exception):
         elif not self.fix:
             self.fix = self.fixFor(self.reason)
 
+    @property
+    def errorCode(self) -> str:
+        """The code the error carries into Spark (``twophase.failures.codes``): by its reason."""
+        return _CODES[self.reason]
+
     @classmethod
     def fixFor(cls, reason: SinkFailure) -> str:
         """The class's fix for a failure of ``reason`` (``""``: none declared)."""
@@ -96,3 +106,13 @@ class SinkSystemError(Exception):
         """What kind of failure ``exc``, an error of this system's client library, reports;
         ``None`` when it does not tell (the default)."""
         return None
+
+
+_CODES = MappingProxyType(
+    {
+        SinkFailure.UNREACHABLE: "TWOPHASE_UNREACHABLE",
+        SinkFailure.CREDENTIALS: "TWOPHASE_CREDENTIALS",
+        SinkFailure.REJECTED: "TWOPHASE_REJECTED",
+    }
+)
+"""The code of a ``SinkSystemError`` of each reason."""

@@ -43,6 +43,8 @@ class ConnectServerError(RuntimeError):
     check could not reach is absent).
     """
 
+    errorCode = "TWOPHASE_CONNECT_SERVER"
+
     def __init__(self, message: str, seen: dict[str, str]) -> None:
         super().__init__(message)
         self.seen = seen

@@ -34,6 +34,8 @@ class ExecutorsError(RuntimeError):
     """The cluster's Python workers cannot run this twophase: they lack it or have another
     version. The message says what to install where; ``seen`` holds what the check found."""
 
+    errorCode = "TWOPHASE_CLUSTER_PYTHON"
+
     def __init__(self, message: str, seen: dict[str, str]) -> None:
         super().__init__(message)
         self.seen = seen

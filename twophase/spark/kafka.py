@@ -39,6 +39,7 @@ from twophase.sources.kafka import (
     readRanges,
 )
 from twophase.sources.kafka.decoding import RegistryDecoder, RegistryValues
+from twophase.spark.coded import codedErrors
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.schema import arrowSchemaOf
 from twophase.spark.versions import (
@@ -206,6 +207,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.values = tuple(values)
         """How tasks decode the value and the key (none: both stay bytes)."""
 
+    @codedErrors()
     def initialOffset(self) -> Offsets:
         return self.planner.initialOffset()
 
@@ -216,6 +218,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self.planner.prepareForTriggerAvailableNow()
 
+    @codedErrors()
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         maxOffsets = int(limit.max_rows) if isinstance(limit, ReadMaxRows) else None
         return self.planner.latestOffset(start, maxOffsets)
@@ -223,6 +226,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> Offsets | None:
         return self.planner.reportLatestOffset()
 
+    @codedErrors()
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         """One input partition per group of ranges the planner chose; its ``value`` is the
         tuple of ranges."""
@@ -239,11 +243,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         freezeWorkerHeap()
         group = partition.value
         assert isinstance(group, tuple) and all(isinstance(r, KafkaRange) for r in group)
-        decoders = [RegistryDecoder(v) for v in self.values]
-        for r, batch in readRanges(self.settings, group):
-            for decoder in decoders:
-                batch = decoder.decode(batch, f"{r.topic}-{r.partition}")
-            yield batch
+        with codedErrors():
+            decoders = [RegistryDecoder(v) for v in self.values]
+            for r, batch in readRanges(self.settings, group):
+                for decoder in decoders:
+                    batch = decoder.decode(batch, f"{r.topic}-{r.partition}")
+                yield batch
 
 
 __all__ = ["KafkaSink", "KafkaStreamReader"]

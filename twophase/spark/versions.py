@@ -131,6 +131,8 @@ else:
 class SparkVersionError(RuntimeError):
     """The installed PySpark lacks what was asked of it; the message says what to use instead."""
 
+    errorCode = "TWOPHASE_SPARK_VERSION"
+
 
 def requireDataSources() -> None:
     """Raise, in one line naming ``twophase.foreachBatch``, when PySpark has no data sources."""

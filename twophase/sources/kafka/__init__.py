@@ -7,7 +7,7 @@ batches, several topic partitions with one consumer. The Spark data source
 through the same pieces. See docs/kafka.md.
 """
 
-from twophase.sources.kafka.errors import KafkaSourceError
+from twophase.sources.kafka.errors import KafkaSourceError, KafkaSourceUnreachableError
 from twophase.sources.kafka.offsets import (
     EARLIEST,
     LATEST,
@@ -33,6 +33,7 @@ __all__ = [
     "KafkaPlanner",
     "KafkaRange",
     "KafkaSourceError",
+    "KafkaSourceUnreachableError",
     "KafkaSourceSettings",
     "Offsets",
     "Positions",

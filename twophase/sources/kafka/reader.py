@@ -23,7 +23,7 @@ import pyarrow as pa
 from twophase.clients.kafka import newClient
 from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import getLogger, redact
-from twophase.sources.kafka.errors import KafkaSourceError
+from twophase.sources.kafka.errors import KafkaSourceError, KafkaSourceUnreachableError
 from twophase.sources.kafka.offsets import KafkaRange
 from twophase.sources.kafka.settings import KafkaSourceSettings
 
@@ -118,7 +118,7 @@ def _readTogether(
         )
         if not messages:
             if time.monotonic() - lastProgress > settings.pollTimeoutSeconds:
-                raise KafkaSourceError(
+                raise KafkaSourceUnreachableError(
                     f"kafka source: no progress reading {', '.join(x.where for x in open_)} "
                     f"for {settings.pollTimeoutSeconds:.0f} s (broker down?)"
                 )
@@ -129,7 +129,9 @@ def _readTogether(
             error = message.error()
             if x is None and error is not None:  # the client's, not a partition's
                 where = ", ".join(o.where for o in open_)
-                raise KafkaSourceError(f"kafka source: reading {where}: {redact(error.str())}")
+                raise KafkaSourceUnreachableError(
+                    f"kafka source: reading {where}: {redact(error.str())}"
+                )
             if x is None or x.done:
                 continue
             offset = message.offset()
@@ -157,7 +159,12 @@ def _readTogether(
                         )
                         break
                     continue
-                raise KafkaSourceError(f"kafka source: reading {x.where}: {redact(error.str())}")
+                failed = (
+                    KafkaSourceError
+                    if "AUTHORIZATION" in error.name()
+                    else KafkaSourceUnreachableError
+                )
+                raise failed(f"kafka source: reading {x.where}: {redact(error.str())}")
             if offset >= x.range.end:
                 x.done = True
                 continue
