@@ -7,7 +7,9 @@ it with ``twophase.foreachBatch``. ``twophase.register(spark)`` registers the bu
 and sinks (``twophase.files``, ``twophase.postgres``, ``twophase.sql``, ``twophase.kafka``,
 ``twophase.sequence``), on a classic session or a Spark Connect one (docs/spark-connect.md).
 ``twophase.attachMetrics(spark, checkpointLocation)`` reports each batch's figures
-(docs/operations.md).
+(docs/operations.md). ``twophase.supervise(start)`` restarts a query after a failure a restart
+can help (strategies in ``twophase.restarts``) and stops it cleanly on SIGTERM;
+``twophase.stopGracefully(query)`` stops a query between batches (docs/restarts.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import twophase.imports  # noqa: F401  (first: fsspec without the jars; see its doc)
+from twophase import restarts
+from twophase.failures.errors import QueryFailedError
 from twophase.protocol import (
     Committer,
     Handle,
@@ -39,12 +43,17 @@ if TYPE_CHECKING:
     from twophase.spark.datasource import TwoPhaseCommitSink, TwoPhaseDataSource
     from twophase.spark.foreach_batch import foreachBatch
     from twophase.spark.metrics import attachMetrics
+    from twophase.spark.stopping import stopGracefully
+    from twophase.spark.supervise import SupervisedQuery, supervise
 
 _SPARK_NAMES = {
     "TwoPhaseCommitSink": "twophase.spark.datasource",
     "TwoPhaseDataSource": "twophase.spark.datasource",
     "foreachBatch": "twophase.spark.foreach_batch",
     "attachMetrics": "twophase.spark.metrics",
+    "supervise": "twophase.spark.supervise",
+    "SupervisedQuery": "twophase.spark.supervise",
+    "stopGracefully": "twophase.spark.stopping",
 }
 """Names of the Spark binding, imported on first use so that ``twophase.sinks.*``,
 ``twophase.clients.*`` and ``twophase.verify`` import without pyspark."""
@@ -65,11 +74,13 @@ __all__ = [
     "Committer",
     "Handle",
     "Prepared",
+    "QueryFailedError",
     "RecoveryScope",
     "SinkContractError",
     "SinkFailure",
     "SinkSettings",
     "SinkSystemError",
+    "SupervisedQuery",
     "TaskResult",
     "TransactionContext",
     "TransactionLostError",
@@ -84,6 +95,9 @@ __all__ = [
     "builtinDataSources",
     "foreachBatch",
     "register",
+    "restarts",
+    "stopGracefully",
+    "supervise",
 ]
 
 

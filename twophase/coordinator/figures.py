@@ -76,13 +76,19 @@ class AbortFigures:
     aborted: int
     retries: int = 0
     abortSeconds: float = 0.0
+    stopped: bool = False
+    """The batch was given up by a clean stop before any of its tasks began: nothing of it was
+    prepared (``twophase.stopGracefully``)."""
 
     def toJson(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "aborted": self.aborted,
             "retries": self.retries,
             "abortSeconds": round(self.abortSeconds, 6),
         }
+        if self.stopped:
+            data["stopped"] = True
+        return data
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,13 @@ SERIES = (
      "Seconds since Spark planned the oldest batch in doubt; 0 when none"),
     ("timeout", "gauge", "twophase_transaction_timeout_seconds",
      "The participant's transaction timeout (Kafka's transaction.timeout.ms)"),
+    ("restarts", "counter", "twophase_restarts_total",
+     "Restarts of a supervised query (twophase.supervise), by the failure's code"),
 )  # fmt: skip
 """Every series: its key in ``PrometheusMetrics.series``, kind, name and help text."""
+
+_LABELS = {"batches": ("sink", "outcome"), "restarts": ("query", "reason")}
+"""The labels of the series that have other labels than ``sink``."""
 
 COUNTED = ("rows", "bytes", "prepared", "committed", "alreadyCommitted", "failed", "retries",
            "aborted")  # fmt: skip
@@ -116,7 +121,7 @@ class PrometheusMetrics:
         self._since: dict[str, datetime | None] = {}
         self.series: dict[str, Any] = {}
         for key, kind, name, doc in SERIES:
-            labels = ("sink", "outcome") if key == "batches" else ("sink",)
+            labels = _LABELS.get(key, ("sink",))
             if kind == "histogram":
                 made = client.Histogram(
                     name, doc, labels, buckets=SECONDS_BUCKETS, registry=registry
@@ -150,6 +155,10 @@ class PrometheusMetrics:
             series["recoveries"].labels(sink).inc(batch.recovery.runs)
             series["recoveryAborted"].labels(sink).inc(batch.recovery.transactionsAborted)
             series["recoveryFinished"].labels(sink).inc(len(batch.recovery.batchesFinished))
+
+    def restarted(self, query: str, reason: str) -> None:
+        """One restart of supervised query ``query`` after a failure of code ``reason``."""
+        self.series["restarts"].labels(query, reason).inc()
 
     def _gauges(self, metrics: SinkMetrics) -> None:
         sink, series = metrics.sinkId, self.series

@@ -20,11 +20,13 @@ from twophase.coordinator import (
     DriverFencedError,
 )
 from twophase.coordinator.description import SinkDescription, writeSinkDescription
+from twophase.coordinator.errors import DecisionConflictError
+from twophase.coordinator.figures import AbortFigures
 from twophase.faults import injectFaults
 from twophase.protocol import Committer, TaskResult
 from twophase.redaction import getLogger, isSafeOption, publicOptions
 from twophase.settings import SinkSettings
-from twophase.spark import driver_runs
+from twophase.spark import driver_runs, stopping
 from twophase.spark.worker import ensureLogging
 
 log = getLogger(__name__)
@@ -45,15 +47,21 @@ class BatchPlan:
     rewrite: Mapping[int, frozenset[int]] = field(default_factory=dict)
     epoch: int | None = None
     """The run of this driver that planned the batch (``twophase.spark.driver_runs``)."""
+    stopping: bool = False
+    """The query is stopping cleanly (``twophase.spark.stopping``): no task writes anything."""
 
     def writes(self, batchId: int, partitionId: int) -> bool:
         """True when the task of ``partitionId`` in ``batchId`` must write its input."""
+        if self.stopping:
+            return False
         if self.lastDecided is None or batchId > self.lastDecided:
             return True
         return partitionId in self.rewrite.get(batchId, frozenset())
 
     def writesAny(self, batchId: int) -> bool:
         """True when some task of ``batchId`` must write."""
+        if self.stopping:
+            return False
         if self.lastDecided is None or batchId > self.lastDecided:
             return True
         return bool(self.rewrite.get(batchId))
@@ -107,6 +115,27 @@ def abortFailedBatch(
         time.sleep(LATE_TASK_GRACE_SECONDS)
         coordinator.sweepAbortedBatch(batchId)
     return report
+
+
+def stoppedBatch(settings: SinkSettings, queryId: str | None, batchId: int | None) -> bool:
+    """Before anything of a batch: True when the query is stopping cleanly and the batch must
+    not begin (``twophase.spark.stopping``); the log then holds it as aborted, stopped before
+    any task, so nothing of it is in doubt. Spark plans it again at the next start."""
+    if not stopping.parkedBeforeBatch(queryId, batchId):
+        return False
+    if batchId is not None:
+        try:
+            DecisionLog(settings.logLocation, unfenced=settings.unfencedLogStore).markAborted(
+                batchId, AbortFigures(0, stopped=True)
+            )
+        except DecisionConflictError:  # decided before the stop: the next start commits it
+            log.info(
+                "twophase sink %s: batch %d is decided; left to the next start",
+                settings.sinkId,
+                batchId,
+            )
+    log.info("twophase sink %s: the query stops before batch %s begins", settings.sinkId, batchId)
+    return True
 
 
 def describeSink(sink: Any, settings: SinkSettings) -> None:

@@ -34,7 +34,7 @@ _processRuns: dict[str, int] = {}
 def currentDriver() -> Driver:
     """The driver this process belongs to."""
     host = socket.gethostname()
-    root = _sparkFilesRoot()
+    root = sparkFilesRoot()
     if root is None:
         token = hashlib.sha256(f"{host}\0{os.getpid()}\0{_processToken}".encode()).hexdigest()
         return Driver(f"process-{token[:20]}", host, os.getpid(), "Spark driver-side process")
@@ -80,14 +80,14 @@ def forgetRun(logUrl: str) -> None:
 
 
 def _memory(logUrl: str) -> Path | None:
-    root = _sparkFilesRoot()
+    root = sparkFilesRoot()
     if root is None:
         return None
     name = hashlib.sha256(logUrl.rstrip("/").encode()).hexdigest()[:32]
     return Path(root) / _RUNS_DIRECTORY / name
 
 
-def _sparkFilesRoot() -> str | None:
+def sparkFilesRoot() -> str | None:
     """The SparkContext's SparkFiles root as this process sees it: set up by PySpark in a
     driver-side worker, asked of the JVM in the classic driver; ``None`` elsewhere."""
     try:

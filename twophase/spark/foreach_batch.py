@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,12 +36,14 @@ from twophase.settings import SinkSettings
 from twophase.spark import connect, grouping
 from twophase.spark.builtins import builtinSink
 from twophase.spark.checkpoint import checkpointQueryId
+from twophase.spark.coded import codedErrors
 from twophase.spark.datasource import TwoPhaseDataSource
 from twophase.spark.driver import (
     abortFailedBatch,
     beforeBatch,
     forgottenIfFenced,
     openCoordinator,
+    stoppedBatch,
 )
 from twophase.spark.query_end import releaseWhenStopped
 from twophase.spark.task import runTask
@@ -48,6 +51,9 @@ from twophase.spark.task import runTask
 log = getLogger(__name__)
 
 _RESULT_SCHEMA = "result string"
+
+STOP_INTERRUPT_SECONDS = 30.0
+"""How long a batch a clean stop gave up waits for Spark's stop to interrupt it."""
 
 
 def foreachBatch(
@@ -86,10 +92,16 @@ class _ForeachBatchWriter:
         self.tasks = tasks
 
     def __call__(self, df: DataFrame, batchId: int) -> None:
+        with codedErrors():
+            self._write(df, batchId)
+
+    def _write(self, df: DataFrame, batchId: int) -> None:
         spark = df.sparkSession
         streamId = _queryIdOf(spark)
-        releaseWhenStopped(spark, streamId, Resources.ofProcess())
         queryId = streamId or checkpointQueryId(self.settings.checkpointLocation)
+        if stoppedBatch(self.settings, queryId, batchId):
+            interruptedByStop(spark, batchId)
+        releaseWhenStopped(spark, streamId, Resources.ofProcess())
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
         plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
@@ -136,6 +148,56 @@ class _ForeachBatchWriter:
             return self.tasks
         slots = grouping.taskSlots(spark)
         return slots if slots is not None else 0
+
+
+def interruptedByStop(spark: Any, batchId: int) -> None:
+    """End a batch that a clean stop gave up, the one way Spark records nothing of it.
+
+    Returning would let Spark mark the batch done (``commits/N``) with nothing written; a
+    Python error would fail the query. The function's calls into the JVM run on the stream's
+    own thread (PySpark's pinned threads), which the stop interrupts: a JVM sleep there raises
+    Java's ``InterruptedException``, which Spark, seeing it come back through Py4J, takes for
+    its stop's own interruption (SPARK-39218). It comes back as ``StopInterrupted``, whose
+    short text Spark's pattern for it reads without running out of stack, and which Py4J's
+    callback server does not log.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    quietStopInterruptions()
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.java.lang.Thread.sleep(int(STOP_INTERRUPT_SECONDS * 1000))
+    except Py4JJavaError as exc:
+        java = str(exc.java_exception.getClass().getName())
+        raise StopInterrupted(
+            f"py4j.protocol.Py4JJavaError: An error occurred while calling Thread.sleep: {java}: "
+            f"batch {batchId} given up by a clean stop"
+        ) from None
+    raise RuntimeError(
+        f"twophase: batch {batchId} was given up by a clean stop, but Spark did not interrupt "
+        f"it within {STOP_INTERRUPT_SECONDS:.0f} s (are PySpark's pinned threads off, "
+        "PYSPARK_PIN_THREAD=false?); nothing of it was written, and the next start writes it"
+    )
+
+
+class StopInterrupted(Exception):
+    """The end of a batch a clean stop gave up (``interruptedByStop``)."""
+
+
+class _QuietStops(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, StopInterrupted)
+
+
+_quiet = _QuietStops()
+
+
+def quietStopInterruptions() -> None:
+    """Keep Py4J's callback server from logging a ``StopInterrupted`` as a failure."""
+    logger = logging.getLogger("py4j.clientserver")
+    if _quiet not in logger.filters:
+        logger.addFilter(_quiet)
 
 
 def _queryIdOf(spark: Any) -> str | None:
@@ -192,7 +254,8 @@ def _taskFunction(
                     )
                 yield data
 
-        result = runTask(sink.createWriter, ctx, rows(), alreadyDecided=False)
+        with codedErrors():
+            result = runTask(sink.createWriter, ctx, rows(), alreadyDecided=False)
         held = tuple(expected) if expected is not None else tuple(sorted(seen))
         result = dataclasses.replace(result, inputs=held)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(result.toJson())]})

@@ -28,12 +28,14 @@ from twophase.protocol import Committer, TaskResult, TransactionContext, Transac
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
 from twophase.spark.checkpoint import checkpointQueryId, plannedBatchId
+from twophase.spark.coded import codedErrors
 from twophase.spark.driver import (
     BatchPlan,
     abortFailedBatch,
     beforeBatch,
     forgottenIfFenced,
     openCoordinator,
+    stoppedBatch,
 )
 from twophase.spark.grouping import refuseWriterTasks
 from twophase.spark.schema import arrowSchemaOf
@@ -92,15 +94,19 @@ class TwoPhaseStreamWriter(StreamWriterBase):
     def __getstate__(self) -> dict[str, Any]:
         """Plan the batch before the writer leaves for the tasks (once; see the module doc)."""
         if self.plan is None:
-            self.plan = self._planBatch()
+            with codedErrors():
+                self.plan = self._planBatch()
         return dict(self.__dict__)
 
     def _planBatch(self) -> BatchPlan:
-        """Driver: check the options and the input, claim the log and recover, before any task."""
-        refuseWriterTasks(self.sink.options, self.sink.name())
-        self.sink.validate(self.schema)
+        """Driver: check the options and the input, claim the log and recover, before any task;
+        nothing at all when the query is stopping cleanly."""
         queryId = checkpointQueryId(self.settings.checkpointLocation)
         batchId = plannedBatchId(self.settings.checkpointLocation)
+        if stoppedBatch(self.settings, queryId, batchId):
+            return BatchPlan(stopping=True)
+        refuseWriterTasks(self.sink.options, self.sink.name())
+        self.sink.validate(self.schema)
         committer = self.sink.createCommitter()
         return beforeBatch(self.sink, committer, self.settings, queryId, batchId)
 
@@ -142,7 +148,8 @@ class TwoPhaseStreamWriter(StreamWriterBase):
             raise RuntimeError("a twophase stream writer reached a task without a batch plan")
         decided = not self.plan.writes(batchId, ctx.partitionId)
         batches = taskBatches(iterator, lambda: arrowSchemaOf(self.schema, self.sink.name()))
-        result = runTask(self.sink.createWriter, ctx, batches, alreadyDecided=decided)
+        with codedErrors():
+            result = runTask(self.sink.createWriter, ctx, batches, alreadyDecided=decided)
         return TwoPhaseCommitMessage(
             result.toJson(),
             started,
@@ -155,8 +162,8 @@ class TwoPhaseStreamWriter(StreamWriterBase):
         freezeWorkerHeap()
         ensureLogging()
         self._checkUnplanned()
-        coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-        with forgottenIfFenced(self.settings):
+        with codedErrors(), forgottenIfFenced(self.settings):
+            coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
             coordinator.commitBatch(batchId, _results(messages))
         reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
         if reported:
@@ -173,8 +180,8 @@ class TwoPhaseStreamWriter(StreamWriterBase):
         freezeWorkerHeap()
         ensureLogging()
         self._checkUnplanned()
-        coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-        with forgottenIfFenced(self.settings):
+        with codedErrors(), forgottenIfFenced(self.settings):
+            coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
             abortFailedBatch(
                 coordinator,
                 batchId,
