@@ -62,6 +62,24 @@ def systemFailure(exc: BaseException) -> SystemFailure | None:
     return None
 
 
+def queryFix(exc: BaseException) -> str:
+    """The fix a query's operator reads for a system that did not answer or refused the
+    credentials (the command line's fixes name its own flags instead); ``""`` otherwise."""
+    failure = systemFailure(exc)
+    if failure is None:
+        return ""
+    system = failure.system or "the sink's system"
+    if failure.reason is SinkFailure.CREDENTIALS:
+        return (
+            f"Fix: give the query the credentials and privileges {system} asks for (the sink's "
+            "user, password and security options), then start it again."
+        )
+    return (
+        f"Fix: make {system} reachable at the address the query's options give; a query under "
+        "twophase.supervise is restarted until it is."
+    )
+
+
 def errorCodeOf(exc: BaseException) -> str | None:
     """The code ``exc`` carries into Spark (``twophase.failures.codes``), or ``None``.
 
@@ -106,5 +124,6 @@ __all__ = [
     "declaredError",
     "errorChain",
     "errorCodeOf",
+    "queryFix",
     "systemFailure",
 ]

@@ -4,7 +4,9 @@ Spark carries an error of a Python worker (a task, a data source's planning or c
 a ``foreachBatch`` function to the driver as text, so the class is lost on the way. Every
 entry point of the binding runs inside ``codedErrors``: an error that escapes gets its code
 (``twophase.sinks.systems.errorCodeOf``) in front of its message, ``[TWOPHASE_UNREACHABLE]
-...``, the way Spark's own error classes read; the error keeps its type and everything else.
+...``, the way Spark's own error classes read, and a system that did not answer or refused
+the credentials gets the fix an operator of the query needs, when the message has none; the
+error keeps its type and everything else.
 An error whose message is not text (a client library's error object) gets the code as a note,
 which Python prints under the message. ``twophase.supervise`` reads the codes back.
 """
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 
 from twophase.failures.codes import marked
 from twophase.redaction import getLogger
-from twophase.sinks.systems import errorCodeOf
+from twophase.sinks.systems import errorCodeOf, queryFix
 
 log = getLogger(__name__)
 
@@ -43,9 +45,12 @@ def markError(exc: BaseException) -> str | None:
     mark = f"[{code}]"
     if exc.args and isinstance(exc.args[0], str):
         if not exc.args[0].startswith(mark):
-            exc.args = (marked(code, exc.args[0]), *exc.args[1:])
+            message = exc.args[0]
+            fix = "" if "Fix:" in message else queryFix(exc)
+            exc.args = (marked(code, f"{message.rstrip()} {fix}".rstrip()), *exc.args[1:])
     elif not any(mark in note for note in getattr(exc, "__notes__", ())):
-        exc.add_note(marked(code, f"{type(exc).__name__}: {exc}"))
+        fix = queryFix(exc)
+        exc.add_note(marked(code, f"{type(exc).__name__}: {exc} {fix}".rstrip()))
     return code
 
 

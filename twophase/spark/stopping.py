@@ -161,10 +161,14 @@ def _awaitBoundary(query: Any, directory: Path | None, queryId: str, deadline: f
     """Wait until the query is between batches (True) or the deadline passes (False)."""
     while time.monotonic() < deadline:
         if not query.isActive:
+            log.debug("twophase: query %s ended by itself", queryId)
             return True
         if directory is not None and _parked(directory, queryId).exists():
+            log.debug("twophase: query %s waits before its next batch", queryId)
             return True
-        if not query.status.get("isTriggerActive", True):
+        status = query.status
+        if not status.get("isTriggerActive", True):
+            log.debug("twophase: query %s is between triggers: %s", queryId, status)
             return True
         time.sleep(POLL_SECONDS)
     return False

@@ -1,0 +1,301 @@
+"""``twophase.supervise`` and ``stopGracefully`` against the real servers, in one shared session.
+
+- a PostgreSQL outage fails the query; supervision restarts it in the same session until the
+  server is back, and the table holds every row once;
+- refused credentials are fatal: no restart, the error says the fix, nothing is written;
+- a strategy that runs out gives up with the failure's own message;
+- a clean stop, in either path, of a query writing PostgreSQL, Kafka and files under one
+  decision, leaves nothing in doubt: ``twophase status`` and ``twophase doctor`` exit 0, and
+  the next start goes on exactly once;
+- a stop whose timeout is too short interrupts the batch, says so, and the next start recovers.
+
+A SIGTERM to a supervised driver is tested with the chaos pipelines' child process
+(``integration_tests/chaos``), which runs under ``supervise``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import twophase
+from integration_tests.chaos.runner import batchesDone
+from integration_tests.spark_processes import sharedSession
+from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
+from twophase import cli, restarts, verify
+from twophase.sinks.relational.naming import sinkPrefix
+
+ROWS_PER_BATCH = 500
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    yield from sharedSession("twophase-supervise")
+
+
+def sequence(spark: Any, rows: int | None, partitions: int = 2) -> Any:
+    reader = (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", ROWS_PER_BATCH)
+        .option("numPartitions", partitions)
+    )
+    if rows is not None:
+        reader = reader.option("totalRows", rows)
+    return reader.load()
+
+
+def waitFor(condition: Callable[[], bool], what: str, limit: float = 120.0) -> float:
+    """Poll ``condition`` until true; returns when it became so (monotonic)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def preparedOf(pgUrl: str, sinkId: str) -> list[str]:
+    with psycopg.connect(pgUrl, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (sinkPrefix(sinkId) + "%",)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def postgresOptions(url: str, table: str, ckpt: Path, sinkId: str) -> dict[str, str]:
+    return {
+        "url": url,
+        "table": table,
+        "createTable": "true",
+        "sinkId": sinkId,
+        "connectTimeout": "2",
+        "connectRetrySeconds": "1",
+        "socketTimeout": "3",
+        "commitTimeoutSeconds": "4",
+        "checkpointLocation": str(ckpt),
+    }
+
+
+def test_an_outage_fails_the_query_and_supervision_restarts_it_until_the_server_is_back(
+    spark: Any, pg_url: str, pg_table: str, proxies: Toxiproxy, tmp_path: Path
+) -> None:
+    proxy = proxies.proxy("postgres")
+    ckpt = tmp_path / "ckpt"
+    sinkId = f"sv-{uuid.uuid4().hex[:8]}"
+    options = postgresOptions(proxiedUrl(pg_url, proxy), pg_table, ckpt, sinkId)
+    rows = 8 * ROWS_PER_BATCH
+
+    def start() -> Any:
+        return (
+            sequence(spark, rows)
+            .writeStream.format("twophase.postgres")
+            .options(**options)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    supervised = twophase.supervise(start, restarts.fixedDelay(30, 1.0))
+    waitFor(lambda: batchesDone(ckpt) >= 2, "two batches")
+    proxy.disable()
+    waitFor(lambda: bool(supervised.restarts), "a supervised restart")
+    time.sleep(3)  # restarts keep failing while it is down
+    proxy.enable()
+    healed = time.monotonic()
+    before = batchesDone(ckpt)
+    resumed = waitFor(lambda: batchesDone(ckpt) > before, "a batch after the outage", 90)
+    supervised.awaitTermination(240)
+    assert supervised.exception() is None
+    assert supervised.restarts and supervised.query is not None
+    codes = {r.code for r in supervised.restarts}
+    assert codes <= {"TWOPHASE_UNREACHABLE", "TWOPHASE_COMMIT_FAILED"}, supervised.restarts
+    assert all(r.firstLine.startswith("[TWOPHASE_") for r in supervised.restarts)
+    report = verify.verify(
+        "sequence", {"start": "0", "end": str(rows)}, "postgres", {"url": pg_url, "table": pg_table}
+    )
+    assert report.ok, report
+    assert preparedOf(pg_url, sinkId) == []
+    print(
+        f"supervised restarts: {len(supervised.restarts)}; first batch {resumed - healed:.1f} s "
+        "after the server was back"
+    )
+
+
+def test_refused_credentials_are_fatal_and_say_the_fix_without_a_restart(
+    spark: Any, pg_url: str, pg_table: str, tmp_path: Path
+) -> None:
+    secret = "Wr0ng-Secret-of-supervise"
+    ckpt = tmp_path / "ckpt"
+    options = postgresOptions(pg_url, pg_table, ckpt, f"sv-{uuid.uuid4().hex[:8]}")
+    options["password"] = secret
+
+    def start() -> Any:
+        return (
+            sequence(spark, 2 * ROWS_PER_BATCH)
+            .writeStream.format("twophase.postgres")
+            .options(**options)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    supervised = twophase.supervise(start, restarts.fixedDelay(5, 0.2))
+    with pytest.raises(twophase.QueryFailedError) as failed:
+        supervised.awaitTermination(120)
+    error = failed.value
+    assert error.code == "TWOPHASE_CREDENTIALS" and not error.recoverable and not error.gaveUp
+    assert "Fix:" in str(error) and "not recoverable" in str(error)
+    assert secret not in str(error)
+    assert supervised.restarts == [] and not supervised.isActive
+    assert batchesDone(ckpt) == 0
+
+
+def test_a_strategy_that_runs_out_gives_up_with_the_failures_own_message(
+    spark: Any, pg_url: str, pg_table: str, proxies: Toxiproxy, tmp_path: Path
+) -> None:
+    proxy = proxies.proxy("postgres")
+    proxy.disable()
+    ckpt = tmp_path / "ckpt"
+    options = postgresOptions(
+        proxiedUrl(pg_url, proxy), pg_table, ckpt, f"sv-{uuid.uuid4().hex[:8]}"
+    )
+
+    def start() -> Any:
+        return (
+            sequence(spark, 2 * ROWS_PER_BATCH)
+            .writeStream.format("twophase.postgres")
+            .options(**options)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    supervised = twophase.supervise(start, restarts.fixedDelay(1, 0.2))
+    with pytest.raises(twophase.QueryFailedError) as failed:
+        supervised.awaitTermination(120)
+    error = failed.value
+    assert error.gaveUp and error.recoverable and error.code == "TWOPHASE_UNREACHABLE"
+    assert "gave up after 1 restart" in str(error)
+    assert str(error).startswith("[TWOPHASE_UNREACHABLE]")
+    assert len(supervised.restarts) == 1
+
+
+def multiStream(spark: Any, rows: int | None) -> Any:
+    from pyspark.sql import functions as F
+
+    return sequence(spark, rows).select(
+        F.struct("id", "payload").alias("orders"),
+        F.struct(F.col("id").cast("string").alias("key"), F.col("payload").alias("value")).alias(
+            "events"
+        ),
+        F.struct("id", "payload").alias("archive"),
+    )
+
+
+def multiOptions(pgUrl: str, table: str, bootstrap: str, topic: str, out: Path) -> dict[str, str]:
+    return {
+        "targets": "orders=postgres,events=kafka,archive=files",
+        "orders.url": pgUrl,
+        "orders.table": table,
+        "orders.createTable": "true",
+        "events.kafka.bootstrap.servers": bootstrap,
+        "events.topic": topic,
+        "archive.path": str(out),
+    }
+
+
+def runCommand(*argv: str) -> int:
+    return int(cli.main(list(argv)))
+
+
+@pytest.mark.parametrize("path", ["format", "foreachBatch"])
+def test_a_clean_stop_leaves_nothing_in_doubt_in_any_target_and_the_next_start_goes_on(
+    spark: Any,
+    pg_url: str,
+    pg_table: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    path: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    topic = f"it-supervise-{uuid.uuid4().hex[:8]}"
+    options = multiOptions(pg_url, pg_table, kafka_bootstrap, topic, tmp_path / "out")
+    options["checkpointLocation"] = str(ckpt)
+    rows = 10 * ROWS_PER_BATCH
+
+    def start(total: int | None) -> Any:
+        stream = multiStream(spark, total)
+        if path == "format":
+            writer = stream.writeStream.format("twophase.multi").options(**options)
+        else:
+            writer = stream.writeStream.foreachBatch(
+                twophase.foreachBatch("twophase.multi", options)
+            )
+        if total is not None:
+            writer = writer.trigger(availableNow=True)
+        return writer.option("checkpointLocation", str(ckpt)).start()
+
+    supervised = twophase.supervise(lambda: start(None), restarts.none())
+    waitFor(lambda: batchesDone(ckpt) >= 2, "two batches")
+    waitFor(lambda: supervised.status["isTriggerActive"], "a batch running")
+    assert supervised.stop(60) is True
+    assert not supervised.isActive and supervised.exception() is None
+    assert supervised.query.exception() is None
+    stoppedAt = batchesDone(ckpt)
+
+    secrets = ["--sink-option", f"orders.url={pg_url}"]
+    assert runCommand("status", "--checkpoint", str(ckpt)) == 0, capsys.readouterr().out
+    assert runCommand("doctor", "--checkpoint", str(ckpt), *secrets) == 0, capsys.readouterr().out
+    capsys.readouterr()
+
+    drained = start(rows)  # the same checkpoint, to the end of the source
+    assert drained.awaitTermination(240)
+    assert drained.exception() is None and batchesDone(ckpt) > stoppedAt
+    report = verify.verify(
+        "sequence", {"start": "0", "end": str(rows)}, "multi", {**options, "orders.url": pg_url}
+    )
+    assert report.ok, report
+
+
+def test_a_stop_timeout_too_short_for_the_batch_stops_it_mid_batch_and_says_what_comes_next(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    out = tmp_path / "out"
+    rows = 3 * ROWS_PER_BATCH
+
+    def start(total: int | None) -> Any:
+        from pyspark.sql import functions as F
+
+        slow = F.udf(lambda v: (time.sleep(0.02), v)[1], "string")  # 5 s a task
+        writer = (
+            sequence(spark, total)
+            .withColumn("payload", slow("payload"))
+            .writeStream.format("twophase.files")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ckpt))
+        )
+        return writer.start() if total is None else writer.trigger(availableNow=True).start()
+
+    query = start(None)
+    waitFor(lambda: batchesDone(ckpt) >= 1, "a batch")  # the next one has just begun
+    waitFor(lambda: query.status["message"] == "Processing new data", "a batch running")
+    time.sleep(2)  # past its planning: its tasks run
+    with caplog.at_level(logging.WARNING, logger="twophase"):
+        assert twophase.stopGracefully(query, timeout=1.0) is False
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "stopped mid-batch" in said and "the next start" in said
+    assert "twophase status --checkpoint" in said
+    with pytest.raises(Exception, match="timeout"):
+        twophase.stopGracefully(query, timeout=0)
+    drained = start(rows)
+    assert drained.awaitTermination(240)
+    report = verify.verify(
+        "sequence", {"start": "0", "end": str(rows)}, "files", {"path": str(out)}
+    )
+    assert report.ok, report
