@@ -5,4 +5,4 @@
 and the Spark binding compares a Connect server's to it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -31,6 +31,7 @@ from typing import TextIO
 from twophase.coordinator.errors import (
     CommitFailedError,
     CoordinatorError,
+    LogFormatError,
     LogOwnershipError,
     RewriteMismatchError,
     RewritePendingError,
@@ -123,6 +124,8 @@ def explain(exc: BaseException) -> Explanation:
             f"{said}. A lost transaction cannot be committed again: see {OPERATIONS_DOC} (a "
             "query that will not start) before restarting the query.",
         )
+    if isinstance(exc, LogFormatError):
+        return _newerFormat(exc)
     if isinstance(exc, LogOwnershipError | CoordinatorError):
         return Explanation(EXIT_LEFT_TO_DO, str(exc))
     if isinstance(exc, TwoPhaseConfigError):
@@ -144,6 +147,19 @@ def explain(exc: BaseException) -> Explanation:
         EXIT_LEFT_TO_DO,
         f"failed: {type(exc).__name__}: {_oneLine(exc)} (run again with --debug for the traceback)",
         declared.fix if declared is not None else "",
+    )
+
+
+def _newerFormat(exc: LogFormatError) -> Explanation:
+    """A record of a newer twophase: what it is, both versions, and that nothing was done."""
+    by = f" (written by twophase {exc.writtenBy})" if exc.writtenBy else ""
+    release = f"twophase {exc.writtenBy} or later" if exc.writtenBy else "the newer twophase"
+    return Explanation(
+        EXIT_CANNOT,
+        f"{exc.where} is in format {exc.found}{by}, and this twophase {exc.reader} reads "
+        f"formats up to {exc.newest}. Nothing was committed or aborted.",
+        f"Fix: run this command with {release}; the query too needs it on its driver and "
+        "executors.",
     )
 
 

@@ -258,3 +258,70 @@ class RewriteMismatchError(CoordinatorError):
             f"records for these partitions instead (right only if the query changed, not the "
             f"grouping), restart once with option {option}=write."
         )
+
+
+class LogFormatError(CoordinatorError):
+    """A persisted record is in a format newer than this twophase reads.
+
+    Raised by every reader of the decision log's records, the run claims, ``owner.json``,
+    ``sink.json`` and a sink's handles, never skipped like a torn record: a newer release may
+    mean something by it that this one would get wrong (an earlier release read a fence as no
+    decision). The start of a query meets it before anything is committed or aborted.
+    """
+
+    errorCode = "TWOPHASE_LOG_FORMAT"
+
+    def __init__(
+        self, where: str, found: int, newest: int, writtenBy: str | None, reader: str
+    ) -> None:
+        self.where = where
+        self.found = found
+        self.newest = newest
+        self.writtenBy = writtenBy
+        self.reader = reader
+        by = f", written by twophase {writtenBy}" if writtenBy else ""
+        target = f"twophase {writtenBy} or later" if writtenBy else "the twophase that wrote it"
+        super().__init__(
+            f"{where} is in format {found}{by}; this twophase {reader} reads formats up to "
+            f"{newest}, so it stops before acting on it (nothing was committed or aborted on "
+            f"its account). Fix: upgrade to {target} on the driver and on every executor, "
+            "then start the query again; or start the query on a new checkpoint location "
+            "(and a new option sinkId) to leave this log behind."
+        )
+
+    def __reduce__(self) -> tuple[type[LogFormatError], tuple[str, int, int, str | None, str]]:
+        return type(self), (self.where, self.found, self.newest, self.writtenBy, self.reader)
+
+
+class SinkChangedError(CoordinatorError):
+    """The query restarted with another sink than the one whose decided batches wait in the log.
+
+    A decided batch must be committed by the sink that prepared it: another sink id looks in
+    another log (the old decisions would stay in doubt while Spark replays the batch through the
+    new sink), and another sink class cannot commit the old handles. Refused at the start,
+    before anything is written for the new sink.
+    """
+
+    errorCode = "TWOPHASE_LOG_OWNERSHIP"
+
+    def __init__(
+        self, url: str, sinkId: str, change: str, asItWas: str, waiting: Sequence[int]
+    ) -> None:
+        self.url = url
+        self.sinkId = sinkId
+        self.change = change
+        self.asItWas = asItWas
+        self.waiting = list(waiting)
+        super().__init__(
+            f"twophase sink {sinkId}: {change}, and the decision log at {url} still holds "
+            f"batches {', '.join(str(b) for b in self.waiting)} decided and not committed. "
+            "They must be committed by the sink that prepared them before the query goes on "
+            "with another one, or they would stay in doubt (holding their locks) while Spark "
+            f"writes the batches again. Fix: start the query once more as it was ({asItWas}) "
+            "and let it finish a batch, or run twophase recover --checkpoint "
+            "<checkpointLocation> (it commits them); then start it with the new sink. Or start "
+            "the new sink on a new checkpoint location."
+        )
+
+    def __reduce__(self) -> tuple[type[SinkChangedError], tuple[str, str, str, str, list[int]]]:
+        return type(self), (self.url, self.sinkId, self.change, self.asItWas, self.waiting)

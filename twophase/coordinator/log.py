@@ -14,8 +14,10 @@ Layout, in one directory reached through fsspec (local disk, ``file://``, HDFS, 
     batch-00000000000000000008.recovery.json    what the recovery before batch 8 did, if anything
 
 One small indented JSON file per state change, each published atomically and carrying
-``checksum`` (sha256 of its canonical body), so a torn or garbage file is never taken for a
-record: it is ignored with a WARNING (:mod:`~twophase.coordinator.storage`). Temporary files are
+``format``, ``twophase`` (the version that wrote it) and ``checksum`` (sha256 of its canonical
+body), so a torn or garbage file is never taken for a record: it is ignored with a WARNING
+(:mod:`~twophase.coordinator.storage`); one of a newer format stops its reader
+(:mod:`~twophase.coordinator.formats`). Temporary files are
 ignored and removed by ``prune`` once they are old.
 
 States of batch N: ``decided(N, handles) -> committed(N)``, or ``aborted(N)``; Spark may replay
@@ -53,11 +55,11 @@ from twophase.coordinator.figures import (
 from twophase.coordinator.paths import logLocationFor
 from twophase.coordinator.reading import readState
 from twophase.coordinator.records import (
-    FORMAT,
     BatchState,
     BatchStatus,
     LoggedHandle,
     LogOwner,
+    header,
     isoTime,
     recordName,
 )
@@ -137,9 +139,13 @@ class DecisionLog:
         return ownership.readOwner(self._storage)
 
     def refuseOtherQuery(self, sinkId: str, queryId: str) -> None:
-        """Raise ``LogOwnershipError`` if another query owns the log; writes nothing."""
+        """Raise ``LogOwnershipError`` if another query owns the log, ``SinkChangedError`` if
+        no query does yet and this query's log of another sink id waits for its commits,
+        ``LogFormatError`` if a newer twophase wrote ``owner.json``; writes nothing."""
         current = self.owner()
-        if current is not None and (current.queryId, current.sinkId) != (queryId, sinkId):
+        if current is None:
+            ownership.refuseMovedSink(self._storage, sinkId, queryId)
+        elif (current.queryId, current.sinkId) != (queryId, sinkId):
             raise LogOwnershipError(self._url, sinkId, current.queryId, queryId)
 
     def claim(self, sinkId: str, queryId: str, reset: bool = False) -> LogOwner:
@@ -183,7 +189,7 @@ class DecisionLog:
             queryId = results[0].queryId
         now = datetime.now(UTC)
         body = {
-            "format": FORMAT,
+            **header(),
             "batchId": batchId,
             "state": str(BatchStatus.DECIDED),
             "queryId": queryId,
@@ -238,7 +244,7 @@ class DecisionLog:
         """
         self._requireDecided(batchId, "record lost partitions of")
         body = {
-            "format": FORMAT,
+            **header(),
             "batchId": batchId,
             "state": str(BatchStatus.REWRITE),
             "updatedAt": isoTime(datetime.now(UTC)),
@@ -262,7 +268,7 @@ class DecisionLog:
         """
         self._requireDecided(batchId, "mark committed")
         body = {
-            "format": FORMAT,
+            **header(),
             "batchId": batchId,
             "state": str(BatchStatus.COMMITTED),
             "committedAt": isoTime(datetime.now(UTC)),
@@ -292,7 +298,7 @@ class DecisionLog:
                 "rolled forward, never aborted"
             )
         body = {
-            "format": FORMAT,
+            **header(),
             "batchId": batchId,
             "state": str(BatchStatus.ABORTED),
             "abortedAt": isoTime(datetime.now(UTC)),
@@ -320,7 +326,7 @@ class DecisionLog:
             except (FileNotFoundError, CorruptRecord):
                 runs = []
         body = {
-            "format": FORMAT,
+            **header(),
             "batchId": batchId,
             "state": str(BatchStatus.RECOVERY),
             "runs": [*runs, dict(entry)][-RECOVERY_RUNS_KEPT:],

@@ -2,7 +2,10 @@
 
 A new checkpoint location means a new query id and batch ids that start again at 0, so the
 log refuses a query other than its owner unless the user resets it (``twophase.resetLog``).
-Which *driver* of the owning query may write it is :mod:`~twophase.coordinator.holding`'s.
+A log no query owns yet refuses a query whose other sink log in the same checkpoint still holds
+decided batches not committed: the query was started again with another ``sinkId``, and only
+the old sink can commit what it decided. Which *driver* of the owning query may write it is
+:mod:`~twophase.coordinator.holding`'s.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from twophase.coordinator.errors import LogOwnershipError
-from twophase.coordinator.records import FORMAT, BatchState, LogOwner, isoTime, parseTime
+from twophase.coordinator import scans
+from twophase.coordinator.errors import LogOwnershipError, SinkChangedError
+from twophase.coordinator.paths import LOG_DIRECTORY
+from twophase.coordinator.records import BatchState, LogOwner, header, isoTime, parseTime
 from twophase.coordinator.storage import CorruptRecord, LogStorage
 from twophase.redaction import getLogger
 
@@ -29,7 +34,46 @@ def readOwner(storage: LogStorage) -> LogOwner | None:
     except CorruptRecord as exc:
         log.warning("decision log %s: ignoring %s: %s", storage.url, OWNER_FILE, exc)
         return None
-    return LogOwner(str(body["sinkId"]), str(body["queryId"]), parseTime(body["createdAt"]))
+    writer = body.get("twophase")
+    return LogOwner(
+        str(body["sinkId"]),
+        str(body["queryId"]),
+        parseTime(body["createdAt"]),
+        writer if isinstance(writer, str) else None,
+    )
+
+
+def refuseMovedSink(storage: LogStorage, sinkId: str, queryId: str) -> None:
+    """For a log no query owns yet: raise ``SinkChangedError`` when another sink's log in the
+    same checkpoint (``<checkpointLocation>/twophase/<other id>``), owned by this query, holds
+    decided batches not committed. Reads only; a log elsewhere (``twophase.logLocation``) has
+    no such neighbours to ask."""
+    parent, _, _ = storage.root.rpartition("/")
+    if parent.rpartition("/")[2] != LOG_DIRECTORY:
+        return
+    try:
+        entries = storage.fs.ls(parent, detail=True)
+    except FileNotFoundError:
+        return
+    base = storage.url.rstrip("/").rpartition("/")[0]
+    for entry in entries:
+        name = str(entry["name"]).rstrip("/").rpartition("/")[2]
+        if entry.get("type") != "directory" or name == sinkId:
+            continue
+        other = LogStorage(f"{base}/{name}", storage.storageOptions)
+        owner = readOwner(other)
+        if owner is None or owner.queryId != queryId:
+            continue
+        waiting = scans.outstanding(other, other.listing())
+        if waiting:
+            raise SinkChangedError(
+                other.url,
+                sinkId,
+                f"this query ({queryId}) wrote through sink {owner.sinkId} before and now "
+                f"starts sink {sinkId} on the same checkpoint",
+                f"option sinkId={owner.sinkId}",
+                [s.batchId for s in waiting],
+            )
 
 
 def claim(
@@ -45,6 +89,8 @@ def claim(
         return current
     if current is not None and not reset:
         raise LogOwnershipError(storage.url, sinkId, current.queryId, queryId)
+    if current is None:
+        refuseMovedSink(storage, sinkId, queryId)
     if current is not None:
         waiting = outstanding()
         if waiting:
@@ -68,7 +114,7 @@ def claim(
         )
     claimed = LogOwner(sinkId, queryId, datetime.now(UTC))
     body = {
-        "format": FORMAT,
+        **header(),
         "sinkId": sinkId,
         "queryId": queryId,
         "createdAt": isoTime(claimed.createdAt),

@@ -1,10 +1,12 @@
 """What a decision log's records say: batch states, logged handles, the owner, their encoding.
 
 One record is one small JSON file named ``batch-<20-digit id>.<status>.json`` (or
-``owner.json``), carrying ``format`` and a ``checksum`` of its canonical body, so a torn or
-foreign file is never taken for a record. A batch's decision slot may go on in links named
-``batch-<id>.decided-<10-digit epoch>.json`` (:mod:`~twophase.coordinator.slots`), and the runs
-that held the log are ``run-<10-digit epoch>.json`` (:mod:`~twophase.coordinator.runs`).
+``owner.json``), carrying ``format`` (:mod:`~twophase.coordinator.formats`), ``twophase`` (the
+version that wrote it) and a ``checksum`` of its canonical body, so a torn or foreign file is
+never taken for a record and a newer one is never misread. A batch's decision slot may go on
+in links named ``batch-<id>.decided-<10-digit epoch>.json`` (:mod:`~twophase.coordinator.slots`),
+and the runs that held the log are ``run-<10-digit epoch>.json``
+(:mod:`~twophase.coordinator.runs`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from twophase.coordinator.formats import LOG_FORMAT
 from twophase.protocol import Handle, TaskResult, dumpsHandle
+from twophase.version import __version__
 
-FORMAT = 1
-"""Version of the record layout, stored in every record."""
+FORMAT = LOG_FORMAT
+"""Version of the record layout, stored in every record (:mod:`~twophase.coordinator.formats`)."""
 
 RECORD_NAME = re.compile(r"^batch-(\d{20})\.(decided|committed|aborted|rewrite|recovery)\.json$")
 LINK_NAME = re.compile(r"^batch-(\d{20})\.decided-(\d{10})\.json$")
@@ -181,6 +185,13 @@ class LogOwner:
     sinkId: str
     queryId: str
     createdAt: datetime
+    twophase: str | None = None
+    """The twophase version that created the log (``None``: a release before format 2)."""
+
+
+def header() -> dict[str, Any]:
+    """The fields every record begins with: its format and the twophase version that wrote it."""
+    return {"format": FORMAT, "twophase": __version__}
 
 
 def recordName(batchId: int, status: BatchStatus) -> str:

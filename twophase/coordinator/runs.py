@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from twophase.coordinator.records import FORMAT, isoTime, parseTime, runName
+from twophase.coordinator.records import header, isoTime, parseTime, runName
 from twophase.coordinator.storage import CorruptRecord, LogStorage
 from twophase.redaction import getLogger
+from twophase.version import __version__
 
 log = getLogger(__name__)
 
@@ -58,6 +59,8 @@ class Run:
     driver: Driver
     claimedAt: datetime
     queryId: str | None = None
+    twophase: str | None = None
+    """The twophase version that claimed it (``None``: format 1, written by 0.1.0 or earlier)."""
 
     def toJson(self) -> dict[str, Any]:
         return {
@@ -87,7 +90,8 @@ class RunRecords:
         return max(self._storage.listing().runs, default=None)
 
     def read(self, epoch: int) -> Run | None:
-        """The record of run ``epoch``; ``None`` if gone (pruned) or unreadable."""
+        """The record of run ``epoch``; ``None`` if gone (pruned) or unreadable;
+        ``LogFormatError`` if a newer twophase wrote it in a newer format."""
         path = self._storage.path(runName(epoch))
         try:
             body = self._storage.readRecord(path)
@@ -98,6 +102,7 @@ class RunRecords:
                 Driver.fromJson(body["driver"]),
                 parseTime(body["claimedAt"]),
                 body.get("queryId"),
+                body.get("twophase") if isinstance(body.get("twophase"), str) else None,
             )
         except FileNotFoundError:
             return None
@@ -106,10 +111,17 @@ class RunRecords:
             return None
 
     def create(self, epoch: int, driver: Driver, queryId: str | None) -> Run | None:
-        """Claim ``epoch`` for ``driver``; ``None`` when another driver created it first."""
-        run = Run(epoch, driver, datetime.now(UTC), queryId)
+        """Claim ``epoch`` for ``driver``; ``None`` when another driver created it first.
+
+        The run before (the newest, which the caller counts from) is read first: a log that a
+        newer twophase holds stops the start with ``LogFormatError`` before anything is
+        written, the claim included.
+        """
+        if epoch > 1:
+            self.read(epoch - 1)
+        run = Run(epoch, driver, datetime.now(UTC), queryId, __version__)
         body = {
-            "format": FORMAT,
+            **header(),
             "epoch": epoch,
             "driver": driver.toJson(),
             "claimedAt": isoTime(run.claimedAt),

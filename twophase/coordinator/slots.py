@@ -20,8 +20,8 @@ from typing import Any
 
 from twophase.coordinator.records import (
     FENCED,
-    FORMAT,
     BatchStatus,
+    header,
     isoTime,
     linkName,
     recordName,
@@ -98,7 +98,7 @@ def fence(storage: LogStorage, batchId: int, epoch: int) -> bool:
     decided first (by an older run, before the fence). Idempotent for the same run."""
     name = recordName(batchId, BatchStatus.DECIDED)
     body = {
-        "format": FORMAT,
+        **header(),
         "batchId": batchId,
         "state": FENCED,
         "epoch": epoch,

@@ -10,9 +10,10 @@ exactly one wins. A write the filesystem refuses (a full or read-only disk) rais
 own temporary file, so nothing half written is left under a final name. Reading a record
 verifies its ``checksum``
 (:func:`~twophase.coordinator.records.checksum`): a torn or garbage file raises
-:class:`CorruptRecord`, never passes for a record. A listing sorts the directory into records by
-batch and status, the links of fenced decision slots, the runs, and temporary files with their
-age, which ``prune`` removes once they are old.
+:class:`CorruptRecord`, never passes for a record; one of a newer ``format`` raises
+:class:`~twophase.coordinator.errors.LogFormatError`, never passes for a torn one. A listing
+sorts the directory into records by batch and status, the links of fenced decision slots, the
+runs, and temporary files with their age, which ``prune`` removes once they are old.
 No cache: several processes (Spark's driver-side Python workers, executors) read the same log.
 """
 
@@ -39,7 +40,15 @@ from twophase.coordinator.exclusive import (
     isObjectStore,
     protocolOf,
 )
-from twophase.coordinator.records import LINK_NAME, RECORD_NAME, RUN_NAME, BatchStatus, checksum
+from twophase.coordinator.formats import refuseNewer, versionOf
+from twophase.coordinator.records import (
+    FORMAT,
+    LINK_NAME,
+    RECORD_NAME,
+    RUN_NAME,
+    BatchStatus,
+    checksum,
+)
 from twophase.redaction import getLogger
 
 log = getLogger(__name__)
@@ -82,6 +91,7 @@ class LogStorage:
         self, url: str, storageOptions: Mapping[str, Any], *, unfenced: bool = False
     ) -> None:
         self.url = url
+        self.storageOptions = dict(storageOptions)
         fs, root = fsspec.core.url_to_fs(url, **storageOptions)
         self.fs: AbstractFileSystem = fs
         self.root: str = root.rstrip("/") or root
@@ -138,8 +148,9 @@ class LogStorage:
 
     def readRecord(self, path: str) -> dict[str, Any]:
         """The body of the record at ``path``, its checksum verified; ``CorruptRecord`` if not
-        a complete record, ``FileNotFoundError`` if gone. Never from a cached listing: a
-        record another driver created since must be found."""
+        a complete record, ``LogFormatError`` if of a newer format than this code reads,
+        ``FileNotFoundError`` if gone. Never from a cached listing: a record another driver
+        created since must be found."""
         self.fs.invalidate_cache(path)
         data = self.fs.cat_file(path)
         try:
@@ -148,6 +159,13 @@ class LogStorage:
             raise CorruptRecord(f"not complete JSON ({exc})") from None
         if not isinstance(body, dict):
             raise CorruptRecord("not a JSON object")
+        try:
+            found = versionOf(body.get("format"), "the record")
+        except ValueError as exc:
+            raise CorruptRecord(str(exc)) from None
+        # Before the checksum: a newer release may sum its records otherwise, and a record it
+        # wrote must stop this code, never pass for a torn one.
+        refuseNewer(found, FORMAT, f"decision log record {path}", body.get("twophase"))
         stored = body.pop("checksum", None)
         if stored != checksum(body):
             raise CorruptRecord("checksum mismatch (torn or edited file)")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from twophase.coordinator.formats import checkHandleVersion
 from twophase.protocol import Handle, TransactionContext
 from twophase.sinks.files.layout import LEGACY_ROOT, LEGACY_STAGING_ROOT, AttemptName
 
@@ -178,6 +179,7 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed files handle before touching a file."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a files handle (kind={handle.get('kind')!r}): {handle!r}")
+    checkHandleVersion(handle, KIND)
     if handle.get("commit") is not None:
         if not isMultipartHandle(handle):
             raise ValueError(f"files handle has an unknown commit {handle.get('commit')!r}")

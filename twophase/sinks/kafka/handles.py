@@ -7,6 +7,7 @@ lingering transaction found by recovery has ``transactionalId``, ``producerId`` 
 
 from __future__ import annotations
 
+from twophase.coordinator.formats import checkHandleVersion
 from twophase.protocol import Handle
 
 KIND = "kafka"
@@ -17,6 +18,7 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed Kafka handle before talking to a broker."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a kafka handle (kind={handle.get('kind')!r}): {handle!r}")
+    checkHandleVersion(handle, KIND)
     if not isinstance(handle.get("transactionalId"), str) or not handle["transactionalId"]:
         raise ValueError(f"kafka handle has no transactional id: {handle!r}")
     if not isinstance(handle.get("records"), int):

@@ -20,7 +20,7 @@ from twophase.protocol import (
 )
 from twophase.protocol.fingerprint import combined
 from twophase.protocol.outcomes import CommitAnswer, settleCommit
-from twophase.sinks.multi.targets import KIND, Target, partOf
+from twophase.sinks.multi.targets import KIND, Target, partOf, refuseLostTargets
 
 
 class MultiCommitter(Committer):
@@ -30,9 +30,11 @@ class MultiCommitter(Committer):
         self.parts = list(parts)
 
     def commit(self, handle: Handle) -> None:
+        refuseLostTargets(handle, [target for target, _ in self.parts])
         self._each(handle, lambda c, h: _settled(c, c.commit(h)))
 
     def recoverAndCommit(self, handle: Handle) -> None:
+        refuseLostTargets(handle, [target for target, _ in self.parts])
         self._each(handle, lambda c, h: _settled(c, c.recoverAndCommit(h)))
 
     def abort(self, handle: Handle) -> None:
@@ -41,6 +43,7 @@ class MultiCommitter(Committer):
     def commitReplacement(self, original: Handle, replacement: Handle) -> None:
         """Per target: the original part committed (again, a no-op) if it can be, and the
         replay's part aborted; the replay's part committed where the original is lost."""
+        refuseLostTargets(original, [target for target, _ in self.parts])
         lost: list[TransactionLostError] = []
         for target, committer in self.parts:
             old, new = partOf(original, target.name), partOf(replacement, target.name)

@@ -9,9 +9,10 @@ built-in sink (``postgres``, ``kafka``, ``files``, ``delta``, ``iceberg``) or a 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from twophase.coordinator.formats import checkHandleVersion
 from twophase.protocol import Handle
 from twophase.settings import TwoPhaseConfigError, optionOf
 from twophase.sinks.registry import multiTargetKinds
@@ -87,10 +88,28 @@ def targetOptions(options: Mapping[str, str], target: Target) -> dict[str, str]:
     return chosen
 
 
+def refuseLostTargets(handle: Handle, targets: Sequence[Target]) -> None:
+    """Refuse to commit a multi handle with a part for a target the query no longer has (its
+    ``targets`` changed while the batch was decided): that part would never be committed, and
+    the batch would be marked committed all the same."""
+    parts = handle.get("parts")
+    names = {t.name for t in targets}
+    gone = sorted(str(n) for n in parts if n not in names) if isinstance(parts, dict) else []
+    if gone:
+        raise TwoPhaseConfigError(
+            f"twophase.multi: batch {handle.get('batchId')} was decided with the targets "
+            f"{', '.join(gone)}, which option targets no longer names; their parts of the batch "
+            "would never be committed. Fix: start the query once more with those targets (and "
+            "their options) and let it finish a batch, or run twophase recover with them; then "
+            "change targets."
+        )
+
+
 def partOf(handle: Handle, name: str) -> Handle | None:
     """The handle of target ``name`` inside a multi handle (``None``: that target wrote nothing)."""
     parts = handle.get("parts")
     if not isinstance(parts, dict):
         raise ValueError(f"not a twophase.multi handle: {handle!r}")
+    checkHandleVersion(handle, KIND)
     part = parts.get(name)
     return part if isinstance(part, dict) else None

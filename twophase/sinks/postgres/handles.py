@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 
 from twophase.clients.postgres import ConnectionTarget, Secrets
+from twophase.coordinator.formats import checkHandleVersion
 from twophase.protocol import Handle, TransactionContext
 from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.relational.naming import TransactionName, taskOf
@@ -104,6 +105,7 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed postgres handle before touching the server."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not a postgres handle (kind={handle.get('kind')!r})")
+    checkHandleVersion(handle, KIND)
     if "path" in handle and handle["path"] != STAGED:
         raise ValueError(f"postgres handle has an unknown path {handle['path']!r}")
     if isStaged(handle):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
+from twophase.coordinator.formats import checkHandleVersion
 from twophase.protocol import Handle, TransactionContext
 from twophase.sinks.relational.naming import TransactionName, taskOf
 from twophase.sinks.sql.settings import SqlSettings
@@ -50,6 +51,7 @@ def checkHandle(handle: Handle) -> Handle:
     """Refuse anything that is not a well-formed sql handle before touching the server."""
     if handle.get("kind") != KIND:
         raise ValueError(f"not an sql handle (kind={handle.get('kind')!r})")
+    checkHandleVersion(handle, KIND)
     xid = handle.get("xid")
     if xid is not None and (not isinstance(xid, str) or TransactionName.parse(xid) is None):
         raise ValueError(f"sql handle has a bad xid {xid!r}")
