@@ -7,12 +7,19 @@ the worker's directories, a Python with PySpark and every dependency but not two
 (``pythonWithoutTwophase``), as a worker host someone forgot would: ``register`` raises at
 once, before any query, saying what to install where. The other names this venv's Python: the
 check passes and reports the version and interpreter it found.
+
+On a local master the workers run the interpreter PySpark was given (``PYSPARK_PYTHON``, else
+``python3`` on ``PATH``): a program run by this venv's Python without the variable, whose
+``python3`` on ``PATH`` lacks twophase, is refused at ``register`` with the variable and the
+interpreter to set it to; with the variable naming this interpreter the check runs nothing, and
+naming another that has twophase it runs it once, in well under a second.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +97,68 @@ def test_a_cluster_whose_python_lacks_twophase_is_refused_at_register(
     assert len(lines) == 1, passed
     seen = json.loads(lines[0].removeprefix("SEEN "))
     assert seen["workers"] == f"{twophase.__version__} ({sys.executable})", seen
+
+
+LOCAL_CHILD = """
+import sys, time
+from pyspark.sql import SparkSession
+import twophase
+from twophase.spark.executors import ExecutorsError, checkExecutors
+spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+started = time.monotonic()
+try:
+    twophase.register(spark, checkExecutors=False)
+    registered = time.monotonic()
+    checkExecutors(spark)
+    print(f"REGISTERED {registered - started:.3f} {time.monotonic() - registered:.3f}")
+except ExecutorsError as exc:
+    print(f"REFUSED {exc}")
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_local_master_whose_python3_lacks_twophase_is_refused_at_register(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bare = pythonWithoutTwophase(tmp_path / "bare")
+    onPath = tmp_path / "bin"
+    onPath.mkdir()
+    (onPath / "python3").symlink_to(bare)  # what "python3" finds first, as a system Python
+    work = tmp_path / "driver"
+    work.mkdir()
+
+    def run(**env: str) -> str:
+        environment = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+        environment["PATH"] = f"{onPath}{os.pathsep}{os.environ['PATH']}"
+        done = subprocess.run(
+            [sys.executable, "-c", LOCAL_CHILD],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env={**environment, **env},
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        return done.stdout
+
+    refused = " ".join(run().split())
+    assert "REFUSED the Python workers of this local Spark application run python3" in refused
+    assert f"({onPath / 'python3'})" in refused, refused
+    assert "No module named 'twophase'" in refused, refused
+    assert f"set PYSPARK_PYTHON={sys.executable} before the session starts" in refused, refused
+    assert f"install twophase=={twophase.__version__} into python3" in refused, refused
+    assert "register(spark, checkExecutors=False) skips this check" in refused, refused
+
+    timings = []
+    here = Path(sys.executable)
+    other = here.with_name("python" if here.name != "python" else "python3")  # the same venv
+    assert other.exists(), other
+    for python in (here, other):  # the driver's own interpreter (nothing to run), then another
+        passed = run(PYSPARK_PYTHON=str(python))
+        found = re.search(r"REGISTERED (\S+) (\S+)", passed)
+        assert found is not None, passed
+        timings.append(float(found.group(2)))
+    print(f"the local check: {timings[0]:.3f} s for this interpreter, {timings[1]:.3f} s another")
+    assert timings[0] < 0.1 and timings[1] < 5.0, timings  # no Spark job either way

@@ -129,7 +129,9 @@ def test_recover_dry_run_changes_nothing(
 ) -> None:
     checkpoint, output = crashedQuery
     assert cli.main(["recover", "--checkpoint", str(checkpoint), "--dry-run"]) == 0
-    assert "would commit 1 decided batches" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "would commit 2 transactions of 1 decided batches [0]" in said
+    assert "the next start of the query commits its 2 transactions" in said
     assert ds.dataset(str(output), format="parquet").count_rows() == 0
 
 

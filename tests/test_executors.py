@@ -1,4 +1,4 @@
-"""Which sessions ``twophase.register`` checks the executors of: classic ones on a cluster."""
+"""Which sessions ``twophase.register`` checks the workers of, and how: a cluster, or locally."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import twophase
-from twophase.spark.executors import isCluster, missingMessage
+from twophase.spark.executors import isCluster, isClusterMaster, missingMessage
 
 
 @pytest.mark.parametrize(
@@ -24,12 +24,17 @@ from twophase.spark.executors import isCluster, missingMessage
         ("k8s://https://kubernetes:443", True),
     ],
 )
-def test_only_a_cluster_master_is_checked(master: str, cluster: bool) -> None:
-    assert isCluster(SimpleNamespace(sparkContext=SimpleNamespace(master=master))) is cluster
+def test_every_classic_session_is_checked_a_cluster_by_the_probe_job(
+    master: str, cluster: bool
+) -> None:
+    session = SimpleNamespace(sparkContext=SimpleNamespace(master=master))
+    assert isCluster(session)  # register checks it: a local master through its interpreter
+    assert isClusterMaster(session) is cluster
 
 
-def test_a_session_without_a_spark_context_is_not_a_cluster() -> None:
+def test_a_session_without_a_spark_context_is_not_checked_here() -> None:
     assert not isCluster(SimpleNamespace())  # Spark Connect: its server checks itself
+    assert not isClusterMaster(SimpleNamespace())
 
 
 def test_the_error_docs_deploying_md_shows_is_the_one_raised() -> None:

@@ -120,9 +120,13 @@ def register(spark: SparkSession, *, checkServer: bool = True, checkExecutors: b
     (``twophase.probe``) checks that at once and raises
     ``twophase.spark.connect.ConnectServerError``, saying what to install where, if not.
 
-    On a cluster (a master that is not ``local``), unless ``checkExecutors`` is false, the
-    same probe checks once per application that the cluster's Python workers import this
-    twophase, and raises ``twophase.spark.executors.ExecutorsError`` if not.
+    Unless ``checkExecutors`` is false, it checks once per application that the Python
+    workers import this twophase, and raises ``twophase.spark.executors.ExecutorsError``,
+    saying what to install or set where, if not: on a cluster (a master that is not
+    ``local``) with the same probe; on a local master by running the interpreter PySpark
+    starts its workers with (``PYSPARK_PYTHON``, else ``python3`` on ``PATH``, often another
+    Python than a venv's) once, a fraction of a second, and the error then names
+    ``PYSPARK_PYTHON`` and the interpreter to set it to (this one, ``sys.executable``).
     """
     from twophase.spark import connect, executors
     from twophase.spark.builtins import registerBuiltins

@@ -5,7 +5,10 @@ What the next start of the query would do, without Spark: each sink is rebuilt f
 commits the decided, unfinished batches, then aborts the sink's prepared transactions that no
 decision covers. It claims each log first, as a new driver would, so a query still running on
 the checkpoint stops at its next batch rather than race it. ``--dry-run`` only says what it
-would do. Run it with the query stopped.
+would do. Run it with the query stopped. A decided batch whose system aborted some of its
+partitions' transactions by itself is left decided (only the query's restart rewrites them):
+recover, and its dry run, say so in the words of ``twophase status`` and ``doctor``
+(``twophase.doctor.nextstart``) and exit 1.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from twophase.cli.checkpoint import addCheckpointArguments, loadSink, logLocatio
 from twophase.cli.errors import EXIT_LEFT_TO_DO, EXIT_OK, debugging, sayFailure
 from twophase.cli.options import addSinkOptionArguments, givenSinkOptions
 from twophase.coordinator import Coordinator, DecisionLog, Driver
+from twophase.doctor.nextstart import Unfinished
 from twophase.settings import UNFENCED_LOG_STORE_OPTION, boolOption, coordinatorSettings
 
 RECOVER_EPILOG = """\
@@ -32,7 +36,8 @@ only you can read (KEY=VALUE lines or JSON, chmod 600), or the libraries' own pl
 Run it with the query stopped. See docs/operations.md.
 
 exit status: 0 done, 1 something left to do or failed to finish (the decisions stay in the
-log), 2 bad input or a system that cannot be reached (nothing was done).
+log; a batch awaiting a rewrite, which only a restart of the query can do, --dry-run too),
+2 bad input or a system that cannot be reached (nothing was done).
 """
 
 
@@ -84,13 +89,7 @@ def recover(
     for name, url in logLocations(checkpoint, sinkId):
         decisionLog = DecisionLog(url)
         if dryRun:
-            outstanding = decisionLog.outstanding()
-            out.write(f"sink {name}: would commit {len(outstanding)} decided batches\n")
-            for batch in outstanding:
-                out.write(f"  batch {batch.batchId}: {len(batch.handles)} handles\n")
-            out.write(
-                f"sink {name}: would then abort its prepared transactions no decision covers\n"
-            )
+            result = max(result, sayPlan(name, decisionLog, out))
             continue
         try:
             committer, options = loadSink(url, extraOptions or {})
@@ -111,12 +110,34 @@ def recover(
             f"aborted {report.transactionsAborted} lingering transactions "
             f"in {report.seconds * 1000:.0f} ms\n"
         )
-        for batchId, partitions in report.awaitingRewrite.items():
+        for batchId in sorted(report.awaitingRewrite):
+            state = decisionLog.state(batchId)
+            if state is None or not state.awaitingRewrite:
+                continue  # rewritten meanwhile by a running query's replay
             result = max(result, EXIT_LEFT_TO_DO)
-            out.write(
-                f"sink {name}: batch {batchId} is decided, but the system aborted the "
-                f"transactions of partitions {list(partitions)}: restart the query, whose "
-                "replay of the batch writes them again once (recover cannot: only the replay "
-                "has the records)\n"
-            )
+            sayLeft(name, Unfinished.of(state), out)
     return result
+
+
+def sayPlan(name: str, decisionLog: DecisionLog, out: TextIO) -> int:
+    """``--dry-run``: what recover would do for one sink, in the words status and doctor use;
+    1 when something would be left that only the query's restart can do, else 0."""
+    pending = [Unfinished.of(state) for state in decisionLog.outstanding()]
+    finished = [p.batchId for p in pending if not p.onlyRestart]
+    transactions = sum(p.transactions for p in pending)
+    for batch in pending:
+        out.write(f"sink {name}: {batch.describe()}\n")
+    out.write(
+        f"sink {name}: would commit {transactions} transactions of {len(finished)} decided "
+        f"batches {finished}, then abort its prepared transactions no decision covers\n"
+    )
+    left = [batch for batch in pending if batch.onlyRestart]
+    for batch in left:
+        out.write(f"sink {name}: left for the next start of the query: {batch.fix('')}\n")
+    return EXIT_LEFT_TO_DO if left else EXIT_OK
+
+
+def sayLeft(name: str, batch: Unfinished, out: TextIO) -> None:
+    """A batch recover left decided, that only the query's restart can finish."""
+    out.write(f"sink {name}: {batch.describe()}\n")
+    out.write(f"sink {name}: left for the next start of the query: {batch.fix('')}\n")

@@ -9,7 +9,8 @@ in the records the coordinator writes anyway, so a batch costs no extra write:
   ``committedBy`` (``commit``, ``rollForward`` or ``recovery``), ``committed`` (handles),
   ``retries``, and ``aborted`` (other transactions of N aborted after the commit; the record
   is written once more only when there were any);
-- ``aborted(N)``: ``aborted``, ``retries``, ``abortSeconds``;
+- ``aborted(N)``: ``aborted``, ``retries``, ``abortSeconds``, and ``stopped`` when a clean stop
+  gave the batch up before any of its tasks began (nothing of it was prepared);
 - ``recovery(N)``, a record of its own and only when the recovery before batch N did
   something: one entry per such recovery (batches finished, handles committed, lingering
   transactions aborted, partitions left to rewrite, seconds).
@@ -159,6 +160,9 @@ class BatchFigures:
     """When ``committed(N)`` or ``aborted(N)`` was written."""
     recovery: RecoveryFigures | None = None
     """What the recovery before this batch did, when it did something."""
+    stopped: bool = False
+    """An aborted batch that a clean stop gave up before any of its tasks began: nothing of it
+    was prepared, and Spark plans it again at the next start."""
 
     def toJson(self) -> dict[str, Any]:
         data = asdict(self)
@@ -223,6 +227,7 @@ def readFigures(
             retries=_int(aborted.get("retries")),
             abortSeconds=_float(aborted.get("abortSeconds")),
             finishedAt=_time(aborted.get("abortedAt")),
+            stopped=aborted.get("stopped") is True,
         )
     return BatchFigures(**figures)
 

@@ -9,6 +9,11 @@ so an older driver's decision either was created before the fence (and the new r
 forward) or is refused, even one frozen between a check and its write. Every other write of a
 driver's own (a sweep of what no decision keeps, an abort mark, a rewrite record) first checks
 that its run is still the newest, and a driver that is not stops with ``DriverFencedError``.
+
+A claim is said once: at INFO as an ordinary takeover when the older run's driver is known to be
+gone (its process ended on this host: :mod:`~twophase.coordinator.liveness`) or is this very
+driver, and as a WARNING when it may still run (its process runs, or it is on another host and
+nobody here can tell): then two drivers may be running the query.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twophase.coordinator.errors import DriverFencedError
+from twophase.coordinator.liveness import Liveness, checkDriver
 from twophase.coordinator.log import DecisionLog
-from twophase.coordinator.runs import Driver
+from twophase.coordinator.runs import Driver, Run
 from twophase.coordinator.slots import SlotFenced
 from twophase.redaction import getLogger
 
@@ -59,19 +65,61 @@ class Holding:
             run = runs.create(epoch, driver, queryId)
             if run is None:
                 continue  # another driver claimed that epoch first: claim after it
-            fenced = self._fenceOlder(epoch, batchId) if newest is not None else []
-            log.info(
-                "twophase sink %s: %s (decision log %s)%s",
-                self.sinkId,
-                run.describe(),
-                self.log.url,
-                f"; fenced out run {newest} at batches {fenced}" if newest is not None else "",
-            )
+            if newest is None:
+                log.info(
+                    "twophase sink %s: %s (decision log %s)",
+                    self.sinkId,
+                    run.describe(),
+                    self.log.url,
+                )
+                return epoch
+            fenced = self._fenceOlder(epoch, batchId)
+            self._sayTakeover(run, newest, fenced)
             return epoch
         raise RuntimeError(
             f"twophase sink {self.sinkId}: could not claim the decision log {self.log.url}: "
             f"other drivers claimed it first {CLAIM_ATTEMPTS} times in a row; are several "
             "drivers starting this query over and over?"
+        )
+
+    def _sayTakeover(self, run: Run, older: int, fenced: list[int]) -> None:
+        """The claim's one line: an ordinary takeover (INFO) when the older run's driver is
+        gone or is this driver, a warning when it may still be running."""
+        previous = self.log.runs.read(older)
+        closed = f"batches {fenced}" if fenced else "no batch"
+        running = False
+        if previous is None:
+            former, reason, mayRun = f"run {older}", "its record is gone: cannot tell", True
+        elif previous.driver.id == run.driver.id:
+            former, reason, mayRun = previous.describe(), "this same driver", False
+        else:
+            check = checkDriver(previous)
+            former, reason, mayRun = previous.describe(), check.said, check.mayRun
+            running = check.liveness is Liveness.RUNNING
+        if not mayRun:
+            log.info(
+                "twophase sink %s: %s (decision log %s); took the log over from %s (%s): an "
+                "ordinary takeover, %s closed to the old run",
+                self.sinkId,
+                run.describe(),
+                self.log.url,
+                former,
+                reason,
+                closed,
+            )
+            return
+        log.warning(
+            "twophase sink %s: %s (decision log %s); fenced out %s (%s), which %s: %s closed to "
+            "it, it stops before it writes anything of its own. If two drivers run this query, "
+            "stop the one that should not run (docs/operations.md, Two drivers on one "
+            "checkpoint)",
+            self.sinkId,
+            run.describe(),
+            self.log.url,
+            former,
+            reason,
+            "still runs" if running else "may still be running",
+            closed,
         )
 
     def _fenceOlder(self, epoch: int, batchId: int | None) -> list[int]:

@@ -4,7 +4,9 @@
 ``pg_prepared_xacts`` and staging table, Kafka's transactions and last stable offsets, the
 files sink's staging), read-only, and reports each thing to settle with the one command that
 settles it. Modules by role: ``findings`` (the model and exit status), ``classify`` (the
-comparison with the log), ``render`` (table and JSON), ``run`` (the command). Each system's
+comparison with the log), ``render`` (table and JSON), ``run`` (the command), ``nextstart``
+(what the next start does with a decided, unfinished batch: the sentences status, doctor and
+recover share). Each system's
 questions live beside its sink: ``twophase.sinks.<kind>.inspect``. See docs/operations.md.
 """
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from twophase.coordinator import DecisionLog
 from twophase.coordinator.records import BatchState, LoggedHandle, LogOwner
 from twophase.doctor.findings import Finding, Held, Inspection, Kind, Stall
+from twophase.doctor.nextstart import Unfinished
 from twophase.protocol import Handle
 
 CLOCK_SKEW_SECONDS = 60.0
@@ -137,16 +138,14 @@ def _decided(
     soonest = min((h.abortsAt for h in mine if h.abortsAt is not None), default=None)
     if soonest is not None:
         facts["abortsInSeconds"] = round((soonest - now).total_seconds(), 1)
+    unfinished = Unfinished.of(state)
     if awaiting:
         facts["awaitingRewrite"] = list(awaiting)
         return Finding(
             sinkId,
             Kind.AWAITING_REWRITE,
-            f"batch {state.batchId} is decided, the system aborted the transactions of "
-            f"partitions {list(awaiting)} by itself, and the next start rewrites them from "
-            "Spark's replay (checked against the fingerprints taken at preCommit)",
-            "restart the query: only its replay has the records to write again "
-            "(twophase recover cannot rewrite them)",
+            unfinished.describe(),
+            unfinished.fix(commands.recover),
             batchId=state.batchId,
             held=mine,
             facts=facts,
@@ -172,9 +171,8 @@ def _decided(
     return Finding(
         sinkId,
         Kind.DECIDED_UNFINISHED,
-        f"batch {state.batchId} is decided but not finished: {held}{urgency}",
-        f"{commands.recover}   (with the query stopped; or restart the query, whose start "
-        "commits it)",
+        f"{unfinished.describe()}; {held}{urgency}",
+        unfinished.fix(commands.recover),
         batchId=state.batchId,
         held=mine,
         facts=facts,
