@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import twophase
-from twophase.spark.executors import isCluster, isClusterMaster, missingMessage
+from twophase.spark.executors import isClassic, isCluster, missingMessage
 
 
 @pytest.mark.parametrize(
@@ -28,13 +28,13 @@ def test_every_classic_session_is_checked_a_cluster_by_the_probe_job(
     master: str, cluster: bool
 ) -> None:
     session = SimpleNamespace(sparkContext=SimpleNamespace(master=master))
-    assert isCluster(session)  # register checks it: a local master through its interpreter
-    assert isClusterMaster(session) is cluster
+    assert isClassic(session)  # register checks it: a local master through its interpreter
+    assert isCluster(session) is cluster
 
 
 def test_a_session_without_a_spark_context_is_not_checked_here() -> None:
-    assert not isCluster(SimpleNamespace())  # Spark Connect: its server checks itself
-    assert not isClusterMaster(SimpleNamespace())
+    assert not isClassic(SimpleNamespace())  # Spark Connect: its server checks itself
+    assert not isCluster(SimpleNamespace())
 
 
 def test_the_error_docs_deploying_md_shows_is_the_one_raised() -> None:

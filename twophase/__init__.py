@@ -135,5 +135,5 @@ def register(spark: SparkSession, *, checkServer: bool = True, checkExecutors: b
 
     if checkServer and connect.isConnectSession(spark):
         connect.checkServer(spark)
-    elif checkExecutors and executors.isCluster(spark):
+    elif checkExecutors and executors.isClassic(spark):
         executors.checkExecutors(spark)

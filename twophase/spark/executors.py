@@ -61,16 +61,15 @@ probe job decides."""
 _IMPORT_CHECK = "import sys, twophase; print(twophase.__version__); print(sys.executable)"
 
 
-def isCluster(spark: Any) -> bool:
+def isClassic(spark: Any) -> bool:
     """True for a classic session, whose Python workers ``twophase.register`` checks: a cluster's
-    with the probe job, a local master's through its interpreter (the name is from before local
-    masters were checked; :func:`isClusterMaster` tells the two apart). False on Spark Connect,
-    whose server ``twophase.spark.connect`` checks."""
+    with the probe job, a local master's through its interpreter (:func:`isCluster` tells the two
+    apart). False on Spark Connect, whose server ``twophase.spark.connect`` checks."""
     context = getattr(spark, "sparkContext", None)
     return isinstance(getattr(context, "master", None), str)
 
 
-def isClusterMaster(spark: Any) -> bool:
+def isCluster(spark: Any) -> bool:
     """True for a master that is a cluster's (not ``local``, ``local[n]`` or
     ``local-cluster[...]``, whose workers run this host's interpreter)."""
     context = getattr(spark, "sparkContext", None)
@@ -173,7 +172,7 @@ def checkExecutors(spark: Any) -> dict[str, str]:
     application = str(context.applicationId)
     if application in _checked:
         return {}
-    if isClusterMaster(spark):
+    if isCluster(spark):
         return probeWorkers(spark)
     python = workersPython(context)
     problem = None if runsThisTwophase(python) else importProblem(context, python)
@@ -228,4 +227,4 @@ def probeWorkers(spark: Any) -> dict[str, str]:
     return seen
 
 
-__all__ = ["ExecutorsError", "checkExecutors", "isCluster", "isClusterMaster"]
+__all__ = ["ExecutorsError", "checkExecutors", "isClassic", "isCluster"]
