@@ -172,3 +172,10 @@ def test_the_delta_example_commits_each_batch_once(tmp_path: Path) -> None:
     table = str(tmp_path / "work" / "events")
     verify = ["verify", "--source", "sequence", "--end", "10000", "--sink", "delta"]
     assert cli.main([*verify, "--sink-option", f"path={table}"]) == 0, "as docs/delta.md says"
+
+
+@pytest.mark.timeout(300)
+def test_the_restarts_example_stops_its_query_cleanly(tmp_path: Path) -> None:
+    lines = runDocExample("restarts.md", tmp_path)
+    assert lines[-2:] == ["stopped cleanly: True", "restarts: 0"], lines
+    assert cli.main(["status", "--checkpoint", str(tmp_path / "work" / "checkpoint")]) == 0

@@ -27,7 +27,7 @@ import pytest
 
 import twophase
 from integration_tests.chaos.runner import batchesDone
-from integration_tests.spark_processes import sharedSession
+from integration_tests.spark_processes import sessionProcesses, sharedSession
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase import cli, restarts, verify
 from twophase.sinks.relational.naming import sinkPrefix
@@ -299,3 +299,82 @@ def test_a_stop_timeout_too_short_for_the_batch_stops_it_mid_batch_and_says_what
         "sequence", {"start": "0", "end": str(rows)}, "files", {"path": str(out)}
     )
     assert report.ok, report
+
+
+SIGTERM_CHILD = """
+import sys, time
+from pyspark.sql import SparkSession, functions as F
+import twophase
+
+work = sys.argv[1]
+spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+twophase.register(spark)
+slow = F.udf(lambda v: (time.sleep(0.004), v)[1], "string")
+
+
+def start():
+    return (
+        spark.readStream.format("twophase.sequence").option("rowsPerBatch", 500).load()
+        .withColumn("payload", slow("payload"))
+        .writeStream.format("twophase.files").option("path", f"{work}/out")
+        .option("checkpointLocation", f"{work}/checkpoint").start()
+    )
+
+
+query = twophase.supervise(start)
+while not query.lastProgress:
+    time.sleep(0.2)
+print("READY", flush=True)
+query.awaitTermination()
+print(f"ENDED stopped={query.stopped} restarts={len(query.restarts)}", flush=True)
+"""
+
+
+def javaChildOf(pid: int, parent: int) -> bool:
+    """Whether process ``pid`` is a JVM that ``parent`` started."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == "java" and int(stat[stat.rindex(")") + 2 :].split()[1]) == parent
+
+
+def test_sigterm_to_the_driver_jvm_alone_stops_the_supervised_query_cleanly(tmp_path: Path) -> None:
+    """As under ``spark-submit``, where the JVM is the main process: a SIGTERM that reaches
+    only the JVM stops the query between batches, and the program ends of itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "sigterm_child.py"
+    script.write_text(SIGTERM_CHILD)
+    env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        lines = []
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                break
+        jvm = next(pid for pid in sessionProcesses(child.pid) if javaChildOf(pid, child.pid))
+        os.kill(jvm, signal.SIGTERM)
+        rest, _ = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    output = "".join(lines) + rest
+    assert child.returncode == 0, output[-3000:]
+    assert "ENDED stopped=True restarts=0" in output, output[-3000:]
+    assert cli.main(["status", "--checkpoint", str(tmp_path / "checkpoint")]) == 0

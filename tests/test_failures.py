@@ -172,3 +172,12 @@ def test_an_error_leaving_for_spark_carries_its_code_once_and_keeps_its_type() -
     assert any(n.startswith("[TWOPHASE_UNREACHABLE]") for n in opaque.__notes__)
     plain = RuntimeError("anything")
     assert markError(plain) is None and str(plain) == "anything"
+
+
+def test_the_docs_table_lists_every_code_with_whether_it_is_restarted() -> None:
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "restarts.md").read_text()
+    rows = dict(re.findall(r"^\| `(TWOPHASE_[A-Z_]+)` \| (yes|no) \|", page, re.MULTILINE))
+    assert rows == {name: "yes" if c.recoverable else "no" for name, c in CODES.items()}

@@ -139,6 +139,11 @@ class SupervisedQuery:
         return not self._done.is_set()
 
     @property
+    def stopped(self) -> bool:
+        """True once a stop was asked for (``stop()``, or SIGTERM): supervision ends by it."""
+        return self._stopping.is_set()
+
+    @property
     def lastProgress(self) -> Any:
         return self._query.lastProgress
 
