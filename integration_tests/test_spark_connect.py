@@ -308,6 +308,7 @@ def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
     assert listener.awaitBatch(last, 60), f"no figures of batch {last} reached the client"
     spark.streams.removeListener(listener)
     assert listener.close(10)
+    _superviseOnConnect(spark, tmp_path)
     spark.stop()
     rows = {m.batch.batchId: m.batch.rows for m in figures if m.batch is not None}
     assert rows.get(last) == ROWS_PER_BATCH, rows
@@ -327,6 +328,32 @@ def test_connect_files_postgres_kafka_exactly_once_across_a_server_sigkill(
             (f"tp1:{to.table.replace('_', '-')}:%",),
         ).fetchall()
     assert not leftovers, leftovers
+
+
+def _superviseOnConnect(spark: Any, tmp_path: Path) -> None:
+    """``twophase.supervise`` from a Connect client: a query that drains, and one whose bad
+    option is classified fatal from the error's text alone (no Java chain reaches a Connect
+    client), not restarted."""
+
+    def start(options: dict[str, str], name: str) -> Any:
+        writer = _sequence(spark).writeStream.format("twophase.files").options(**options)
+        checkpoint = str(tmp_path / f"checkpoint-{name}")
+        return _start(writer.option("checkpointLocation", checkpoint).trigger(availableNow=True))
+
+    good = twophase.supervise(
+        lambda: start({"path": str(tmp_path / "supervised")}, "supervised"),
+        twophase.restarts.fixedDelay(2, 0.5),
+    )
+    assert good.awaitTermination(QUERY_TIMEOUT) and good.exception() is None
+    assert good.restarts == []
+    assert exactlyOnceReport(FILES.read(tmp_path / "supervised"), ROWS)["missing"] == 0
+    bad = twophase.supervise(
+        lambda: start({"path": str(tmp_path / "bad"), "format": "xml"}, "bad"),
+        twophase.restarts.fixedDelay(2, 0.5),
+    )
+    with pytest.raises(twophase.QueryFailedError) as failed:
+        bad.awaitTermination(QUERY_TIMEOUT)
+    assert failed.value.code == "TWOPHASE_BAD_OPTION" and bad.restarts == []
 
 
 def test_connect_register_says_what_to_install_when_the_server_lacks_twophase(

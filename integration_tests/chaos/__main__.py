@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipelines", default=",".join(PIPELINES))
     p.add_argument("--rows-per-batch", type=int, default=500)
     p.add_argument("--cover-points", action="store_true", help="every protocol point first")
+    p.add_argument(
+        "--upgrades",
+        type=int,
+        default=1,
+        help="starts by the previous release in each pipeline's schedule (default 1)",
+    )
     p.add_argument("--parallel", type=int, default=1, help="pipelines run side by side (default 1)")
     p.add_argument(
         "--cluster",
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 faults=f,
                 targets=targets,
                 processKinds=CLUSTER_PROCESS_KINDS if args.cluster else PROCESS_KINDS,
+                upgrades=0 if args.cluster else args.upgrades,
             )
             print(f"{pipeline}: " + "; ".join(e.describe() for e in schedule.events))
         return 0
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 log=pipelineLog(pipeline) if args.parallel > 1 else print,
                 display=display,
                 cluster=cluster,
+                upgrades=args.upgrades,
             )
         except BaseException:  # said now, not when the pipelines before it are done
             print(f"[chaos] {pipeline} stopped:\n{traceback.format_exc()}", flush=True)

@@ -2,7 +2,10 @@
 
 The main table counts events by kind (kills, protocol points, faults beyond kills) per
 pipeline with what was lost or duplicated; the liveness table says, per kind, how long the
-query took to commit its next batch after the event (after the fault healed, for a fault).
+query took to commit its next batch after the event (after the fault healed, for a fault),
+and how it came back: ridden through by the running query, restarted by its supervision in
+the same Spark session, or by a new driver process (the driver was killed, lost or stopped).
+The recovery table gives the times of the last two ways side by side.
 """
 
 from __future__ import annotations
@@ -13,13 +16,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from integration_tests.chaos.faultkinds import FAULT_KINDS, NODE_KINDS
-from integration_tests.chaos.schedule import PROCESS_KINDS, Event
+from integration_tests.chaos.schedule import PROCESS_KINDS, UPGRADED, Event
 from integration_tests.chaos.servers import SERVERS
 
-KILL_KINDS = [*PROCESS_KINDS, *SERVERS, "driver point", "task point"]
+KILL_KINDS = [*PROCESS_KINDS, UPGRADED, *SERVERS, "driver point", "task point"]
 """The report's kill columns: timed kills by kind, then the protocol points that fired."""
 KINDS = [*KILL_KINDS, *FAULT_KINDS]
 """Every column of events: the kills, then the faults beyond kills."""
+
+RIDDEN = "ridden through"
+"""The running query went on: no restart of any kind."""
+RESTARTED = "restarted in the session"
+"""``twophase.supervise`` restarted the query in the same driver process and Spark session."""
+NEW_DRIVER = "new driver"
+"""The driver ended (killed, lost, stopped or failed for good): a new driver process started."""
+WAYS = (RIDDEN, RESTARTED, NEW_DRIVER)
 
 
 @dataclass
@@ -31,6 +42,10 @@ class Kill:
     recoverySeconds: float | None = None
     healed: float | None = None
     """time.monotonic() when a fault ended; recovery counts from there."""
+    way: str = ""
+    """How the query came back (``RIDDEN``, ``RESTARTED``, ``NEW_DRIVER``), once known."""
+    checked: str = ""
+    """What was checked after it (a clean stop: ``status`` and ``doctor`` exited 0)."""
 
     @property
     def kind(self) -> str:
@@ -60,6 +75,11 @@ class ChaosResult:
     reader that followed the run saw (``reader.LiveReader``)."""
     readerReplaced: int = 0
     """How many times that reader's consumer was stuck and replaced (``reader.STALL_SECONDS``)."""
+    restarts: int = 0
+    """Restarts by supervision in the same session, over all starts."""
+    fatal: list[str] = field(default_factory=list)
+    """Starts that ended with an error classified as fatal: none is expected, since every
+    event of a schedule is one a restart recovers from."""
 
     @property
     def ok(self) -> bool:
@@ -122,29 +142,53 @@ def summaryTable(results: list[ChaosResult]) -> str:
 def liveness(results: list[ChaosResult]) -> dict[str, tuple[int, float, float, int]]:
     """Per kind that happened: (events, p50 and max seconds from the event, or a fault's
     healing, to the next committed batch, events with no batch after them)."""
-    byKind: dict[str, list[float | None]] = {}
+    return _timed(results, lambda k: k.kind, KINDS)
+
+
+def _timed(
+    results: list[ChaosResult], keyOf: Any, order: Any
+) -> dict[str, tuple[int, float, float, int]]:
+    byKey: dict[str, list[float | None]] = {}
     for r in results:
         for k in r.kills:
-            byKind.setdefault(k.kind, []).append(k.recoverySeconds)
+            byKey.setdefault(keyOf(k), []).append(k.recoverySeconds)
     out = {}
-    for kind in KINDS:
-        times = byKind.get(kind)
+    for key in order:
+        times = byKey.get(key)
         if not times:
             continue
         seen = [t for t in times if t is not None]
         p50 = statistics.median(seen) if seen else 0.0
-        out[kind] = (len(times), p50, max(seen, default=0.0), len(times) - len(seen))
+        out[key] = (len(times), p50, max(seen, default=0.0), len(times) - len(seen))
+    return out
+
+
+def ways(results: list[ChaosResult]) -> dict[str, Counter[str]]:
+    """Per kind that happened: how many of its events each way of coming back followed."""
+    out: dict[str, Counter[str]] = {}
+    for r in results:
+        for k in r.kills:
+            out.setdefault(k.kind, Counter())[k.way or RIDDEN] += 1
     return out
 
 
 def livenessTable(results: list[ChaosResult]) -> str:
     """Markdown: per kind, seconds from the event (a fault: from its healing) to the next
-    committed batch, p50 and max."""
+    committed batch, p50 and max, and how the query came back; then the same times by the way
+    it came back."""
     head = ["event", "count", "next batch p50 s", "next batch max s", "no batch after"]
+    head += [*WAYS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    byWay = ways(results)
     for kind, (count, p50, top, none) in liveness(results).items():
         timed = f"{p50:.1f} | {top:.1f}" if none < count else "- | -"
-        lines.append(f"| {kind} | {count} | {timed} | {none} |")
+        counted = " | ".join(str(byWay.get(kind, Counter())[w]) for w in WAYS)
+        lines.append(f"| {kind} | {count} | {timed} | {none} | {counted} |")
+    head = ["came back by", "events", "next batch p50 s", "next batch max s", "no batch after"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for way, (count, p50, top, none) in _timed(results, lambda k: k.way or RIDDEN, WAYS).items():
+        timed = f"{p50:.1f} | {top:.1f}" if none < count else "- | -"
+        lines.append(f"| {way} | {count} | {timed} | {none} |")
     return "\n".join(lines)
 
 
@@ -161,6 +205,9 @@ def resultJson(result: ChaosResult) -> dict[str, Any]:
         "duplicated": result.duplicated,
         "unexpected": result.unexpected,
         "longestRecoverySeconds": round(result.longestRecovery(), 2),
+        "restartsInSession": result.restarts,
+        "fatalStarts": result.fatal,
+        "ways": {kind: dict(counts) for kind, counts in ways([result]).items()},
         "liveness": {
             kind: {"count": c, "p50": round(p50, 2), "max": round(top, 2), "noBatchAfter": n}
             for kind, (c, p50, top, n) in liveness([result]).items()

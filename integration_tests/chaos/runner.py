@@ -6,16 +6,26 @@ the leading protocol points (every task point up to and including one driver poi
 committed their ``afterBatches`` more batches: the driver's whole session, one executor JVM,
 or a server (``Services.crash``); faults beyond kills land the same way and last their
 ``downSeconds`` while the query runs (a server frozen or cut off through its proxy, the
-pipeline's disk full), then heal. A start that ends for any reason but a drained source is
-followed by another, from the same checkpoint, until the source is drained; then the
-pipeline's own check compares the output with the input. Nothing here knows a sink: what a
-pipeline writes, kills and verifies is its module's (``pipelines/``).
+pipeline's disk full), then heal. Each start's query runs under ``twophase.supervise``
+(``chaos.pipeline``), which restarts it in the same session after a failure that leaves the
+driver alive; a clean stop (``stop``, SIGTERM to the driver) ends the start, and the runner
+checks that ``twophase status`` and ``twophase doctor`` find nothing in doubt. A start that ends
+for any reason but a drained source (the driver killed, stopped, or failed for good) is
+followed by another, a new driver process, from the same checkpoint, until the source is
+drained; then the pipeline's own check compares the output with the input. Each event's
+recovery is put down as ridden through, restarted in the session or by a new driver
+(``report``). Nothing here knows a sink: what a pipeline writes, kills and verifies is its
+module's (``pipelines/``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,9 +36,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from integration_tests.chaos.faultkinds import DISK, NETWORK_KINDS, Disk
+from integration_tests.chaos.pipeline import RESTARTS_ENV, STOPPED
+from integration_tests.chaos.pipelines import PIPELINES
 from integration_tests.chaos.progress import PipelineProgress
-from integration_tests.chaos.report import ChaosResult, Kill
-from integration_tests.chaos.schedule import ENDS_START, UNNUMBERED, Event, Schedule
+from integration_tests.chaos.report import NEW_DRIVER, RESTARTED, RIDDEN, ChaosResult, Kill
+from integration_tests.chaos.schedule import ENDS_START, UNNUMBERED, UPGRADED, Event, Schedule
 from integration_tests.chaos.servers import Services
 from integration_tests.chaos.spec import PipelineSpec
 from integration_tests.spark_processes import (
@@ -80,6 +92,11 @@ class LocalDriver:
         """The timed ``driver`` kill: the whole session, as a power cut."""
         killSession(self.process.pid)
 
+    def stop(self) -> bool:
+        """The ``stop`` event: SIGTERM to the driver's Python process, as Kubernetes sends it."""
+        self.process.send_signal(signal.SIGTERM)
+        return True
+
     def executorPids(self) -> list[int]:
         return executorPids(self.process.pid)
 
@@ -113,6 +130,9 @@ class ChaosRun:
         self.rng = random.Random(f"{schedule.seed}:{spec.pipeline}:executors")
         self.kills: list[Kill] = []
         self.commitTimes: list[tuple[float, int]] = []  # (when seen, batches committed)
+        self.startSpans: list[tuple[float, float]] = []  # (began, ended) of each start
+        self.restartTimes: list[float] = []  # when supervision restarted a query (monotonic)
+        self.fatal: list[str] = []
         self.starts = 0
         self.failedStarts = 0
         self.skipped: list[Event] = []
@@ -125,20 +145,42 @@ class ChaosRun:
         """The ``TWOPHASE_CRASH_*`` variables that arm ``armed``, once each."""
         return {faults.ENV: ",".join(armed), faults.ONCE_DIR_ENV: str(onceDir)} if armed else {}
 
-    def launch(self, number: int, crash: dict[str, str], out: IO[bytes]) -> LocalDriver:
-        """Start ``number``'s driver with the ``crash`` settings, its output to ``out``."""
+    def launch(
+        self, number: int, crash: dict[str, str], out: IO[bytes], previous: bool = False
+    ) -> LocalDriver:
+        """Start ``number``'s driver with the ``crash`` settings, its output to ``out``; with
+        ``previous``, the driver of the previous release (``integration_tests.releases``)."""
         specPath = self.workdir / "spec.json"
         self.spec.save(specPath)
+        python, root = (sys.executable, REPO_ROOT)
+        env = childEnvironment(self.workdir, self.sparkHome, crash)
+        if previous:
+            python, root = self.previousRelease()
+            env.update(PYSPARK_PYTHON=python, PYTHONPATH=str(root))
         process = subprocess.Popen(
-            [sys.executable, "-m", "integration_tests.chaos.pipeline", str(specPath)],
-            cwd=REPO_ROOT,
-            env=childEnvironment(self.workdir, self.sparkHome, crash),
+            [python, "-m", "integration_tests.chaos.pipeline", str(specPath)],
+            cwd=root,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         return LocalDriver(process)
+
+    def previousRelease(self) -> tuple[str, Path]:
+        """The previous release's Python, and a copy of the tests' package for it to run the
+        pipeline from (outside the checkout, whose ``twophase`` would come first otherwise)."""
+        from integration_tests.releases import releasePython
+
+        root = self.workdir / "previous-release"
+        if not (root / "integration_tests").exists():
+            shutil.copytree(
+                REPO_ROOT / "integration_tests",
+                root / "integration_tests",
+                ignore=shutil.ignore_patterns("__pycache__", "test_*.py"),
+            )
+        return str(releasePython()), root
 
     def committedBatches(self) -> int:
         """How many batches Spark's checkpoint says are committed."""
@@ -194,17 +236,27 @@ class ChaosRun:
         onceDir = self.workdir / f"once-{number}"
         onceDir.mkdir(parents=True, exist_ok=True)
         logPath = self.workdir / f"start-{number}.log"
+        restartsPath = self.workdir / f"restarts-{number}.jsonl"
         self.log(
             f"[chaos] {self.spec.pipeline} start {number} (first new batch {firstFresh}): "
             + "; ".join(armed.get(i) or e.describe() for i, e in enumerate(segment))
         )
         done: set[int] = set()  # indexes of the segment's events that happened
+        settings = {**self.crashSettings(list(armed.values()), onceDir)}
+        settings[RESTARTS_ENV] = str(restartsPath)
+        began = time.monotonic()
+        previous = any(e.kind == UPGRADED for e in segment)
         with logPath.open("ab") as out:  # a second driver that took over wrote there first
-            driver = self.launch(number, self.crashSettings(list(armed.values()), onceDir), out)
+            driver = self.launch(number, settings, out, previous)
             try:
                 code = self._watch(driver, segment, armed, done, onceDir)
             finally:
                 driver.end()
+                self.startSpans.append((began, time.monotonic()))
+        self._readRestarts(number, restartsPath)
+        stops = [e for i, e in enumerate(segment) if i in done and e.kind == "stop"]
+        if stops:
+            self._checkStopped(number, code)
         left = [e for i, e in enumerate(segment) if i not in done]
         if left:
             self.log(
@@ -218,7 +270,7 @@ class ChaosRun:
             self.log(f"[chaos] start {number}: the query stays down {outage:.0f}s (an outage)")
             self.progress.down(outage)
             time.sleep(outage)
-        if code not in (0, -signal.SIGKILL):
+        if code not in (0, -signal.SIGKILL, STOPPED):
             self.failedStarts += 1
             lines = [line for line in logPath.read_text(errors="replace").splitlines() if line]
             tail = "\n".join(line for line in lines if "QUERY FAILED" in line)[:2000]
@@ -270,7 +322,7 @@ class ChaosRun:
                     f"{START_TIMEOUT:.0f}s"
                 )
             pendingTimed = [i for i in timed if i not in done]
-            if pendingTimed and count - mark >= segment[pendingTimed[0]].afterBatches:
+            if pendingTimed and count - mark >= batchesBefore(segment[pendingTimed[0]]):
                 event = segment[pendingTimed[0]]
                 if dueAt is None:
                     dueAt = time.monotonic() + event.jitterSeconds
@@ -292,8 +344,10 @@ class ChaosRun:
             self.progress.happened(event)
             self.log(f"[chaos] {event.describe()}: delivered and healed")
             return True
-        if event.kind == "driver":
+        if event.kind in ("driver", UPGRADED):
             driver.kill()
+        elif event.kind == "stop":
+            driver.stop()
         elif event.kind == "executor":
             pids = driver.executorPids()
             if not pids:
@@ -387,6 +441,8 @@ class ChaosRun:
             seconds=time.monotonic() - began,
             report=str(report),
             skipped=self.skipped + pending,
+            restarts=len(self.restartTimes),
+            fatal=self.fatal,
         )
 
     def drained(self, code: int) -> bool:
@@ -394,14 +450,61 @@ class ChaosRun:
         running: the run is over."""
         return code == 0
 
+    def _readRestarts(self, number: int, path: Path) -> None:
+        """The start's supervised restarts and its end, as its child wrote them."""
+        if not path.exists():
+            return
+        offset = _epoch()
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if "end" not in record:
+                self.restartTimes.append(float(record["at"]) - offset)
+                self.log(f"[chaos] start {number}: restarted in the session: {record['code']}")
+            elif record["end"] == "failed" and not record.get("recoverable", True):
+                self.fatal.append(f"start {number}: {record['code']}")
+
+    def _checkStopped(self, number: int, code: int) -> None:
+        """After a clean stop: the start exited as stopped, and ``twophase status`` and
+        ``twophase doctor`` find nothing in doubt. Put down on the stop's ``Kill``, whose
+        recovery is counted from the end of the stopped start to the new driver's first
+        batch."""
+        from twophase import cli
+
+        stop = next(k for k in reversed(self.kills) if k.event.kind == "stop")
+        stop.healed = self.startSpans[-1][1]  # its recovery counts from the stop's end
+        if code != STOPPED:
+            stop.checked = f"exit {code}, not stopped"
+            return
+        options = PIPELINES[self.spec.pipeline].doctorOptions(self.spec)
+        given = [w for k, v in options.items() for w in ("--sink-option", f"{k}={v}")]
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            status = cli.main(["status", "--checkpoint", self.spec.checkpointLocation])
+            doctor = cli.main(["doctor", "--checkpoint", self.spec.checkpointLocation, *given])
+        stop.checked = f"status {status}, doctor {doctor}"
+        self.log(f"[chaos] start {number} stopped cleanly: {stop.checked}")
+        if status or doctor:
+            self.log(f"[chaos] start {number}: left in doubt after the stop:\n{said.getvalue()}")
+
     def _recoveryTimes(self) -> None:
         """For each kill: seconds until the next batch was committed after it; for a fault,
-        after it healed."""
+        after it healed; and how the query came back by then."""
         for kill in self.kills:
             since = kill.healed or kill.at
             before = max((n for t, n in self.commitTimes if t <= since), default=0)
             after = next((t for t, n in self.commitTimes if t > since and n > before), None)
             kill.recoverySeconds = None if after is None else after - since
+            until = after if after is not None else float("inf")
+            ended = any(kill.at <= end < until for _, end in self.startSpans)
+            restarted = any(kill.at <= t < until for t in self.restartTimes)
+            kill.way = NEW_DRIVER if ended else RESTARTED if restarted else RIDDEN
+
+
+def batchesBefore(event: Event) -> int:
+    """How many batches the running start commits before ``event`` is due: its
+    ``afterBatches``, and for a clean stop at least one, so that it lands in a running query
+    (a SIGTERM before the query started ends the process before supervision could catch it)."""
+    return max(1, event.afterBatches) if event.kind == "stop" else event.afterBatches
 
 
 def _epoch() -> float:

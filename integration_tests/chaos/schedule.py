@@ -11,6 +11,8 @@ the same schedule):
   next start, for pipelines with an ``outageSeconds`` (``multi``: longer than its Kafka target's
   transaction timeout, so the broker aborts the transactions of a decided batch and the restart
   must write them again, while PostgreSQL keeps its prepared half of the same batch);
+- a *clean stop* (``stop``): SIGTERM to the driver, timed like a kill: the supervised query
+  lets its running batch commit and stops before the next, leaving nothing in doubt;
 - a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM or one of
   the pipeline's servers (``servers.SERVERS``: brought back after ``downSeconds``), delivered
   once the running query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so
@@ -51,9 +53,13 @@ apart from its other points: its pipelines cover them too (``Pipeline.completesB
 RANDOM_POINTS = [p for p in faults.POINTS if p not in UNNUMBERED and p not in COMPLETION_POINTS]
 """Points a random event may draw; ``driver.duringRecovery`` only follows a crash that leaves
 a decided batch to recover (``driver.afterDecision``), else it would have nothing to fire in."""
-PROCESS_KINDS = ("driver", "executor")
-"""Timed kills of the query's own processes; every other kind is a server's."""
-ENDS_START = frozenset({"driver", "driver lost", "second driver"})
+PROCESS_KINDS = ("driver", "executor", "stop")
+"""Timed events of the query's own processes (``stop``: SIGTERM to the driver, which stops the
+query cleanly); every other kind is a server's."""
+UPGRADED = "upgraded"
+"""A start by the previous release (``integration_tests.releases``), killed like the driver
+after its batches: the next start is this release's, an upgrade from a killed query."""
+ENDS_START = frozenset({"driver", "driver lost", "second driver", "stop", UPGRADED})
 """Timed events after which the running start's driver is gone: each ends a segment."""
 FAULT_SECONDS = {
     "freeze": (2.0, 8.0),
@@ -95,6 +101,10 @@ class Event:
             down = f", down {self.downSeconds:.0f}s" if self.downSeconds else ""
             return f"{self.point} (+{self.afterBatches} batches){down}"
         when = f"after {self.afterBatches} batches + {self.jitterSeconds:.2f}s"
+        if self.kind == "stop":
+            return f"stop cleanly (SIGTERM to the driver) {when}"
+        if self.kind == UPGRADED:
+            return f"a start by the previous release, its driver killed {when}"
         if self.isFault:
             return f"{self.kind} of {self.target} {when}, for {self.downSeconds:.1f}s"
         extra = f", down {self.downSeconds:.1f}s" if self.downSeconds else ""
@@ -123,6 +133,7 @@ class Schedule:
         coverFaults: bool | None = None,
         extraPoints: Sequence[str] = (),
         processKinds: Sequence[str] = PROCESS_KINDS,
+        upgrades: int = 0,
     ) -> Schedule:
         """``kills`` events for ``pipeline``, whose servers are ``servers``: with
         ``coverPoints`` every protocol point and ``extraPoints`` first (and an outage, when
@@ -134,7 +145,9 @@ class Schedule:
         Then ``faults`` faults of the kinds in ``faultTargets`` (kind -> what it may hit),
         with ``coverFaults`` (default: ``coverPoints``) one of each kind first, even past
         ``faults``, each put at a seeded place among the timed events (after the protocol
-        points); a ``past timeout`` lasts ``pastTimeoutSeconds``."""
+        points); a ``past timeout`` lasts ``pastTimeoutSeconds``. Then ``upgrades`` starts by the
+        previous release, at seeded places among the timed events, from a stream of their
+        own (so ``upgrades=0`` changes nothing else)."""
         rng = random.Random(f"{seed}:{pipeline}")
         timedKinds = [*processKinds, *servers]
         events: list[Event] = []
@@ -177,6 +190,11 @@ class Schedule:
             frng = random.Random(f"{seed}:{pipeline}:fault-places")
             for fault in drawn:
                 events.insert(frng.randint(timedFrom, len(events)), fault)
+        urng = random.Random(f"{seed}:{pipeline}:upgrades")
+        timedFrom = next((i for i, e in enumerate(events) if e.kind != "point"), len(events))
+        for _ in range(upgrades):
+            upgrade = Event(UPGRADED, afterBatches=urng.randint(1, 2), jitterSeconds=0.5)
+            events.insert(urng.randint(timedFrom, len(events)), upgrade)
         return cls(seed, pipeline, events)
 
     def faultsByKind(self) -> dict[str, int]:

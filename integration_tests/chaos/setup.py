@@ -90,10 +90,11 @@ def drawSchedule(
     targets: dict[str, tuple[str, ...]] | None = None,
     coverFaults: bool | None = None,
     processKinds: tuple[str, ...] = PROCESS_KINDS,
+    upgrades: int = 0,
 ) -> Schedule:
-    """The seeded schedule of ``pipeline``: its servers' kills, its outages if it has any, and
-    ``faults`` faults of the kinds in ``targets`` (see ``faultTargets``); ``processKinds``: the
-    timed kills of its own processes."""
+    """The seeded schedule of ``pipeline``: its servers' kills, its outages if it has any,
+    ``faults`` faults of the kinds in ``targets`` (see ``faultTargets``) and ``upgrades``
+    starts by the previous release; ``processKinds``: the timed kills of its own processes."""
     p = pipelineNamed(pipeline)
     return Schedule.draw(
         seed,
@@ -108,6 +109,7 @@ def drawSchedule(
         coverFaults=coverFaults,
         extraPoints=COMPLETION_POINTS if p.completesBatches else (),
         processKinds=processKinds,
+        upgrades=upgrades,
     )
 
 
@@ -149,6 +151,7 @@ def runPipeline(
     log: Any = print,
     display: LiveDisplay | None = None,
     cluster: Cluster | None = None,
+    upgrades: int = 0,
 ) -> ChaosResult:
     """Draw the schedule, size the input to it, run it, verify. The checkpoint (and the files
     sink's output) lives on a tmpfs of its own when one can be mounted, for ``disk full``;
@@ -174,6 +177,7 @@ def runPipeline(
         targets=targets,
         coverFaults=coverFaults,
         processKinds=PROCESS_KINDS if cluster is None else CLUSTER_PROCESS_KINDS,
+        upgrades=upgrades if cluster is None else 0,
     )
     batches = schedule.batchesNeeded() if cluster is None else clusterBatches(schedule)
     rowsPerBatch = max(rowsPerBatch, pipelineNamed(pipeline).minRowsPerBatch)

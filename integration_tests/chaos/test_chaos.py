@@ -102,11 +102,16 @@ def test_bounded_chaos_is_exactly_once(
 
 
 def assertBounded(result: ChaosResult, workdir: Path) -> None:
-    """Exactly once, every protocol point fired (sinks), at least ten kills, and every fault
-    kind that reaches the pipeline delivered."""
+    """Exactly once, every protocol point fired (sinks), at least ten kills, every fault kind
+    that reaches the pipeline delivered, every failure classified as recoverable, and every
+    clean stop leaving nothing in doubt."""
     pipeline = result.pipeline
     where = f"(seed {SEED}, logs in {workdir})"
     assert result.ok, f"{pipeline} is not exactly-once {where}: {result.report}"
+    assert not result.fatal, f"failures classified as fatal {where}: {result.fatal}"
+    stops = [k for k in result.kills if k.event.kind == "stop"]
+    assert stops, f"no clean stop {where}"
+    assert all(k.checked == "status 0, doctor 0" for k in stops), [k.checked for k in stops]
     assert len(result.kills) - result.faultCount() >= 10, f"too few kills delivered {where}"
     kinds = faultTargets(pipeline, proxies=True, disk=Disk.possible())
     delivered = {k.event.kind for k in result.kills if k.event.isFault}

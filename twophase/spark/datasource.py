@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 from twophase.protocol import Committer, TransactionWriter, TwoPhaseParticipant, Txn
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
+from twophase.spark.coded import codedErrors
 from twophase.spark.stream_writer import TwoPhaseStreamWriter
 from twophase.spark.versions import DataSource
 from twophase.spark.worker import freezeWorkerHeap
@@ -55,6 +56,7 @@ class TwoPhaseDataSource(DataSource):
         """
         return value
 
+    @codedErrors()
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         """Driver: build the writer; it plans the batch (validation, recovery) when Spark pickles
         it for the tasks, never when it is built to commit or abort (``stream_writer``)."""

@@ -160,6 +160,7 @@ class KafkaSink(TwoPhaseDataSource):
             name, value = resolvedOption(spec, found)
             self.options[name] = value
 
+    @codedErrors()
     def schema(self) -> str:
         """The source's columns (``key``, ``value``, ``topic``, ... as Spark's Kafka source);
         with ``value.format`` (``key.format``) ``avro``, ``protobuf`` or ``jsonschema`` the value
@@ -185,6 +186,7 @@ class KafkaSink(TwoPhaseDataSource):
                 found.append((side, values))
         return found
 
+    @codedErrors()
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         """The source: ``spark.readStream.format("twophase.kafka")`` (PySpark 4.2+)."""
         freezeWorkerHeap()

@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from twophase.sources.sequence import SCHEMA, SequenceOffsets, SequenceSettings, readRange
 from twophase.spark import versions
+from twophase.spark.coded import codedErrors
 from twophase.spark.worker import freezeWorkerHeap
 
 
@@ -36,6 +37,7 @@ class SequenceSource(versions.DataSource):
         freezeWorkerHeap()
         return SCHEMA
 
+    @codedErrors()
     def streamReader(self, schema: StructType) -> SequenceReader:
         freezeWorkerHeap()
         versions.requireStreamingSources(self.name())

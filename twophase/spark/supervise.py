@@ -26,6 +26,7 @@ from twophase.redaction import getLogger, redact
 from twophase.restarts import RestartStrategy, exponentialDelay
 from twophase.settings import TwoPhaseConfigError
 from twophase.spark import signals
+from twophase.spark.coded import markError
 from twophase.spark.query_failure import failureOfQuery
 from twophase.spark.stopping import stopGracefully
 
@@ -205,10 +206,9 @@ class SupervisedQuery:
     def _begin(self) -> None:
         """The first start, in the caller's thread: its error is the caller's at once."""
         try:
-            self._query = self._checked(self._start())
-        except (TypeError, TwoPhaseConfigError):
-            raise
+            started = self._start()
         except Exception as exc:
+            markError(exc)
             verdict = self.classifier.classify(failureOfPython(exc))
             raise QueryFailedError(
                 verdict,
@@ -216,6 +216,7 @@ class SupervisedQuery:
                 0,
                 gaveUp=False,
             ) from exc
+        self._query = self._checked(started)
         self._thread.start()
 
     def _checked(self, query: Any) -> Any:
@@ -300,6 +301,7 @@ class SupervisedQuery:
                 _activate(self._query)
                 return self._checked(self._start())
             except Exception as exc:
+                markError(exc)
                 if not self._restartFor(failureOfPython(exc), exc):
                     return None
         return None

@@ -81,6 +81,10 @@ class Pipeline:
         """Parent: what the sink holds, as committed-data readers see it."""
         raise NotImplementedError
 
+    def doctorOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        """Parent: the options ``twophase doctor`` needs beside ``sink.json`` (its secrets)."""
+        return dict(spec.sinkOptions)
+
     def liveTopic(self, spec: PipelineSpec) -> str | None:
         """Parent: the Kafka topic a ``read_committed`` reader follows while the chaos runs
         (``reader.LiveReader``), or None when the pipeline writes no Kafka topic."""

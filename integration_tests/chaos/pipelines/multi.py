@@ -100,6 +100,9 @@ class MultiPipeline(Pipeline):
             .option("orders.maxPreparedPartitions", "1")
         )
 
+    def doctorOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        return {**spec.sinkOptions, "orders.url": spec.pgUrl}
+
     def liveTopic(self, spec: PipelineSpec) -> str | None:
         return spec.outputTopic
 

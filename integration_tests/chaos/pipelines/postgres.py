@@ -53,6 +53,9 @@ class PostgresPipeline(Pipeline):
             .option("table", spec.table)
         )
 
+    def doctorOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        return {**spec.sinkOptions, "url": spec.pgUrl}
+
     def actual(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 

@@ -56,6 +56,9 @@ class MariadbPipeline(Pipeline):
             .option("dbtable", spec.table)
         )
 
+    def doctorOptions(self, spec: PipelineSpec) -> dict[str, str]:
+        return {**spec.sinkOptions, "url": spec.sqlUrl}
+
     def actual(self, spec: PipelineSpec) -> Any:
         from twophase import verify
 
