@@ -62,6 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 LONGEST_FIRST = (
     "chaos/test_chaos.py",
+    "test_supervise.py",
     "test_docs_example.py",
     "test_secrets.py",
     "test_spark_connect.py",
@@ -75,6 +76,8 @@ LONGEST_FIRST = (
     "test_packaging.py",
     "test_executors_check.py",
     "test_multi.py",
+    "test_upgrade.py",
+    "test_cli_next_start.py",
 )
 """The test files that take longest, longest first. ``make test``'s workers take a file at a
 time in collection order (``--no-loadscope-reorder``), so these start early and the short

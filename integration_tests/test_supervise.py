@@ -121,6 +121,16 @@ def test_an_outage_fails_the_query_and_supervision_restarts_it_until_the_server_
     )
     assert report.ok, report
     assert preparedOf(pg_url, sinkId) == []
+    import prometheus_client
+
+    counted = sum(
+        prometheus_client.REGISTRY.get_sample_value(
+            "twophase_restarts_total", {"query": supervised.id, "reason": code}
+        )
+        or 0
+        for code in codes
+    )
+    assert counted == len(supervised.restarts)
     print(
         f"supervised restarts: {len(supervised.restarts)}; first batch {resumed - healed:.1f} s "
         "after the server was back"
@@ -378,3 +388,88 @@ def test_sigterm_to_the_driver_jvm_alone_stops_the_supervised_query_cleanly(tmp_
     assert child.returncode == 0, output[-3000:]
     assert "ENDED stopped=True restarts=0" in output, output[-3000:]
     assert cli.main(["status", "--checkpoint", str(tmp_path / "checkpoint")]) == 0
+
+
+REWRITE_CHILD = """
+import sys
+from pyspark.sql import SparkSession
+import twophase
+
+work, bootstrap, topic = sys.argv[1:4]
+spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+twophase.register(spark)
+
+
+def start():
+    return (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 500).option("totalRows", 2000).option("numPartitions", 2).load()
+        .selectExpr("cast(id AS string) AS key", "payload AS value")
+        .writeStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+        .option("kafka.transaction.timeout.ms", "3000")
+        .option("checkpointLocation", f"{work}/checkpoint")
+        .trigger(availableNow=True).start()
+    )
+
+
+query = twophase.supervise(start, twophase.restarts.fixedDelay(3, 1.0))
+query.awaitTermination()
+print("RESTARTS " + ",".join(r.code for r in query.restarts), flush=True)
+"""
+
+
+def test_a_kafka_transaction_the_broker_aborted_after_the_decision_is_written_again_by_a_restart(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """The driver stands still between batch 1's decision and its commit for longer than the
+    transaction timeout (an outage of the driver's reach of the broker): the broker aborts the
+    decided transactions, the commit fails with RewritePendingError, and supervision restarts
+    the query, whose replay writes them again: every record once for a read_committed reader."""
+    import os
+    import subprocess
+    import sys
+
+    from integration_tests.sink_outputs import exactlyOnceReport
+    from integration_tests.test_kafka_helpers import createTopic, readTopic
+
+    topic = createTopic(kafka_bootstrap)
+    paused = tmp_path / "paused"
+    script = tmp_path / "rewrite_child.py"
+    script.write_text(REWRITE_CHILD)
+    env = dict(
+        os.environ,
+        PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
+        TWOPHASE_CRASH_AT="driver.afterDecision:1",
+        TWOPHASE_CRASH_ACTION=f"pause:{paused}",
+    )
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), kafka_bootstrap, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        waitFor(lambda: any(paused.glob("paused-*")), "the pause after batch 1's decision", 120)
+        time.sleep(15)  # the timeout (3 s) and the broker's sweep of timed-out transactions
+        (paused / "release").touch()
+        output, _ = child.communicate(timeout=180)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, output[-3000:]
+    assert "RESTARTS TWOPHASE_REWRITE_PENDING" in output, output[-3000:]
+    import pyarrow as pa
+
+    records = readTopic(kafka_bootstrap, topic)
+    table = pa.table(
+        {
+            "id": pa.array([int(r.key) for r in records], pa.int64()),
+            "payload": pa.array([(r.value or b"").decode() for r in records], pa.string()),
+        }
+    )
+    report = exactlyOnceReport(table, 2000)
+    assert report["missing"] == report["duplicates"] == 0, report
