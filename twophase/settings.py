@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from twophase.coordinator.paths import logLocationFor
@@ -24,6 +25,18 @@ class TwoPhaseConfigError(ValueError):
     """A sink option is missing or wrong; the message names the option and the fix."""
 
     errorCode = "TWOPHASE_BAD_OPTION"
+
+
+@contextmanager
+def optionErrors() -> Iterator[None]:
+    """A ``ValueError`` of a sink's option parser as the ``TwoPhaseConfigError`` it is, its
+    message kept, so that it carries the code of a bad option into Spark."""
+    try:
+        yield
+    except TwoPhaseConfigError:
+        raise
+    except ValueError as exc:
+        raise TwoPhaseConfigError(str(exc)) from exc
 
 
 def _lookup(options: Mapping[str, str], name: str) -> str | None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 from twophase.loading import importQualified
 from twophase.options import SinkOption
 from twophase.protocol.errors import SinkSystemError
-from twophase.settings import TwoPhaseConfigError
+from twophase.settings import TwoPhaseConfigError, optionErrors
 
 
 class SinkReader(Protocol):
@@ -57,7 +57,8 @@ class SinkParts:
     publicValue: str | None = None
 
     def parse(self, options: Any) -> Any:
-        return importQualified(self.settings)(options)
+        with optionErrors():
+            return importQualified(self.settings)(options)
 
     def newWriter(self, settings: Any) -> Any:
         return importQualified(self.writer)(settings)

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from pyspark.sql.types import StructType
 
+from twophase.settings import optionErrors
 from twophase.sinks.files import FilesWriter, checkWritable
 from twophase.sinks.iceberg import (
     LOCATION_OPTION,
@@ -57,8 +58,9 @@ class IcebergSink(TwoPhaseDataSource):
             return None
 
     def settings(self) -> IcebergSettings:
-        """The parsed options; ``ValueError`` names a bad option."""
-        return IcebergSettings.fromOptions(self.options)
+        """The parsed options; ``TwoPhaseConfigError`` names a bad option."""
+        with optionErrors():
+            return IcebergSettings.fromOptions(self.options)
 
     def createWriter(self) -> FilesWriter:
         return FilesWriter(self.settings().files)
