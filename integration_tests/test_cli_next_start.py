@@ -34,7 +34,7 @@ from twophase.coordinator.errors import RewritePendingError
 from twophase.doctor.nextstart import Unfinished
 from twophase.spark.kafka import KafkaSink
 
-STALL_SECONDS = 15.0
+STALL_SECONDS = 10.0
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -151,14 +151,12 @@ def test_a_local_master_whose_python3_lacks_twophase_is_refused_at_register(
     assert f"install twophase=={twophase.__version__} into python3" in refused, refused
     assert "register(spark, checkExecutors=False) skips this check" in refused, refused
 
-    timings = []
+    # Another interpreter of the same venv passes (the driver's own is every other test's case).
     here = Path(sys.executable)
-    other = here.with_name("python" if here.name != "python" else "python3")  # the same venv
+    other = here.with_name("python" if here.name != "python" else "python3")
     assert other.exists(), other
-    for python in (here, other):  # the driver's own interpreter (nothing to run), then another
-        passed = run(PYSPARK_PYTHON=str(python))
-        found = re.search(r"REGISTERED (\S+) (\S+)", passed)
-        assert found is not None, passed
-        timings.append(float(found.group(2)))
-    print(f"the local check: {timings[0]:.3f} s for this interpreter, {timings[1]:.3f} s another")
-    assert timings[0] < 0.1 and timings[1] < 5.0, timings  # no Spark job either way
+    passed = run(PYSPARK_PYTHON=str(other))
+    found = re.search(r"REGISTERED (\S+) (\S+)", passed)
+    assert found is not None, passed
+    print(f"the local check of another interpreter: {float(found.group(2)):.3f} s")
+    assert float(found.group(2)) < 5.0, passed  # no Spark job

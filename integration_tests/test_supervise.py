@@ -7,10 +7,10 @@
 - a clean stop, in either path, of a query writing PostgreSQL, Kafka and files under one
   decision, leaves nothing in doubt: ``twophase status`` and ``twophase doctor`` exit 0, and
   the next start goes on exactly once;
-- a stop whose timeout is too short interrupts the batch, says so, and the next start recovers.
-
-A SIGTERM to a supervised driver is tested with the chaos pipelines' child process
-(``integration_tests/chaos``), which runs under ``supervise``.
+- a stop whose timeout is too short interrupts the batch, says so, and the next start recovers;
+- in a driver process of its own: Kafka transactions the broker aborted after their decision
+  are written again by a supervised restart, and a SIGTERM to the driver JVM alone stops a
+  query cleanly (a SIGTERM to the Python process is the chaos profile's ``stop`` event).
 """
 
 from __future__ import annotations
@@ -277,12 +277,12 @@ def test_a_stop_timeout_too_short_for_the_batch_stops_it_mid_batch_and_says_what
 ) -> None:
     ckpt = tmp_path / "ckpt"
     out = tmp_path / "out"
-    rows = 3 * ROWS_PER_BATCH
+    rows = 2 * ROWS_PER_BATCH
 
     def start(total: int | None) -> Any:
         from pyspark.sql import functions as F
 
-        slow = F.udf(lambda v: (time.sleep(0.02), v)[1], "string")  # 5 s a task
+        slow = F.udf(lambda v: (time.sleep(0.012), v)[1], "string")  # 3 s a task
         writer = (
             sequence(spark, total)
             .withColumn("payload", slow("payload"))
@@ -311,19 +311,38 @@ def test_a_stop_timeout_too_short_for_the_batch_stops_it_mid_batch_and_says_what
     assert report.ok, report
 
 
-SIGTERM_CHILD = """
+CHILD = """
 import sys, time
 from pyspark.sql import SparkSession, functions as F
 import twophase
 
-work = sys.argv[1]
+work, bootstrap, topic = sys.argv[1:4]
 spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 twophase.register(spark)
+
+
+def kafka():
+    return (
+        spark.readStream.format("twophase.sequence")
+        .option("rowsPerBatch", 500).option("totalRows", 2000).option("numPartitions", 2).load()
+        .selectExpr("cast(id AS string) AS key", "payload AS value")
+        .writeStream.format("twophase.kafka")
+        .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+        .option("kafka.transaction.timeout.ms", "3000")
+        .option("checkpointLocation", f"{work}/kafka-checkpoint")
+        .trigger(availableNow=True).start()
+    )
+
+
+query = twophase.supervise(kafka, twophase.restarts.fixedDelay(3, 1.0))
+query.awaitTermination()
+print("RESTARTS " + ",".join(r.code for r in query.restarts), flush=True)
+
 slow = F.udf(lambda v: (time.sleep(0.004), v)[1], "string")
 
 
-def start():
+def files():
     return (
         spark.readStream.format("twophase.sequence").option("rowsPerBatch", 500).load()
         .withColumn("payload", slow("payload"))
@@ -332,7 +351,7 @@ def start():
     )
 
 
-query = twophase.supervise(start)
+query = twophase.supervise(files)
 while not query.lastProgress:
     time.sleep(0.2)
 print("READY", flush=True)
@@ -351,93 +370,33 @@ def javaChildOf(pid: int, parent: int) -> bool:
     return comm == "java" and int(stat[stat.rindex(")") + 2 :].split()[1]) == parent
 
 
-def test_sigterm_to_the_driver_jvm_alone_stops_the_supervised_query_cleanly(tmp_path: Path) -> None:
-    """As under ``spark-submit``, where the JVM is the main process: a SIGTERM that reaches
-    only the JVM stops the query between batches, and the program ends of itself."""
+def test_a_driver_rewrites_what_the_broker_aborted_and_stops_cleanly_on_a_sigterm_to_its_jvm(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """One supervised driver, two queries.
+
+    The first stands still between batch 1's decision and its commit for longer than the
+    transaction timeout (an outage of the driver's reach of the broker): the broker aborts the
+    decided transactions, the commit fails with RewritePendingError, and supervision restarts
+    the query, whose replay writes them again: every record once for a read_committed reader.
+
+    Then, as under ``spark-submit``, where the JVM is the main process: a SIGTERM that reaches
+    only the JVM stops the second query between batches, and the program ends of itself.
+    """
     import os
     import signal
     import subprocess
     import sys
 
-    script = tmp_path / "sigterm_child.py"
-    script.write_text(SIGTERM_CHILD)
-    env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
-    child = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    try:
-        assert child.stdout is not None
-        lines = []
-        for line in child.stdout:
-            lines.append(line)
-            if line.startswith("READY"):
-                break
-        jvm = next(pid for pid in sessionProcesses(child.pid) if javaChildOf(pid, child.pid))
-        os.kill(jvm, signal.SIGTERM)
-        rest, _ = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-    output = "".join(lines) + rest
-    assert child.returncode == 0, output[-3000:]
-    assert "ENDED stopped=True restarts=0" in output, output[-3000:]
-    assert cli.main(["status", "--checkpoint", str(tmp_path / "checkpoint")]) == 0
-
-
-REWRITE_CHILD = """
-import sys
-from pyspark.sql import SparkSession
-import twophase
-
-work, bootstrap, topic = sys.argv[1:4]
-spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
-spark.sparkContext.setLogLevel("ERROR")
-twophase.register(spark)
-
-
-def start():
-    return (
-        spark.readStream.format("twophase.sequence")
-        .option("rowsPerBatch", 500).option("totalRows", 2000).option("numPartitions", 2).load()
-        .selectExpr("cast(id AS string) AS key", "payload AS value")
-        .writeStream.format("twophase.kafka")
-        .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
-        .option("kafka.transaction.timeout.ms", "3000")
-        .option("checkpointLocation", f"{work}/checkpoint")
-        .trigger(availableNow=True).start()
-    )
-
-
-query = twophase.supervise(start, twophase.restarts.fixedDelay(3, 1.0))
-query.awaitTermination()
-print("RESTARTS " + ",".join(r.code for r in query.restarts), flush=True)
-"""
-
-
-def test_a_kafka_transaction_the_broker_aborted_after_the_decision_is_written_again_by_a_restart(
-    tmp_path: Path, kafka_bootstrap: str
-) -> None:
-    """The driver stands still between batch 1's decision and its commit for longer than the
-    transaction timeout (an outage of the driver's reach of the broker): the broker aborts the
-    decided transactions, the commit fails with RewritePendingError, and supervision restarts
-    the query, whose replay writes them again: every record once for a read_committed reader."""
-    import os
-    import subprocess
-    import sys
+    import pyarrow as pa
 
     from integration_tests.sink_outputs import exactlyOnceReport
     from integration_tests.test_kafka_helpers import createTopic, readTopic
 
     topic = createTopic(kafka_bootstrap)
     paused = tmp_path / "paused"
-    script = tmp_path / "rewrite_child.py"
-    script.write_text(REWRITE_CHILD)
+    script = tmp_path / "supervised_child.py"
+    script.write_text(CHILD)
     env = dict(
         os.environ,
         PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
@@ -451,19 +410,27 @@ def test_a_kafka_transaction_the_broker_aborted_after_the_decision_is_written_ag
         text=True,
         env=env,
         cwd=tmp_path,
+        start_new_session=True,
     )
+    lines: list[str] = []
     try:
         waitFor(lambda: any(paused.glob("paused-*")), "the pause after batch 1's decision", 120)
         time.sleep(15)  # the timeout (3 s) and the broker's sweep of timed-out transactions
         (paused / "release").touch()
-        output, _ = child.communicate(timeout=180)
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                break
+        jvm = next(pid for pid in sessionProcesses(child.pid) if javaChildOf(pid, child.pid))
+        os.kill(jvm, signal.SIGTERM)
+        rest, _ = child.communicate(timeout=120)
     finally:
         if child.poll() is None:
-            child.kill()
+            os.killpg(child.pid, signal.SIGKILL)
+    output = "".join(lines) + rest
     assert child.returncode == 0, output[-3000:]
     assert "RESTARTS TWOPHASE_REWRITE_PENDING" in output, output[-3000:]
-    import pyarrow as pa
-
     records = readTopic(kafka_bootstrap, topic)
     table = pa.table(
         {
@@ -473,3 +440,5 @@ def test_a_kafka_transaction_the_broker_aborted_after_the_decision_is_written_ag
     )
     report = exactlyOnceReport(table, 2000)
     assert report["missing"] == report["duplicates"] == 0, report
+    assert "ENDED stopped=True restarts=0" in output, output[-3000:]
+    assert cli.main(["status", "--checkpoint", str(tmp_path / "checkpoint")]) == 0
