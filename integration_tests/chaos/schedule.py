@@ -12,7 +12,8 @@ the same schedule):
   transaction timeout, so the broker aborts the transactions of a decided batch and the restart
   must write them again, while PostgreSQL keeps its prepared half of the same batch);
 - a *clean stop* (``stop``): SIGTERM to the driver, timed like a kill: the supervised query
-  lets its running batch commit and stops before the next, leaving nothing in doubt;
+  lets its running batch commit and stops before the next, leaving nothing in doubt; once in
+  each schedule, among the timed kills of each kind;
 - a *timed kill* of the ``driver`` (the query's whole session), an ``executor`` JVM or one of
   the pipeline's servers (``servers.SERVERS``: brought back after ``downSeconds``), delivered
   once the running query has committed ``afterBatches`` more batches, plus ``jitterSeconds`` so
@@ -160,7 +161,8 @@ class Schedule:
                 events.append(Event("point", "driver.afterDecision", downSeconds=outageSeconds))
         queue = rng.sample(timedKinds, len(timedKinds))
         while len(events) < kills or (coverPoints and queue):
-            kind = queue.pop(0) if queue else rng.choice([*timedKinds, "executor", "point"])
+            drawn = [k for k in timedKinds if k != "stop"]  # a stop: once, from the queue
+            kind = queue.pop(0) if queue else rng.choice([*drawn, "executor", "point"])
             if kind == "point":
                 point = rng.choice(RANDOM_POINTS)
                 outage = outageSeconds > 0 and point == "driver.afterDecision"
