@@ -79,6 +79,7 @@ def fillInput(
             producer.begin_transaction()
             for i in range(10):
                 producer.produce(topic, b"aborted", key=b"aborted-%d" % i)
+            producer.flush(30)  # an abort racing its AddPartitionsToTxn is fatal (librdkafka)
             producer.abort_transaction(60)
         producer.begin_transaction()
         for i in range(start, min(rows, start + INPUT_TRANSACTION_ROWS)):
