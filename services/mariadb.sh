@@ -10,6 +10,12 @@
 #   services/mariadb.sh stop-server   clean shutdown; data and port are kept
 #   services/mariadb.sh kill-server   SIGKILL (crash-like); data and port are kept
 #   services/mariadb.sh start-server  start the stopped server again, same data and port
+#   services/mariadb.sh secured       print `export TWOPHASE_MARIADB_TLS_URL=...`: the TLS user's URL
+#
+# The server takes TLS (the set's certificate from services/lib.sh's tls_ensure) beside plain
+# connections. The user `twophase_tls` (no global privilege but CREATE USER; all privileges on
+# the database, with GRANT OPTION, to make the tests' least-privileged users) must use TLS
+# (REQUIRE SSL); its password is made at its first start in $STATE/tls-user.password, mode 600.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase).
 #
@@ -34,11 +40,14 @@ MARKER=.initialized
 SERVER_LOG=$STATE/server.log
 READY_TIMEOUT=60
 READY_INTERVAL=0.3
+EXTRA_VERBS=secured
 
 DB_USER=$TWOPHASE_MARIADB_USER
 DB_PASSWORD=$TWOPHASE_MARIADB_PASSWORD
 DB_DATABASE=$TWOPHASE_MARIADB_DATABASE
 SOCKET=$STATE/mysqld.sock
+TLS_USER=twophase_tls
+TLS_PASSWORD_FILE=$STATE/tls-user.password
 run_as=()
 [[ $EUID -ne 0 ]] || run_as=(--user=root)
 
@@ -84,24 +93,35 @@ svc_launch() {
     # it): an XA PREPARE is durable when it returns, so a prepared transaction survives a kill
     # of the server. --skip-log-bin: no binary log, so InnoDB alone decides what a prepared
     # transaction becomes after a crash (it stays prepared, listed by XA RECOVER).
+    # TLS: the set's certificate, copied into the state (a resumed state gets it too).
+    tls_ensure
+    mkdir -p "$STATE/tls"
+    chmod 700 "$STATE/tls"
+    cp "$TLS_DIR/server.pem" "$TLS_DIR/server.key" "$TLS_DIR/ca.pem" "$STATE/tls/"
+    chmod 600 "$STATE/tls/server.key"
     start_background "$SERVER_LOG" "" mariadbd --no-defaults "${run_as[@]}" \
         --datadir="$STATE/data" --port="$PORT" --bind-address=127.0.0.1 \
         --socket="$SOCKET" --pid-file="$STATE/mysqld.pid" --log-error="$SERVER_LOG" \
         --skip-name-resolve --skip-log-bin --max-connections="$TWOPHASE_MARIADB_MAX_CONNECTIONS" \
         --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=1 \
         --innodb-lock-wait-timeout=30 --character-set-server=utf8mb4 \
-        --collation-server=utf8mb4_bin --default-time-zone=+00:00
+        --collation-server=utf8mb4_bin --default-time-zone=+00:00 \
+        --ssl-cert="$STATE/tls/server.pem" --ssl-key="$STATE/tls/server.key" --ssl-ca="$STATE/tls/ca.pem"
     log "starting MariaDB $(mariadbd --version | awk '{print $3}') on 127.0.0.1:$PORT (log: $SERVER_LOG)"
 }
 
 # svc_ready: root gets an answer over the Unix socket.
 svc_ready() { sql_admin -e "SELECT 1" >/dev/null 2>&1; }
 
-# svc_setup: the `twophase` user: all privileges on its database, the right to list prepared XA
-# transactions of others (XA RECOVER; MariaDB >= 10.5 checks the SUPER-family privilege for
-# other users' xids, MySQL 8 needs XA_RECOVER_ADMIN), and CREATE USER so the secret tests can
-# make a user of their own with a recognisable password. Then it logs in over TCP.
+# svc_setup: the `twophase` user: all privileges, with GRANT OPTION (the secret tests make a
+# user of their own with a recognisable password). Then it logs in over TCP. Then the TLS user
+# (tls_user). A server started by an older version of this script, without TLS, is restarted.
 svc_setup() {
+    if [[ $(sql_admin -N -e "SELECT @@have_ssl") != YES ]]; then
+        log "the running server has no TLS: restarting it with the set's certificate"
+        stop_server graceful
+        start_server
+    fi
     sql_admin <<EOS
 CREATE DATABASE IF NOT EXISTS \`$DB_DATABASE\`;
 CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASSWORD';
@@ -112,6 +132,36 @@ EOS
     mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P"$PORT" -u"$DB_USER" -p"$DB_PASSWORD" \
         "$DB_DATABASE" -e "XA RECOVER" >/dev/null ||
         die "cannot log in as $DB_USER at 127.0.0.1:$PORT"
+    tls_user
+}
+
+# tls_user: the ordinary user of the TLS URL, with a password made at its first start (kept in
+# the state, mode 600); it logs in over TLS, verifying the server's certificate.
+tls_user() {
+    local password host
+    if [[ ! -s $TLS_PASSWORD_FILE ]]; then
+        (umask 077 && openssl rand -hex 16 >"$TLS_PASSWORD_FILE")
+    fi
+    chmod 600 "$TLS_PASSWORD_FILE"
+    password=$(<"$TLS_PASSWORD_FILE")
+    for host in 127.0.0.1 localhost; do
+        sql_admin <<EOS
+CREATE USER IF NOT EXISTS '$TLS_USER'@'$host';
+ALTER USER '$TLS_USER'@'$host' IDENTIFIED BY '$password' REQUIRE SSL;
+GRANT CREATE USER ON *.* TO '$TLS_USER'@'$host';
+GRANT ALL PRIVILEGES ON \`$DB_DATABASE\`.* TO '$TLS_USER'@'$host' WITH GRANT OPTION;
+EOS
+    done
+    mariadb --no-defaults --protocol=tcp -h127.0.0.1 -P"$PORT" -u"$TLS_USER" -p"$password" \
+        --ssl-ca="$TLS_DIR/ca.pem" --ssl-verify-server-cert "$DB_DATABASE" -e "SELECT 1" >/dev/null ||
+        die "cannot log in as $TLS_USER over TLS at 127.0.0.1:$PORT"
+}
+
+# svc_verb_secured: the `secured` verb: the TLS user's SQLAlchemy URL, verifying the server.
+svc_verb_secured() {
+    load_state
+    [[ -s $TLS_PASSWORD_FILE ]] || die "no TLS user yet in $STATE: run '$0 up' first"
+    echo "export TWOPHASE_MARIADB_TLS_URL=mysql+pymysql://$TLS_USER:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$DB_DATABASE?ssl_ca=$TLS_DIR/ca.pem"
 }
 
 # svc_pid: the pid mariadbd wrote, if it is still a mariadbd on this state's data.

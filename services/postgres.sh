@@ -11,6 +11,13 @@
 #   services/postgres.sh stop-server   fast shutdown; data and port are kept
 #   services/postgres.sh kill-server   immediate shutdown (crash-like); data and port are kept
 #   services/postgres.sh start-server  start the stopped server again, same data and port
+#   services/postgres.sh secured       print `export TWOPHASE_PG_TLS_URL=...`: the TLS role's URL
+#
+# The same server takes TLS (ssl=on, the set's certificate from services/lib.sh's tls_ensure)
+# with scram-sha-256 passwords. Plain TCP connections of the `twophase` role keep working; the
+# role `twophase_tls` (not a superuser: LOGIN CREATEROLE, CREATE on the database, a password
+# made at its first start in $STATE/tls-role.password, mode 600) may connect over TLS only
+# (`hostssl`), and the tests make their least-privileged roles through it.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), TWOPHASE_PG_BIN (directory holding
 # pg_ctl and initdb, to use a specific installation).
@@ -32,11 +39,14 @@ MARKER=.initialized
 SERVER_LOG=$STATE/server.log
 READY_TIMEOUT=60
 READY_INTERVAL=0.5
+EXTRA_VERBS=secured
 
 PG_OS_USER=postgres
 PG_USER=$TWOPHASE_PG_USER
 PG_PASSWORD=$TWOPHASE_PG_PASSWORD
 PG_DATABASE=$TWOPHASE_PG_DATABASE
+TLS_ROLE=twophase_tls
+TLS_PASSWORD_FILE=$STATE/tls-role.password
 
 # find_pg_bin: print the directory of the server binaries (pg_ctl, initdb, postgres).
 find_pg_bin() {
@@ -149,7 +159,7 @@ svc_launch() {
 svc_ready() { psql_admin -c "SELECT 1" >/dev/null 2>&1; }
 
 # svc_setup: the `twophase` role and its database; ready = the role logs in over TCP with its
-# password (what the tests do). CREATEROLE: the secret tests create a role of their own with a
+# password (what the tests do); then TLS and its role (tls_setup, tls_role). CREATEROLE: the secret tests create a role of their own with a
 # recognisable password (docker-compose's twophase user is the superuser and can too); a
 # cluster made by an older version of this script gets the attribute here.
 svc_setup() {
@@ -163,6 +173,71 @@ EOS
     PGPASSWORD=$PG_PASSWORD PGCONNECT_TIMEOUT=10 "$PG_BIN/psql" -X -q -At \
         -h 127.0.0.1 -p "$PORT" -U "$PG_USER" -d "$PG_DATABASE" -c "SELECT 1" >/dev/null ||
         die "cannot log in as $PG_USER at 127.0.0.1:$PORT"
+    tls_setup
+    tls_role
+}
+
+# tls_setup: TLS on the running server, for a new state, a resumed one or one a server started
+# by an older version of this script: the set's certificate and key copied into the state (the
+# server's OS user owns them, the key mode 600, as PostgreSQL demands), ssl and scram-sha-256
+# through ALTER SYSTEM, `hostssl` lines at the top of pg_hba.conf (the TLS role over TLS only),
+# then a reload (these settings take one, no restart) and a wait until the server uses them.
+tls_setup() {
+    local dir hba i
+    tls_ensure
+    dir=$(state_path)
+    mkdir -p "$dir/tls"
+    cp "$TLS_DIR/server.pem" "$TLS_DIR/server.key" "$TLS_DIR/ca.pem" "$dir/tls/"
+    chmod 700 "$dir/tls"
+    chmod 600 "$dir/tls/server.key"
+    chmod 644 "$dir/tls/server.pem" "$dir/tls/ca.pem"
+    [[ $EUID -ne 0 ]] || chown -R "$PG_OS_USER:" "$dir/tls"
+    hba=$dir/data/pg_hba.conf
+    if ! grep -q '^hostssl all all 127.0.0.1/32 scram-sha-256' "$hba"; then
+        as_pg sh -c "{ printf '%s\n' '# ---- services/postgres.sh: TLS ----' \
+            'hostnossl all $TLS_ROLE 0.0.0.0/0 reject' 'hostnossl all $TLS_ROLE ::/0 reject' \
+            'hostssl all all 127.0.0.1/32 scram-sha-256' 'hostssl all all ::1/128 scram-sha-256'; \
+            cat '$hba'; } >'$hba.new' && mv '$hba.new' '$hba'"
+    fi
+    psql_admin >/dev/null <<EOS
+ALTER SYSTEM SET ssl = on;
+ALTER SYSTEM SET ssl_cert_file = '$dir/tls/server.pem';
+ALTER SYSTEM SET ssl_key_file = '$dir/tls/server.key';
+ALTER SYSTEM SET password_encryption = 'scram-sha-256';
+SELECT pg_reload_conf();
+EOS
+    for ((i = 0; i < 50; i++)); do
+        [[ $(psql_admin -At -c "SHOW ssl") == on ]] && return 0
+        sleep 0.1
+    done
+    die "the server did not turn TLS on (see $dir/server.log)"
+}
+
+# tls_role: the ordinary role of the TLS URL, with a password made at its first start (kept in
+# the state, mode 600), CREATEROLE to make the tests' roles, CREATE on the database for their
+# schemas. Then it logs in over TLS, verifying the server's certificate against the set's CA.
+tls_role() {
+    local password
+    if [[ ! -s $TLS_PASSWORD_FILE ]]; then
+        (umask 077 && openssl rand -hex 16 >"$TLS_PASSWORD_FILE")
+    fi
+    chmod 600 "$TLS_PASSWORD_FILE"
+    password=$(<"$TLS_PASSWORD_FILE")
+    psql_admin <<EOS
+SELECT 'CREATE ROLE $TLS_ROLE' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$TLS_ROLE') \gexec
+ALTER ROLE $TLS_ROLE LOGIN CREATEROLE NOSUPERUSER PASSWORD '$password';
+GRANT CREATE ON DATABASE $PG_DATABASE TO $TLS_ROLE;
+EOS
+    PGPASSWORD=$password PGCONNECT_TIMEOUT=10 "$PG_BIN/psql" -X -q -At \
+        "host=127.0.0.1 port=$PORT user=$TLS_ROLE dbname=$PG_DATABASE sslmode=verify-full sslrootcert=$TLS_DIR/ca.pem" \
+        -c "SELECT 1" >/dev/null || die "cannot log in as $TLS_ROLE over TLS at 127.0.0.1:$PORT"
+}
+
+# svc_verb_secured: the `secured` verb: the TLS role's URL, verifying the server's name.
+svc_verb_secured() {
+    load_state
+    [[ -s $TLS_PASSWORD_FILE ]] || die "no TLS role yet in $STATE: run '$0 up' first"
+    echo "export TWOPHASE_PG_TLS_URL=postgresql://$TLS_ROLE:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$PG_DATABASE?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem"
 }
 
 # svc_pid: the postmaster's pid, when pg_ctl finds it running.
