@@ -161,7 +161,7 @@ EOS
 svc_verb_secured() {
     load_state
     [[ -s $TLS_PASSWORD_FILE ]] || die "no TLS user yet in $STATE: run '$0 up' first"
-    echo "export TWOPHASE_MARIADB_TLS_URL=mysql+pymysql://$TLS_USER:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$DB_DATABASE?ssl_ca=$TLS_DIR/ca.pem"
+    echo "export TWOPHASE_MARIADB_TLS_URL='mysql+pymysql://$TLS_USER:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$DB_DATABASE?ssl_ca=$TLS_DIR/ca.pem'"
 }
 
 # svc_pid: the pid mariadbd wrote, if it is still a mariadbd on this state's data.

@@ -234,10 +234,11 @@ EOS
 }
 
 # svc_verb_secured: the `secured` verb: the TLS role's URL, verifying the server's name.
+# Quoted: the URL holds an `&`, and the line is sourced by sh.
 svc_verb_secured() {
     load_state
     [[ -s $TLS_PASSWORD_FILE ]] || die "no TLS role yet in $STATE: run '$0 up' first"
-    echo "export TWOPHASE_PG_TLS_URL=postgresql://$TLS_ROLE:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$PG_DATABASE?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem"
+    echo "export TWOPHASE_PG_TLS_URL='postgresql://$TLS_ROLE:$(<"$TLS_PASSWORD_FILE")@127.0.0.1:$PORT/$PG_DATABASE?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem'"
 }
 
 # svc_pid: the postmaster's pid, when pg_ctl finds it running.
