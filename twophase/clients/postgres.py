@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from twophase.clients.postgres_tls import tlsProblem
 from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.redaction import REDACTED, getLogger, redact, redactForms
 from twophase.settings import TwoPhaseConfigError, intOption, optionOf
@@ -306,6 +307,13 @@ def connect(
             return psycopg.connect(autocommit=autocommit, **params)
         except psycopg.OperationalError as exc:
             reason = errorText(exc)
+            tls = tlsProblem(str(exc), dict(target.params))
+            if tls is not None:  # the same certificate fails the same way: never retried
+                raise PostgresSinkError(
+                    f"postgres: {what}: cannot connect to {target.describe()} over TLS: {tls} "
+                    f"(libpq: {reason})",
+                    reason=SinkFailure.CREDENTIALS,
+                ) from None
             if isPermanentConnectError(exc):
                 raise PostgresSinkError(
                     f"postgres: {what}: cannot connect to {target.describe()}: {reason}",

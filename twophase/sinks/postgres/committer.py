@@ -26,6 +26,7 @@ from twophase.protocol import (
     RecoveryScope,
     TransactionLostError,
 )
+from twophase.protocol.errors import SinkFailure
 from twophase.redaction import getLogger, redact
 from twophase.resources import Resources
 from twophase.sinks.postgres.dialect import parseTableName
@@ -39,6 +40,7 @@ from twophase.sinks.postgres.handles import (
     isStaged,
     xactStatus,
 )
+from twophase.sinks.postgres.privileges import finishRefused
 from twophase.sinks.postgres.rejections import (
     describe,
     fixFor,
@@ -129,11 +131,8 @@ class PostgresCommitter(Committer):
                     status or "unknown",
                 )
                 return CommitStatus.ALREADY_COMMITTED
-            except pgerrors.InsufficientPrivilege as exc:
-                raise PostgresSinkError(
-                    f"postgres: {what}: {exc.diag.message_primary}; connect as the role that "
-                    "prepared it (or a superuser)"
-                ) from None
+            except pgerrors.InsufficientPrivilege:
+                raise finishRefused(conn, h["gid"], "COMMIT PREPARED", what) from None
         log.debug("postgres: committed %s", h["gid"])
         return None
 
@@ -203,7 +202,8 @@ class PostgresCommitter(Committer):
                 raise PostgresSinkError(
                     f"postgres: {what}: {exc.diag.message_primary}; the committing user needs "
                     f"DELETE on {names.stagingText}, SELECT and INSERT on {names.markersText} "
-                    "and INSERT (UPDATE in upsert mode) on the target"
+                    "and INSERT (UPDATE in upsert mode) on the target",
+                    reason=SinkFailure.CREDENTIALS,
                 ) from None
         log.debug("postgres: moved %d staged row(s) of %s", h["rows"], token)
         return None
@@ -237,6 +237,8 @@ class PostgresCommitter(Committer):
             except pgerrors.UndefinedObject:
                 log.debug("postgres: %s: not prepared (already finished)", what)
                 return
+            except pgerrors.InsufficientPrivilege:
+                raise finishRefused(conn, h["gid"], "ROLLBACK PREPARED", what) from None
         log.debug("postgres: rolled back %s", h["gid"])
 
     def recoverAndAbort(self, scope: RecoveryScope) -> list[Handle]:
@@ -323,6 +325,10 @@ class PostgresCommitter(Committer):
                 conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(item.name)))
             except pgerrors.UndefinedObject:
                 return False
+            except pgerrors.InsufficientPrivilege:
+                raise finishRefused(
+                    conn, item.name, "ROLLBACK PREPARED", f"recoverAndAbort of {item.name}"
+                ) from None
         return True
 
     @contextmanager

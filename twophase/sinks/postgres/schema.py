@@ -21,6 +21,7 @@ from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import deadletter
 from twophase.sinks.postgres.dialect import quoteIdent
 from twophase.sinks.postgres.errors import PostgresSinkError
+from twophase.sinks.postgres.privileges import checkPrivileges
 from twophase.sinks.postgres.settings import PostgresSettings
 from twophase.sinks.postgres.staging import ensureStagingTables
 from twophase.sinks.postgres.types import (
@@ -41,7 +42,9 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema, sinkId: str = 
     ``sinkId`` is taken as every sink's check takes it (``twophase.sinks.registry``); a gid
     holds any sink id, so PostgreSQL has nothing to check of it.
 
-    Fails with ``TwoPhaseConfigError`` naming the problem and the fix when
+    Fails with ``PostgresSinkError`` (reason ``CREDENTIALS``) naming each grant the sink's role
+    lacks and the ``GRANT`` that fixes it (``privileges``), and with ``TwoPhaseConfigError``
+    naming the problem and the fix when
     ``max_prepared_transactions`` is 0 under ``commitMode=prepared``, the table is missing (and
     ``createTable`` is off), a stream column is missing from the table or of a type it cannot
     hold exactly, a NOT NULL column without default is not in the stream, or (upsert) no unique
@@ -81,6 +84,7 @@ def validateTarget(settings: PostgresSettings, schema: pa.Schema, sinkId: str = 
 
 def _checkTarget(conn: psycopg.Connection[Any], s: PostgresSettings, schema: pa.Schema) -> None:
     checkPreparedTransactions(conn, s)
+    checkPrivileges(conn, s)
     columns = tableColumns(conn, s)
     if columns is None:
         if not s.createTable:
