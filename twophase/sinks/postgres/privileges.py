@@ -51,10 +51,11 @@ def _exists(conn: psycopg.Connection[Any], name: str) -> bool:
 
 
 def needed(conn: psycopg.Connection[Any], s: PostgresSettings) -> list[Need]:
-    """The grants ``s`` needs on this server, given which of its tables exist already."""
+    """The grants ``s`` needs on this server beside ``USAGE`` on the schema, given which of its
+    tables exist already."""
     schema = quoteIdent(s.schema)
     target = s.qualifiedName
-    needs = [Need("USAGE", "schema", schema, "every statement names the table in it")]
+    needs: list[Need] = []
     if _exists(conn, target):
         needs.append(Need("INSERT", "table", target, f"mode={s.mode} writes the rows"))
         if s.mode == "upsert":
@@ -107,7 +108,11 @@ def checkPrivileges(conn: psycopg.Connection[Any], s: PostgresSettings) -> None:
         return
     row = conn.execute("SELECT current_user").fetchone()
     role = str(row[0]) if row else s.target.get("user")
-    missing = [n for n in needed(conn, s) if not _has(conn, n)]
+    usage = Need("USAGE", "schema", quoteIdent(s.schema), "every statement names the table in it")
+    # Without USAGE no name in the schema can be looked up: that one is all there is to say.
+    missing = (
+        [usage] if not _has(conn, usage) else [n for n in needed(conn, s) if not _has(conn, n)]
+    )
     if not missing:
         return
     lacks = "; ".join(f"{n.privilege} on {n.kind} {n.name} ({n.why})" for n in missing)

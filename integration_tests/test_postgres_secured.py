@@ -1,0 +1,188 @@
+"""The postgres sink over TLS as an ordinary role: least privileges, and TLS's bad input.
+
+A role with exactly the grants docs/security.md lists is made over TWOPHASE_PG_TLS_URL (a role
+that is not a superuser, ``sslmode=verify-full``); a batch is prepared and committed by it; then
+each grant is taken away in turn and the driver's check before a batch names it, the role and
+the GRANT, with nothing written. ``COMMIT PREPARED`` by another role names both roles. A CA that
+did not sign the server, a host name the certificate does not hold and a wrong password each
+fail at once (never retried) with an error naming the server and the CA. No Spark.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from integration_tests.conftest import service_setting
+from twophase.clients.postgres import PostgresSinkError
+from twophase.failures.codes import CODES, declaredCode
+from twophase.protocol import TransactionContext
+from twophase.sinks.postgres import PostgresCommitter, PostgresSettings, PostgresWriter
+from twophase.sinks.postgres.schema import validateTarget
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+
+
+@pytest.fixture(scope="module")
+def tls_url() -> str:
+    url = service_setting("TWOPHASE_PG_TLS_URL")
+    if not url:
+        pytest.fail(
+            "TWOPHASE_PG_TLS_URL is unset: start the servers with services/services.sh up",
+            pytrace=False,
+        )
+    return url
+
+
+class Least:
+    """A schema, a table and a role with exactly the documented grants, made over TLS."""
+
+    def __init__(self, admin: psycopg.Connection, url: str) -> None:
+        self.admin = admin
+        tag = uuid.uuid4().hex[:8]
+        self.schema, self.role, self.password = f"sec_{tag}", f"tp_least_{tag}", uuid.uuid4().hex
+        params = conninfo_to_dict(url)
+        params.update(user=self.role, password=self.password)
+        self.url = make_conninfo(**params)
+
+    def options(self, **more: str) -> dict[str, str]:
+        return {"url": self.url, "dbtable": f"{self.schema}.t", "connectRetrySeconds": "2", **more}
+
+    def sql(self, statement: str) -> None:
+        self.admin.execute(statement.format(s=self.schema, r=self.role))
+
+
+@pytest.fixture(scope="module")
+def least(tls_url: str) -> Iterator[Least]:
+    with psycopg.connect(tls_url, autocommit=True) as admin:
+        row = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        assert row[0] is False, "the TLS URL's role must not be a superuser"
+        made = Least(admin, tls_url)
+        made.sql(f"CREATE ROLE {{r}} LOGIN PASSWORD '{made.password}'")
+        made.sql("CREATE SCHEMA {s}")
+        made.sql("CREATE TABLE {s}.t (id bigint PRIMARY KEY, v text)")
+        made.sql("GRANT USAGE ON SCHEMA {s} TO {r}")
+        made.sql("GRANT INSERT, SELECT, UPDATE ON {s}.t TO {r}")
+        yield made
+        with psycopg.connect(made.url, autocommit=True) as own:  # only it may finish them
+            for (gid,) in own.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE owner = current_user"
+            ).fetchall():
+                own.execute(f"ROLLBACK PREPARED '{gid}'")
+        made.sql("DROP SCHEMA {s} CASCADE")
+        made.sql("DROP ROLE {r}")
+
+
+def refusal(options: dict[str, str]) -> str:
+    """The error of the driver's check before a batch; it carries a fatal code."""
+    with pytest.raises(PostgresSinkError) as caught:
+        validateTarget(PostgresSettings.fromOptions(options), SCHEMA, "s")
+    code = declaredCode(caught.value)
+    assert code == "TWOPHASE_CREDENTIALS" and not CODES[code].recoverable
+    return str(caught.value)
+
+
+def test_least_role_prepares_and_commits_as_itself(least: Least, tls_url: str) -> None:
+    options = least.options(commitMode="prepared", mode="upsert", keyColumns="id")
+    settings = PostgresSettings.fromOptions(options)
+    validateTarget(settings, SCHEMA, "s")
+    writer = PostgresWriter(settings)
+    txn = writer.beginTransaction(TransactionContext("s", "q", 1, 0, 0, "run1"))
+    writer.write(txn, pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], schema=SCHEMA))
+    handle = writer.preCommit(txn)
+    assert handle["connection"]["user"] == least.role  # the driver commits as the same role
+    row = least.admin.execute(
+        "SELECT owner FROM pg_prepared_xacts WHERE gid = %s", (handle["gid"],)
+    )
+    assert row.fetchone()[0] == least.role
+    # Another role's COMMIT PREPARED is refused, naming both roles and the fix.
+    other = PostgresCommitter(PostgresSettings.fromOptions({**options, "url": tls_url}))
+    wrong = dict(handle, connection=dict(handle["connection"], user=least.admin.info.user))
+    with pytest.raises(PostgresSinkError) as caught:
+        other.commit(wrong)
+    said = str(caught.value)
+    assert least.role in said and least.admin.info.user in said and "same user" in said
+    assert declaredCode(caught.value) == "TWOPHASE_CREDENTIALS"
+    PostgresCommitter(settings).commit(handle)
+    rows = least.admin.execute(f"SELECT id, v FROM {least.schema}.t ORDER BY id").fetchall()
+    assert rows == [(1, "a"), (2, "b")]
+
+
+@pytest.mark.parametrize(
+    ("revoke", "options", "named"),
+    [
+        ("REVOKE USAGE ON SCHEMA {s} FROM {r}", {}, "USAGE on schema"),
+        ("REVOKE INSERT ON {s}.t FROM {r}", {}, "INSERT on table"),
+        ("REVOKE UPDATE ON {s}.t FROM {r}", {"mode": "upsert", "keyColumns": "id"}, "UPDATE on"),
+        ("REVOKE SELECT ON {s}.t FROM {r}", {"mode": "upsert", "keyColumns": "id"}, "SELECT on"),
+        ("", {"commitMode": "staged"}, "CREATE on schema"),
+        ("", {"dbtable": "{s}.made", "createTable": "true"}, "CREATE on schema"),
+    ],
+)
+def test_each_missing_grant_is_named(
+    least: Least, revoke: str, options: dict[str, str], named: str
+) -> None:
+    if revoke:
+        least.sql(revoke)
+    try:
+        given = {k: v.format(s=least.schema) for k, v in options.items()}
+        said = refusal(least.options(**given))
+        assert named in said and least.role in said and "GRANT " in said
+        assert "Nothing was written" in said
+    finally:
+        least.sql("GRANT USAGE ON SCHEMA {s} TO {r}")
+        least.sql("GRANT INSERT, SELECT, UPDATE ON {s}.t TO {r}")
+    assert least.admin.execute(
+        "SELECT to_regclass(%s)", (f"{least.schema}.t_twophase_staging",)
+    ).fetchone() == (None,)
+
+
+def test_staged_mode_with_its_tables_made_by_an_administrator(least: Least) -> None:
+    least.sql("CREATE TABLE {s}.t_twophase_staging (LIKE {s}.t, __tp_token text, __tp_seq bigint)")
+    least.sql(
+        "CREATE TABLE {s}.t_twophase_commits (token text PRIMARY KEY, sink_id text, "
+        "batch_id bigint, rows bigint, committed_at timestamptz DEFAULT now())"
+    )
+    try:
+        least.sql("GRANT SELECT, INSERT ON {s}.t_twophase_staging, {s}.t_twophase_commits TO {r}")
+        said = refusal(least.options(commitMode="staged"))
+        assert "DELETE on table" in said and "t_twophase_staging" in said
+        least.sql("GRANT DELETE ON {s}.t_twophase_staging, {s}.t_twophase_commits TO {r}")
+        validateTarget(PostgresSettings.fromOptions(least.options(commitMode="staged")), SCHEMA)
+    finally:
+        least.sql("DROP TABLE {s}.t_twophase_staging, {s}.t_twophase_commits")
+
+
+def _other_ca(tmp_path: Path) -> str:
+    ca = tmp_path / "other-ca.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=not the server's CA", "-keyout", str(tmp_path / "other-ca.key"), "-out", str(ca)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(ca)
+
+
+def test_tls_bad_input_fails_at_once_naming_server_and_ca(
+    least: Least, tls_url: str, tmp_path: Path
+) -> None:
+    ca = _other_ca(tmp_path)
+    cases = [
+        ({"sslrootcert": ca}, [ca, "did not verify", "127.0.0.1"]),
+        ({"pg.host": "wrong.example", "pg.hostaddr": "127.0.0.1"}, ["wrong.example", "host name"]),
+        ({"password": "not-the-password"}, ["password authentication failed", least.role]),
+    ]
+    for override, words in cases:
+        options = least.options(connectRetrySeconds="30", **override)
+        said = refusal(options)  # at once: no 30 s of retries (the test's time says so)
+        for word in words:
+            assert word in said, (word, said)
+        assert "not-the-password" not in said
