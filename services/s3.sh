@@ -12,6 +12,14 @@
 #   services/s3.sh stop-server   SIGTERM the server; data and port are kept
 #   services/s3.sh kill-server   SIGKILL the server (crash-like); data and port are kept
 #   services/s3.sh start-server  start the stopped server again, same data and port
+#   services/s3.sh secured       print `export TWOPHASE_S3_TLS_ENDPOINT=https://127.0.0.1:<port>`
+#
+# Beside the HTTP endpoint, a second gateway process serves the same data over HTTPS with the
+# set's server certificate (services/lib.sh's tls_ensure): versitygw's --cert applies to every
+# listener of a process, so one process cannot serve both. The two share the posix root and the
+# IAM directory (accounts other than root, made through the admin API on either port), with the
+# IAM cache off so that an account made on one is seen by the other at once. stop, kill and start
+# act on both processes; freeze and thaw on the HTTP one only.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), TWOPHASE_VERSITYGW (a versitygw
 # binary to use instead of building one). Credentials and bucket: services/settings.env.
@@ -32,11 +40,14 @@ ADDRESS_VERB=endpoint
 STATE=$RUN_DIR/s3
 MARKER=port # the state is complete once its port is chosen
 SERVER_LOG=$STATE/server.log
+TLS_LOG=$STATE/tls-server.log
+EXTRA_VERBS=secured
 READY_TIMEOUT=30
 READY_INTERVAL=0.2
 
 VERSION=$TWOPHASE_VERSITYGW_VERSION
 DATA=$STATE/data
+IAM=$STATE/iam
 ACCESS_KEY=${TWOPHASE_S3_ACCESS_KEY:-$TWOPHASE_DEFAULT_S3_ACCESS_KEY}
 SECRET_KEY=${TWOPHASE_S3_SECRET_KEY:-$TWOPHASE_DEFAULT_S3_SECRET_KEY}
 BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
@@ -58,35 +69,69 @@ try:
 finally:
     os.unlink(probe)
 EOP
+    mkdir -p "$IAM"
     new_port
+    new_tls_port
 }
 
-# svc_load, svc_ports: the state keeps its port in $STATE/port.
-svc_load() { load_port; }
-svc_ports() { echo "$PORT"; }
+# new_tls_port: a free port for the HTTPS process, other than PORT, into TLS_PORT and its file.
+new_tls_port() {
+    local port
+    for port in $(free_ports 2); do
+        [[ $port == "$PORT" ]] || break
+    done
+    TLS_PORT=$port
+    echo "$TLS_PORT" >"$STATE/tls-port"
+}
+
+# svc_load, svc_ports: the state keeps its ports in $STATE/port and $STATE/tls-port (a state
+# made before the HTTPS process gets a TLS port and an IAM directory when it is resumed).
+svc_load() {
+    load_port
+    if [[ -f $STATE/tls-port ]]; then
+        TLS_PORT=$(<"$STATE/tls-port")
+    else
+        mkdir -p "$IAM"
+        new_tls_port
+    fi
+}
+svc_ports() { echo "$PORT $TLS_PORT"; }
 
 # svc_launch: the gateway on the state's data and port; credentials through the environment,
 # so they are not in the process list.
 svc_launch() {
+    local tls_pid
+    tls_ensure
+    mkdir -p "$IAM"
+    if ! tls_pid=$(pid_from_file "$STATE/tls-pid" "$DATA"); then
+        ROOT_ACCESS_KEY=$ACCESS_KEY ROOT_SECRET_KEY=$SECRET_KEY \
+            start_background "$TLS_LOG" "$STATE/tls-pid" "$BIN" --port "127.0.0.1:$TLS_PORT" \
+            --cert "$TLS_DIR/server.pem" --key "$TLS_DIR/server.key" \
+            --iam-dir "$IAM" --iam-cache-disable posix "$DATA"
+        tls_pid=$STARTED_PID
+    fi
     ROOT_ACCESS_KEY=$ACCESS_KEY ROOT_SECRET_KEY=$SECRET_KEY \
-        start_background "$SERVER_LOG" "$STATE/pid" "$BIN" --port "127.0.0.1:$PORT" posix "$DATA"
-    log "versitygw $VERSION starting on $(svc_address) (pid $STARTED_PID, data $DATA)"
+        start_background "$SERVER_LOG" "$STATE/pid" "$BIN" --port "127.0.0.1:$PORT" \
+        --iam-dir "$IAM" --iam-cache-disable posix "$DATA"
+    log "versitygw $VERSION starting on $(svc_address) and $(tls_address) (pids $STARTED_PID and $tls_pid, data $DATA)"
 }
 
 # s3_call OP: a small S3 request with the project's credentials: `ready` lists the buckets,
 # `bucket` creates the bucket unless it exists.
 s3_call() {
-    "$PYTHON" - "$(svc_address)" "$ACCESS_KEY" "$SECRET_KEY" "$BUCKET" "$@" <<'EOP'
+    local endpoint=${S3_CALL_ENDPOINT:-$(svc_address)}
+    "$PYTHON" - "$endpoint" "$ACCESS_KEY" "$SECRET_KEY" "$BUCKET" "$TLS_DIR/ca.pem" "$@" <<'EOP'
 import sys
 import botocore.session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-endpoint, access, secret, bucket, op = sys.argv[1:6]
+endpoint, access, secret, bucket, ca, op = sys.argv[1:7]
 client = botocore.session.get_session().create_client(
     "s3", endpoint_url=endpoint, aws_access_key_id=access, aws_secret_access_key=secret,
     region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2,
                                            read_timeout=5),
+    verify=ca if endpoint.startswith("https:") else None,
 )
 if op == "ready":
     client.list_buckets()
@@ -98,8 +143,10 @@ elif op == "bucket":
 EOP
 }
 
-# svc_ready: the gateway lists the buckets.
-svc_ready() { s3_call ready 2>/dev/null; }
+# svc_ready: both gateways list the buckets (the HTTPS one with the set's CA).
+svc_ready() {
+    s3_call ready 2>/dev/null && S3_CALL_ENDPOINT=$(tls_address) s3_call ready 2>/dev/null
+}
 
 # svc_setup: the bucket.
 svc_setup() {
@@ -110,10 +157,23 @@ svc_setup() {
 # svc_pid: the pid file's process, if it is still versitygw on this state's data.
 svc_pid() { pid_from_file "$STATE/pid" "$DATA"; }
 
-# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash.
-svc_stop() { stop_pid "$@"; }
+# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash; the HTTPS process too.
+svc_stop() {
+    local tls_pid
+    if tls_pid=$(pid_from_file "$STATE/tls-pid" "$DATA"); then stop_pid "$1" "$tls_pid"; fi
+    stop_pid "$@"
+}
 
 # svc_address: the endpoint URL.
 svc_address() { echo "http://127.0.0.1:$PORT"; }
+
+# tls_address: the HTTPS endpoint's URL, on the same data.
+tls_address() { echo "https://127.0.0.1:$TLS_PORT"; }
+
+# svc_verb_secured: what services/services.sh writes into .services.env for the HTTPS endpoint.
+svc_verb_secured() {
+    load_state
+    echo "export TWOPHASE_S3_TLS_ENDPOINT=$(tls_address)"
+}
 
 service_main "$@"
