@@ -19,6 +19,8 @@ from typing import Any
 
 import fsspec
 
+from twophase.sinks.files.errors import FilesAccessError, isUntrusted
+
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
 """URL protocols s3fs serves; a files sink on one of them commits by multipart upload."""
 
@@ -27,6 +29,17 @@ MIN_PART_SIZE = 5 * 1024 * 1024
 
 MAX_PARTS = 10_000
 """S3's largest part number."""
+
+_ACTIONS = {
+    "create_multipart_upload": "s3:PutObject",
+    "upload_part": "s3:PutObject",
+    "complete_multipart_upload": "s3:PutObject",
+    "abort_multipart_upload": "s3:AbortMultipartUpload",
+    "list_multipart_uploads": "s3:ListBucketMultipartUploads",
+    "head_object": "s3:GetObject",
+    "delete_object": "s3:DeleteObject",
+}
+"""The IAM action that allows each S3 call the sink makes, for the message of a refusal."""
 
 
 def isS3(fs: fsspec.AbstractFileSystem) -> bool:
@@ -82,7 +95,14 @@ class S3Calls:
         """``MaxUploads`` of one ``ListMultipartUploads`` page (``None``: the server's, 1,000)."""
 
     def _call(self, method: str, **kwargs: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.fs.call_s3(method, **kwargs)
+        try:
+            result: dict[str, Any] = self.fs.call_s3(method, **kwargs)
+        except PermissionError as exc:  # AccessDenied: an action the keys lack, named
+            action = _ACTIONS.get(method, "an action")
+            where = f"s3://{kwargs.get('Bucket', '')}/{kwargs.get('Key', kwargs.get('Prefix', ''))}"
+            raise FilesAccessError(
+                f"files: S3 refused {method} on {where} ({exc}): the keys lack {action} there"
+            ) from exc
         return result
 
     def create(self, bucket: str, key: str) -> str:
@@ -182,11 +202,14 @@ class S3Calls:
 def isTransient(exc: BaseException) -> bool:
     """True for botocore's connection and timeout errors (the server down or slow).
 
-    s3fs retries some of them itself; what still reaches the sink is worth a later retry.
+    s3fs retries some of them itself; what still reaches the sink is worth a later retry. A
+    certificate that did not verify (botocore's ``SSLError`` is a ``ConnectionError``) is not.
     """
     try:
         from botocore import exceptions as botocore
     except ImportError:  # no s3fs installed: nothing here can be a botocore error
+        return False
+    if isUntrusted(exc):  # a certificate that did not verify fails every retry the same way
         return False
     return isinstance(
         exc,

@@ -23,6 +23,7 @@ from twophase.sinks.files.formats import (
 )
 from twophase.sinks.files.layout import defaultStagingPath, strippedPath
 from twophase.sinks.files.s3 import MIN_PART_SIZE
+from twophase.sinks.files.trust import withCaBundle
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 """Bytes per uploaded part on S3 (option ``partSize``): the memory one open file holds."""
@@ -38,6 +39,7 @@ KEPT_STORAGE_OPTIONS = (
     "fs.version_aware",
     "fs.account_name",
     "fs.project",
+    "fs.ca_bundle",
 )
 """Storage options that address a store but cannot hold a credential. Keys, secrets, tokens,
 passwords, connection strings and free-form ``fs.client_kwargs`` or ``fs.config_kwargs`` never
@@ -97,7 +99,9 @@ OPTIONS = (
         "prefix",
         "",
         "fsspec storage options (`fs.endpoint_url`, `fs.key`, `fs.secret`, `fs.token`...); "
-        "the checkpoint keeps only those that cannot hold a credential "
+        "`fs.ca_bundle`: a PEM file of the CAs an `https://` S3 endpoint is verified with "
+        "(s3fs's `client_kwargs.verify`), at the same path on every executor; the checkpoint "
+        "keeps only those that cannot hold a credential "
         f"({', '.join(f'`{n}`' for n in KEPT_STORAGE_OPTIONS)})",
         kept=KEPT_STORAGE_OPTIONS,
     ),
@@ -163,7 +167,9 @@ class FilesSettings:
       beside ``path``; see :mod:`twophase.sinks.files.layout`).
     - ``partSize``: on ``s3://``, bytes per multipart upload part (default 8 MiB, at least
       5 MiB): a task holds one part in memory per open file (docs/files.md).
-    - ``fs.<name>``: passed to the fsspec filesystem as storage option ``<name>``.
+    - ``fs.<name>``: passed to the fsspec filesystem as storage option ``<name>``, but for
+      ``fs.ca_bundle``, the PEM file of the CAs an ``https://`` S3 endpoint is verified with,
+      which s3fs takes as ``client_kwargs={"verify": <file>}`` (:mod:`twophase.sinks.files.trust`).
 
     Other options (the binding's own, Spark's ``checkpointLocation``...) are ignored.
     """
@@ -281,7 +287,7 @@ class FilesSettings:
             header=headerText == "true",
             stagingPath=stagingPath,
             partSize=partSize,
-            storageOptions=storage,
+            storageOptions=withCaBundle(storage),
         )
 
 

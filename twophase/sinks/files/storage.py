@@ -26,7 +26,9 @@ from twophase.protocol import TransientCommitError
 from twophase.redaction import redact
 from twophase.resources import Resources
 from twophase.sinks.files.durability import closeDurably, directories, syncAncestorsOnce
+from twophase.sinks.files.errors import FilesAccessError
 from twophase.sinks.files.s3 import isTransient as s3IsTransient
+from twophase.sinks.files.trust import checkStorageTrust
 
 _TRANSIENT_ERRNOS = frozenset(
     {
@@ -88,6 +90,7 @@ class Storage:
     """
 
     def __init__(self, path: str, storageOptions: Mapping[str, Any]) -> None:
+        checkStorageTrust(storageOptions)  # the CA file is on this host, driver or executor
         fs, root = fsspec.core.url_to_fs(path, **dict(storageOptions))
         self.fs: fsspec.AbstractFileSystem = fs
         self.isLocal = isinstance(fs, LocalFileSystem)
@@ -297,6 +300,13 @@ def checkStagingArea(output: Storage, staging: Storage) -> None:
     except OSError as exc:
         if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
             raise
+        if not staging.isLocal:  # S3's AccessDenied: an action the keys lack, not the option
+            raise FilesAccessError(
+                redact(
+                    f"files: S3 refused creating {staging.url()!r} or {output.url()!r} ({exc}): "
+                    "the keys lack s3:ListBucket on the bucket (s3fs looks before it writes)"
+                )
+            ) from exc
         raise ValueError(
             redact(f"files: cannot create the staging path {staging.url()!r}: {exc}; {fix}")
         ) from exc

@@ -47,6 +47,7 @@ from twophase.sinks.files.partitioning import dataColumnIndices, splitByPartitio
 from twophase.sinks.files.s3 import S3Calls, isS3, isTransient, splitKey
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.storage import Storage, Storages, parentOf
+from twophase.sinks.files.trust import checkPathTrust
 
 log = getLogger(__name__)
 
@@ -74,8 +75,10 @@ def checkWritable(schema: pa.Schema, settings: FilesSettings) -> list[int]:
 
 
 def validateTarget(settings: FilesSettings, schema: pa.Schema, sinkId: str) -> None:
-    """Driver, before each batch: the options can write the query's columns (``checkWritable``)."""
+    """Driver, before each batch: the options can write the query's columns (``checkWritable``)
+    and an ``https://`` S3 endpoint's certificate verifies under the CA they give."""
     checkWritable(schema, settings)
+    checkPathTrust(settings.path, settings.storageOptions)
 
 
 def inUtc(batch: pa.RecordBatch) -> pa.RecordBatch:
