@@ -59,8 +59,9 @@ OPTIONS = (
         "",
         "on S3, s3fs's options for the data files (`fs.endpoint_url`, `fs.key`, `fs.secret`, "
         "`fs.token`), given to delta-rs too under its names (`AWS_ENDPOINT_URL`, "
-        "`AWS_ACCESS_KEY_ID`...; `AWS_ALLOW_HTTP` for an `http://` endpoint); kept as in "
-        "`twophase.files`",
+        "`AWS_ACCESS_KEY_ID`...; `AWS_ALLOW_HTTP` for an `http://` endpoint); `fs.ca_bundle` "
+        "for an `https://` endpoint's CA (s3fs only: delta-rs trusts `SSL_CERT_FILE`); kept as "
+        "in `twophase.files`",
         kept=KEPT_STORAGE_OPTIONS,
     ),
     SinkOption(
@@ -113,7 +114,9 @@ class DeltaSettings:
     - ``stagingPath``: where tasks stage their files until the commit moves them into the
       table, outside it on the same filesystem (default: beside it, as ``twophase.files``).
     - ``fs.<name>``: s3fs's options for the data files (``fs.endpoint_url``, ``fs.key``,
-      ``fs.secret``...), also given to delta-rs under its own names for the log.
+      ``fs.secret``...), also given to delta-rs under its own names for the log; but
+      ``fs.ca_bundle``, the CA of an ``https://`` endpoint, which delta-rs cannot take: it
+      trusts the system's store or the environment's ``SSL_CERT_FILE``.
     - ``storage.<KEY>``: delta-rs storage options (``storage.AWS_REGION``), over those.
     """
 

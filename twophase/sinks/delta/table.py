@@ -21,6 +21,7 @@ from twophase.resources import Resources
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.files import checkWritable
 from twophase.sinks.files.formats import utcTimestamps
+from twophase.sinks.files.trust import checkPathTrust, verifyHandshake
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -241,6 +242,7 @@ def validateTarget(settings: DeltaSettings, schema: pa.Schema, sinkId: str) -> N
     """Driver, before each batch: the options can write the stream, and the table exists (or
     is created) and takes it."""
     checkWritable(schema, settings.files)
+    checkDeltaTrust(settings)
     ensureTable(
         settings.tableUri,
         schema,
@@ -248,6 +250,23 @@ def validateTarget(settings: DeltaSettings, schema: pa.Schema, sinkId: str) -> N
         settings.createTable,
         settings.storage,
     )
+
+
+def checkDeltaTrust(settings: DeltaSettings) -> None:
+    """Before anything is written: an ``https://`` endpoint's certificate verifies for s3fs
+    (the data files, under ``fs.ca_bundle``) and for delta-rs (the log). delta-rs takes no CA
+    option: it trusts the system's store, or the bundle the environment's ``SSL_CERT_FILE``
+    names, which Python's default trust store reads too."""
+    checkPathTrust(settings.path, settings.files.storageOptions)
+    endpoint = settings.storage.get("AWS_ENDPOINT_URL", "")
+    if settings.tableUri.startswith("s3://") and endpoint.lower().startswith("https://"):
+        verifyHandshake(
+            endpoint,
+            None,
+            who="delta-rs, which takes no CA option: set SSL_CERT_FILE to a PEM bundle with "
+            "the endpoint's CA (fs.ca_bundle's file) in the environment of the driver's "
+            "processes before Spark starts",
+        )
 
 
 @dataclass(frozen=True)
