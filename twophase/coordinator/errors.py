@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ssl
 from collections.abc import Sequence
 
 from twophase.protocol import TransactionLostError
@@ -113,6 +114,7 @@ class DecisionLogWriteError(CoordinatorError, OSError):
         self.cause = cause
         self.verb = verb
         code = errno.errorcode.get(cause.errno or 0)
+        untrusted = _isUntrusted(cause)
         reason = (
             f"{code} ({cause.strerror})"
             if code and cause.strerror
@@ -121,7 +123,8 @@ class DecisionLogWriteError(CoordinatorError, OSError):
         super().__init__(
             redact(
                 f"twophase decision log {url}: could not {verb} {record}: {reason}. "
-                f"{_fixFor(cause.errno, url)} Nothing decided is lost: once the log can be "
+                f"{_untrustedFix(url) if untrusted else _fixFor(_errnoOf(cause), url)} Nothing "
+                "decided is lost: once the log can be "
                 "written again, restart the query; it recovers from the log, committing each "
                 "decided batch once and discarding what no decision names (Spark writes those "
                 "batches again)."
@@ -131,11 +134,41 @@ class DecisionLogWriteError(CoordinatorError, OSError):
         self.errno = cause.errno
         # Recoverable for a full disk or an I/O error; not for a read-only filesystem or a
         # write this process may not make (a restart only repeats those).
-        closed = cause.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        refused = isinstance(cause, PermissionError)  # S3's AccessDenied carries no errno
+        closed = cause.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or refused or untrusted
         self.errorCode = "TWOPHASE_LOG_NOT_WRITABLE" if closed else "TWOPHASE_LOG_WRITE"
 
     def __reduce__(self) -> tuple[type[DecisionLogWriteError], tuple[str, str, OSError, str]]:
         return type(self), (self.url, self.record, self.cause, self.verb)
+
+
+def _isUntrusted(exc: BaseException) -> bool:
+    """True when ``exc`` or an error it was raised from is a certificate that did not verify
+    (an S3 log over HTTPS with the wrong CA): every retry meets the same certificate."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        if "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _errnoOf(cause: OSError) -> int | None:
+    """``cause``'s errno; ``EACCES`` for a ``PermissionError`` without one (S3's refusals)."""
+    if cause.errno is None and isinstance(cause, PermissionError):
+        return errno.EACCES
+    return cause.errno
+
+
+def _untrustedFix(url: str) -> str:
+    return (
+        f"The server holding {url} presented a certificate that does not verify: set "
+        "AWS_CA_BUNDLE to a PEM file of its CA in the driver's environment."
+    )
 
 
 def _fixFor(code: int | None, url: str) -> str:
@@ -145,7 +178,10 @@ def _fixFor(code: int | None, url: str) -> str:
     if code == errno.EROFS:
         return f"The filesystem holding {url} is read-only: make it writable again."
     if code in (errno.EACCES, errno.EPERM):
-        return f"This process may not write there: give it write access to {url}."
+        return (
+            f"This process is refused there: give it read and write access to {url} (on S3, "
+            "the actions docs/security.md lists)."
+        )
     return f"Make {url} writable again."
 
 

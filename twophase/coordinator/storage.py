@@ -115,6 +115,8 @@ class LogStorage:
             entries = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return listing
+        except PermissionError as exc:  # refused, not missing: never worth a retry
+            raise DecisionLogWriteError(self.url, "the listing", exc, verb="read") from exc
         now = time.time()
         for entry in entries:
             path = str(entry["name"])
@@ -152,7 +154,10 @@ class LogStorage:
         ``FileNotFoundError`` if gone. Never from a cached listing: a record another driver
         created since must be found."""
         self.fs.invalidate_cache(path)
-        data = self.fs.cat_file(path)
+        try:
+            data = self.fs.cat_file(path)
+        except PermissionError as exc:  # refused, not missing: never worth a retry
+            raise DecisionLogWriteError(self.url, path, exc, verb="read") from exc
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
