@@ -12,6 +12,15 @@
 #   services/registry.sh stop-server   SIGTERM the registry; the port is kept
 #   services/registry.sh kill-server   SIGKILL the registry (crash-like); the port is kept
 #   services/registry.sh start-server  start the stopped registry again, same port
+#   services/registry.sh secured       print the basic-auth registry's URL, user and password
+#                                      as `export NAME=value` lines
+#
+# Beside it, a second registry process requires HTTP basic auth on every API path: Apicurio's own
+# authentication needs an OIDC server, but the Quarkus it runs on checks basic credentials against
+# users given in its configuration (its embedded realm, which Apicurio's build turns on). That
+# registry keeps its schemas in memory (no test relies on them across a restart); its password is
+# made at the first start and kept in the state directory, readable by its owner only. stop, kill
+# and start act on both processes; freeze and thaw on the first.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), JAVA_HOME. Version and heap:
 # services/settings.env. Why Apicurio: Confluent's own registry is not on Maven Central, and
@@ -29,6 +38,9 @@ ADDRESS_VERB=url
 STATE=$RUN_DIR/registry
 MARKER=port # the state is complete once its port is chosen
 SERVER_LOG=$STATE/server.log
+AUTH_LOG=$STATE/auth-server.log
+EXTRA_VERBS=secured
+AUTH_USER=twophase
 READY_TIMEOUT=${TWOPHASE_REGISTRY_READY_TIMEOUT:-90}
 READY_INTERVAL=0.5
 
@@ -70,17 +82,40 @@ EOP
     rm -rf "$tmp"
 }
 
-# svc_create: a free port.
-svc_create() { new_port; }
+# svc_create: a free port, and the basic-auth registry's port and password.
+svc_create() {
+    new_port
+    new_auth_state
+}
 
-# svc_load, svc_ports: the state keeps its port in $STATE/port.
-svc_load() { load_port; }
-svc_ports() { echo "$PORT"; }
+# new_auth_state: the basic-auth registry's port (other than PORT) and a new password.
+new_auth_state() {
+    local port
+    for port in $(free_ports 2); do
+        [[ $port == "$PORT" ]] || break
+    done
+    AUTH_PORT=$port
+    echo "$AUTH_PORT" >"$STATE/auth-port"
+    (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(18))' >"$STATE/auth-password")
+}
+
+# svc_load, svc_ports: the state keeps its ports in $STATE/port and $STATE/auth-port (a state
+# made before the basic-auth registry gets its port and password when it is resumed).
+svc_load() {
+    load_port
+    if [[ -f $STATE/auth-port && -f $STATE/auth-password ]]; then
+        AUTH_PORT=$(<"$STATE/auth-port")
+    else
+        new_auth_state
+    fi
+}
+svc_ports() { echo "$PORT $AUTH_PORT"; }
 
 # svc_launch: the registry on the state's port, bound to 127.0.0.1, its storage an H2 database
 # file in the state (Apicurio's default is in memory: a restart would forget every schema and
 # number ids from 1 again, so records already written would name other schemas).
 svc_launch() {
+    auth_launch
     # shellcheck disable=SC2086 # the heap options are several words
     start_background "$SERVER_LOG" "$STATE/pid" "$JAVA" $TWOPHASE_APICURIO_HEAP_OPTS \
         -Dtwophase.state="$STATE" \
@@ -89,6 +124,27 @@ svc_launch() {
         -Dapicurio.datasource.url="jdbc:h2:file:$STATE/data/registry;DB_CLOSE_ON_EXIT=FALSE;WRITE_DELAY=0" \
         -jar "$JAR"
     log "Apicurio Registry $VERSION starting on 127.0.0.1:$PORT (pid $STARTED_PID)"
+}
+
+# auth_launch: the basic-auth registry, unless it runs: Apicurio's own settings, and Quarkus's
+# basic auth over its embedded users on every path under /apis.
+auth_launch() {
+    pid_from_file "$STATE/auth-pid" "-Dtwophase.auth-state=$STATE" >/dev/null && return 0
+    # The password reaches the JVM through a file only it reads, not its command line.
+    (umask 077 && printf 'quarkus.security.users.embedded.users.%s=%s\n' "$AUTH_USER" \
+        "$(<"$STATE/auth-password")" >"$STATE/auth.properties")
+    # shellcheck disable=SC2086 # the heap options are several words
+    start_background "$AUTH_LOG" "$STATE/auth-pid" "$JAVA" $TWOPHASE_APICURIO_HEAP_OPTS \
+        -Dtwophase.auth-state="$STATE" \
+        -Dquarkus.config.locations="$STATE/auth.properties" \
+        -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$AUTH_PORT" \
+        -Dquarkus.log.level=WARN -Dquarkus.log.category.\"io.apicurio\".level=WARN \
+        -Dquarkus.http.auth.basic=true -Dquarkus.security.users.embedded.plain-text=true \
+        -Dquarkus.security.users.embedded.roles."$AUTH_USER"=sr-admin \
+        -Dquarkus.http.auth.permission.api.paths='/apis/*' \
+        -Dquarkus.http.auth.permission.api.policy=authenticated \
+        -jar "$JAR"
+    log "the basic-auth registry starting on 127.0.0.1:$AUTH_PORT (pid $STARTED_PID)"
 }
 
 # svc_ready: the Confluent-compatible API lists the subjects.
@@ -100,16 +156,55 @@ with urllib.request.urlopen(sys.argv[1] + "/subjects", timeout=2) as reply:
 EOP
 }
 
-# svc_setup: nothing: subjects are made by the clients that register schemas.
-svc_setup() { :; }
+# auth_ready: the basic-auth registry lists the subjects to its user.
+auth_ready() {
+    "$PYTHON" - "$(auth_address)" "$AUTH_USER" "$STATE/auth-password" <<'EOP' 2>/dev/null
+import base64, sys, urllib.request
+secured, user, passwordFile = sys.argv[1:4]
+password = open(passwordFile).read().strip()
+token = base64.b64encode(f"{user}:{password}".encode()).decode()
+request = urllib.request.Request(secured + "/subjects", headers={"Authorization": f"Basic {token}"})
+with urllib.request.urlopen(request, timeout=2) as reply:
+    sys.exit(0 if reply.status == 200 else 1)
+EOP
+}
+
+# svc_setup: the basic-auth registry running and answering (started here also when the first
+# one was already running); subjects are made by the clients that register schemas.
+svc_setup() {
+    local deadline=$((SECONDS + READY_TIMEOUT))
+    auth_launch
+    until auth_ready; do
+        ((SECONDS < deadline)) || die "the basic-auth registry was not ready within ${READY_TIMEOUT}s (see $AUTH_LOG)"
+        sleep "$READY_INTERVAL"
+    done
+}
 
 # svc_pid: the pid file's process, if it is still this state's registry.
 svc_pid() { pid_from_file "$STATE/pid" "-Dtwophase.state=$STATE"; }
 
-# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash.
-svc_stop() { stop_pid "$@"; }
+# svc_stop MODE PID: SIGTERM, or SIGKILL for a crash; the basic-auth registry too.
+svc_stop() {
+    local auth_pid
+    if auth_pid=$(pid_from_file "$STATE/auth-pid" "-Dtwophase.auth-state=$STATE"); then
+        stop_pid "$1" "$auth_pid"
+    fi
+    stop_pid "$@"
+}
 
 # svc_address: the base URL of the Confluent-compatible API.
 svc_address() { echo "http://127.0.0.1:$PORT/apis/ccompat/v7"; }
+
+# auth_address: the same API's URL on the basic-auth registry.
+auth_address() { echo "http://127.0.0.1:$AUTH_PORT/apis/ccompat/v7"; }
+
+# svc_verb_secured: what services/services.sh writes into .services.env for the basic-auth
+# registry: its URL, its user and the password made at its first start.
+svc_verb_secured() {
+    load_state
+    echo "export TWOPHASE_SCHEMA_REGISTRY_AUTH_URL=$(auth_address)"
+    echo "export TWOPHASE_SCHEMA_REGISTRY_AUTH_USER=$AUTH_USER"
+    echo "export TWOPHASE_SCHEMA_REGISTRY_AUTH_PASSWORD=$(<"$STATE/auth-password")"
+}
 
 service_main "$@"
