@@ -40,7 +40,9 @@ from twophase.failures.causes import failureOfText
 from twophase.failures.classify import Classifier
 from twophase.failures.codes import marked
 from twophase.protocol import RecoveryScope, TransactionContext
+from twophase.protocol.errors import SinkFailure
 from twophase.sinks.delta.settings import DeltaSettings
+from twophase.sinks.delta.table import DeltaTableError
 from twophase.sinks.delta.table import validateTarget as deltaValidateTarget
 from twophase.sinks.files import FilesCommitter, FilesWriter
 from twophase.sinks.files.errors import FilesTrustError
@@ -382,4 +384,45 @@ def test_the_listed_actions_suffice_and_each_one_taken_away_is_a_fatal_error(
             assert fs.exists(f"{user.bucket}/{tag}/log/decided-0.json")
             seen[f"{action} log"] = "no error: the pruned record is left in place"
         assert any(key.startswith(action) for key in seen), f"nothing needed {action}"
+    print(json.dumps(seen, indent=1))
+
+
+DELTA_ACTIONS = ("s3:ListBucket", "s3:GetObject", "s3:PutObject")
+"""What delta-rs needs for a table's log (docs/security.md): its commits are conditional puts."""
+
+
+def test_delta_rs_needs_list_get_and_put_and_each_one_taken_away_fails(
+    tls: tuple[S3Service, str],
+    leastAccount: tuple[S3Service, Callable[..., None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import deltalake
+
+    ca = tls[1]
+    user, allow = leastAccount
+    monkeypatch.setenv("SSL_CERT_FILE", ca)
+    storage = {
+        "AWS_ENDPOINT_URL": user.endpoint,
+        "AWS_ACCESS_KEY_ID": user.accessKey,
+        "AWS_SECRET_ACCESS_KEY": user.secretKey,
+        "AWS_REGION": "us-east-1",
+        "max_retries": "0",
+    }
+    rows = pa.table({"id": pa.array([1, 2], pa.int64())})
+
+    def createAndAppend(tag: str) -> None:
+        uri = user.url(f"{tag}/table")
+        deltalake.write_deltalake(uri, rows, storage_options=storage)
+        deltalake.write_deltalake(uri, rows, mode="append", storage_options=storage)
+
+    allow(*DELTA_ACTIONS)
+    createAndAppend("delta-all")
+    seen: dict[str, str] = {}
+    for action in DELTA_ACTIONS:
+        allow(*(a for a in DELTA_ACTIONS if a != action))
+        with pytest.raises(Exception) as refused:  # delta-rs's OSError or DeltaError
+            createAndAppend(f"delta-without-{action.split(':')[1]}")
+        seen[action] = f"{type(refused.value).__name__}: {str(refused.value)[:160]}"
+        assert "403" in str(refused.value) or "Forbidden" in str(refused.value), refused.value
+        assert DeltaTableError.classify(refused.value) is SinkFailure.CREDENTIALS, refused.value
     print(json.dumps(seen, indent=1))

@@ -20,6 +20,7 @@ from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.resources import Resources
 from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.files import checkWritable
+from twophase.sinks.files.errors import FilesSinkError, isUntrusted
 from twophase.sinks.files.formats import utcTimestamps
 from twophase.sinks.files.trust import checkPathTrust, verifyHandshake
 
@@ -57,10 +58,24 @@ class DeltaTableError(SinkSystemError, ValueError):
             ),
             SinkFailure.CREDENTIALS: (
                 "Fix: give the storage credentials the query used, in the environment or a "
-                "--sink-option-file only you can read."
+                "--sink-option-file only you can read, with the S3 actions docs/security.md "
+                "lists; for a certificate that did not verify, SSL_CERT_FILE and fs.ca_bundle "
+                "naming the endpoint's CA."
             ),
         }
     )
+
+    @classmethod
+    def classify(cls, exc: BaseException) -> SinkFailure | None:
+        """delta-rs's refusals by their words (its errors carry no code: object_store's
+        ``lacked the necessary privileges``, or S3's own ``AccessDenied`` in a generic error,
+        for a 403; ``invalid peer certificate``), then the
+        data files' s3fs errors as ``twophase.files`` reads them."""
+        text = str(exc)
+        refused = ("lacked the necessary privileges", "<Code>AccessDenied</Code>", "403 Forbidden")
+        if any(words in text for words in refused) or isUntrusted(exc):
+            return SinkFailure.CREDENTIALS
+        return FilesSinkError.classify(exc)
 
 
 def deltalake() -> Any:
