@@ -194,6 +194,13 @@ def isAccessDenied(exc: BaseException) -> bool:
     return pgState(exc) in ("42501", "28P01", "28000")
 
 
+def isTls(exc: BaseException) -> bool:
+    """A connection that failed in the TLS handshake or its certificate check (PyMySQL
+    reports it as error 2003 with the ``ssl`` module's words)."""
+    text = errorMessage(exc)
+    return mysqlCode(exc) == 2003 and ("SSL" in text or "certificate" in text)
+
+
 _SYSTEMS = {"mysql": "MySQL", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
 """The system an error names, by SQLAlchemy's backend name."""
 
@@ -210,7 +217,7 @@ def connect(
         stop=tenacity.stop_after_delay(retrySeconds),
         wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
         retry=tenacity.retry_if_exception(
-            lambda e: isinstance(e, sa.exc.DBAPIError) and not isAccessDenied(e)
+            lambda e: isinstance(e, sa.exc.DBAPIError) and not isAccessDenied(e) and not isTls(e)
         ),
         reraise=True,
     )
@@ -229,6 +236,17 @@ def connect(
     try:
         return attempts(attempt)
     except sa.exc.DBAPIError as exc:
+        if isTls(exc):  # the same certificate fails the same way: never retried
+            ca = engine.url.query.get("ssl_ca") or "the system's CAs (no ssl_ca in the url)"
+            raise SqlSinkError(
+                f"sql sink: {what}: cannot connect to {where} over TLS: the server's "
+                f"certificate did not verify against the CA in ssl_ca={ca}: "
+                f"{errorMessage(exc)}. Fix: give ssl_ca the CA that signed the server's "
+                "certificate (url query ssl_ca=/path/ca.pem), connect by a name the "
+                "certificate holds, or have the certificate renewed if it expired.",
+                system=system,
+                reason=SinkFailure.CREDENTIALS,
+            ) from None
         if isAccessDenied(exc):
             raise SqlSinkError(
                 f"sql sink: {what}: {where} refused the login of user "
@@ -266,6 +284,7 @@ __all__ = [
     "connection",
     "engineFor",
     "isAccessDenied",
+    "isTls",
     "isTimeout",
     "isUnavailable",
     "noAnswer",

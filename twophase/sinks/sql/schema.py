@@ -27,6 +27,7 @@ from twophase.sinks.sql.dialect import (
     markerTable,
 )
 from twophase.sinks.sql.errors import SqlSinkError
+from twophase.sinks.sql.privileges import checkPrivileges
 from twophase.sinks.sql.settings import SqlSettings
 
 
@@ -41,15 +42,17 @@ def validateTarget(s: SqlSettings, schema: pa.Schema, sinkId: str) -> None:
     with connection(engine, what, autocommit=True, retrySeconds=s.connectRetrySeconds) as conn:
         if s.family == "mysql":
             _checkMysqlServer(s, conn)
+            checkPrivileges(conn, s)
         else:
             _checkPostgresServer(s, conn)
         inspector = sa.inspect(conn)
         if not inspector.has_table(s.table, schema=s.schema):
             if not s.createTable:
                 raise SqlSinkError(
-                    f"sql sink: table {s.qualifiedName} does not exist at {s.describe()}; "
-                    "create it, or set option createTable=true to create it from the "
-                    "stream's schema"
+                    f"sql sink: table {s.qualifiedName} does not exist at {s.describe()} "
+                    f"(or user {s.url.username!r} holds no privilege on it, which hides it); "
+                    "create it (or grant the user INSERT on it), or set option "
+                    "createTable=true to create it from the stream's schema"
                 )
             tableOf(s, schema).create(conn, checkfirst=True)
         _checkEngine(s, conn, s.table)

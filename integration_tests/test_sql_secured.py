@@ -1,0 +1,155 @@
+"""The sql sink on MariaDB over TLS as an ordinary user: least privileges, and TLS's bad input.
+
+A user with exactly the grants docs/security.md lists is made over TWOPHASE_MARIADB_TLS_URL; a
+task prepares an XA transaction and the driver, connected apart, lists (``XA RECOVER``) and
+commits it; then each grant is taken away in turn and the driver's check before a batch names
+it, the user and the GRANT, with nothing written. A CA that did not sign the server and a wrong
+password fail at once (never retried), naming the server and the CA. No Spark.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from integration_tests.conftest import service_setting
+from twophase.failures.codes import CODES, declaredCode
+from twophase.protocol import RecoveryScope, TransactionContext
+from twophase.sinks.relational.naming import sinkPrefix
+from twophase.sinks.sql.committer import SqlCommitter
+from twophase.sinks.sql.dialect import markerTable
+from twophase.sinks.sql.errors import SqlSinkError
+from twophase.sinks.sql.schema import validateTarget
+from twophase.sinks.sql.settings import SqlSettings
+from twophase.sinks.sql.writer import SqlWriter
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SINK = f"sec{uuid.uuid4().hex[:6]}"
+
+
+class Least:
+    """A table and a user with exactly the documented grants, made over TLS."""
+
+    def __init__(self, admin: sa.Connection, url: sa.URL) -> None:
+        self.admin = admin
+        tag = uuid.uuid4().hex[:8]
+        self.table, self.user, self.password = f"sec_{tag}", f"tpl_{tag}", uuid.uuid4().hex
+        self.db = str(url.database)
+        self.url = url.set(username=self.user, password=self.password)
+
+    def options(self, **more: str) -> dict[str, str]:
+        return {
+            "url": self.url.render_as_string(hide_password=False),
+            "dbtable": self.table,
+            "markerTable": f"{self.table}_commits",
+            "connectRetrySeconds": "30",
+            **more,
+        }
+
+    def sql(self, statement: str) -> None:
+        self.admin.exec_driver_sql(
+            statement.format(d=self.db, t=self.table, u=f"'{self.user}'@'127.0.0.1'")
+        )
+
+
+@pytest.fixture(scope="module")
+def least() -> Iterator[Least]:
+    text = service_setting("TWOPHASE_MARIADB_TLS_URL")
+    if not text:
+        pytest.fail("TWOPHASE_MARIADB_TLS_URL is unset: run services/services.sh up", pytrace=False)
+    url = sa.make_url(text)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as admin:
+        made = Least(admin, url)
+        made.sql(f"CREATE USER {{u}} IDENTIFIED BY '{made.password}' REQUIRE SSL")
+        made.sql("CREATE TABLE `{d}`.`{t}` (id BIGINT PRIMARY KEY, v TEXT) ENGINE=InnoDB")
+        # MariaDB gives the creator of a table no privilege on it: an administrator makes the
+        # marker table (the sink's own definition) and grants on it.
+        markerTable(f"{made.table}_commits").create(admin)
+        made.sql("GRANT INSERT, SELECT, UPDATE ON `{d}`.`{t}` TO {u}")
+        made.sql("GRANT INSERT, SELECT, DELETE ON `{d}`.`{t}_commits` TO {u}")
+        admin.exec_driver_sql("SET SESSION lock_wait_timeout = 10")
+        yield made
+        # A prepared XA transaction of a failed test would hold the tables' metadata locks.
+        for row in admin.exec_driver_sql("XA RECOVER").mappings():
+            gtrid = bytes(row["data"][: int(row["gtrid_length"])]).decode()
+            if gtrid.startswith(sinkPrefix(SINK)):
+                admin.exec_driver_sql(f"XA ROLLBACK '{gtrid}'")
+        made.sql("DROP TABLE `{d}`.`{t}`, `{d}`.`{t}_commits`")
+        made.sql("DROP USER {u}")
+
+
+def refusal(options: dict[str, str]) -> str:
+    with pytest.raises(SqlSinkError) as caught:
+        validateTarget(SqlSettings.fromOptions(options), SCHEMA, SINK)
+    code = declaredCode(caught.value)
+    assert code == "TWOPHASE_CREDENTIALS" and not CODES[code].recoverable
+    return str(caught.value)
+
+
+def test_least_user_prepares_and_the_driver_commits(least: Least) -> None:
+    settings = SqlSettings.fromOptions(least.options(mode="upsert", keyColumns="id"))
+    validateTarget(settings, SCHEMA, SINK)
+    writer = SqlWriter(settings)
+    txn = writer.beginTransaction(TransactionContext(SINK, "q", 1, 0, 0, "run1"))
+    try:
+        writer.write(txn, pa.record_batch([pa.array([1, 2]), pa.array(["a", "b"])], SCHEMA))
+        handle = writer.preCommit(txn)
+    except Exception:
+        writer.abortTransaction(txn)  # its open XA transaction would lock the table
+        raise
+    committer = SqlCommitter(settings)
+    listed = [p.name for p in committer.listPrepared(RecoveryScope(SINK, None))]
+    assert handle["xid"] in listed  # XA RECOVER needs no privilege on MariaDB 10.11
+    committer.commit(handle)
+    rows = least.admin.exec_driver_sql(f"SELECT id, v FROM `{least.table}` ORDER BY id").all()
+    assert [tuple(r) for r in rows] == [(1, "a"), (2, "b")]
+
+
+@pytest.mark.parametrize(
+    ("privilege", "on", "options"),
+    [
+        ("INSERT", "`{d}`.`{t}`", {}),
+        ("UPDATE", "`{d}`.`{t}`", {"mode": "upsert", "keyColumns": "id"}),
+        ("SELECT", "`{d}`.`{t}`", {"mode": "upsert", "keyColumns": "id"}),
+        ("INSERT", "`{d}`.`{t}_commits`", {}),
+        ("SELECT", "`{d}`.`{t}_commits`", {}),
+        ("DELETE", "`{d}`.`{t}_commits`", {}),
+    ],
+)
+def test_each_missing_grant_is_named(
+    least: Least, privilege: str, on: str, options: dict[str, str]
+) -> None:
+    least.sql(f"REVOKE {privilege} ON {on} FROM {{u}}")
+    try:
+        said = refusal(least.options(**options))
+        assert f"lacks {privilege} on table" in said and least.user in said
+        assert f"GRANT {privilege} ON " in said and "Nothing was written" in said
+    finally:
+        least.sql(f"GRANT {privilege} ON {on} TO {{u}}")
+
+
+def test_create_table_needs_create(least: Least) -> None:
+    said = refusal(least.options(dbtable=f"{least.table}_new", createTable="true"))
+    assert "CREATE on database" in said and f"GRANT CREATE ON `{least.db}`.*" in said
+
+
+def test_tls_bad_input_fails_at_once_naming_server_and_ca(least: Least, tmp_path: Path) -> None:
+    ca = tmp_path / "other-ca.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=not the server's CA", "-keyout", str(tmp_path / "k.pem"), "-out", str(ca)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    wrongCa = least.url.update_query_dict({"ssl_ca": str(ca)})
+    said = refusal(least.options(url=wrongCa.render_as_string(hide_password=False)))
+    assert str(ca) in said and "127.0.0.1" in said and "over TLS" in said
+    said = refusal(least.options(password="not-the-password"))
+    assert "refused the login" in said and least.user in said and "not-the-password" not in said
