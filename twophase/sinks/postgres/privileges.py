@@ -8,8 +8,9 @@ that fixes it. What is needed (docs/security.md has the table as tested):
 - the target: ``INSERT``; ``mode=upsert`` adds ``SELECT`` (``ON CONFLICT`` reads the key) and
   ``UPDATE``; a missing target with ``createTable=true``: ``CREATE`` on the schema instead;
 - ``commitMode=staged``: ``SELECT``, ``INSERT``, ``DELETE`` on the staging and marker tables
-  when an administrator made them, else ``CREATE`` on the schema and ``SELECT`` on the target
-  (``CREATE TABLE ... LIKE`` reads it); ``auto`` only warns (``staging``);
+  when an administrator made them; else ``CREATE`` on the schema and ``SELECT`` on the target
+  (``CREATE TABLE ... LIKE`` reads it), which ``staging.ensureStagingTables`` finds by trying,
+  naming the role and the DDL an administrator can run instead (``auto`` only warns);
 - ``badRecords``: ``INSERT`` on the dead-letter table, or ``CREATE`` on the schema to make it.
 
 ``COMMIT PREPARED`` and ``ROLLBACK PREPARED`` need no grant but must be run by the role that
@@ -72,10 +73,6 @@ def needed(conn: psycopg.Connection[Any], s: PostgresSettings) -> list[Need]:
                     needs.append(
                         Need(privilege, "table", table, "commitMode=staged moves staged rows")
                     )
-        else:
-            why = "commitMode=staged creates the staging and marker tables"
-            needs.append(Need("CREATE", "schema", schema, why))
-            needs.append(Need("SELECT", "table", target, why + " LIKE the target"))
     if s.badRecords is not None:
         deadLetter = f"{schema}.{quoteIdent(s.badRecords)}"
         if _exists(conn, deadLetter):

@@ -174,11 +174,14 @@ def ensureStagingTables(
                     ddl,
                 )
                 return
+            role = conn.execute("SELECT current_user").fetchone()
             raise TwoPhaseConfigError(
                 f"postgres sink, table {s.qualifiedName}: commitMode={s.commitMode} needs the "
                 f"staging table {n.stagingText} and the marker table {n.markersText}, and "
                 f"creating them failed: {exc.diag.message_primary}. Grant CREATE on schema "
-                f"{quoteIdent(s.schema)} to the sink's user, or have an administrator run: "
+                f"{quoteIdent(s.schema)} (and SELECT on the target, which CREATE TABLE ... "
+                f"LIKE reads) to the sink's role {role[0] if role else '?'!r}, or have an "
+                "administrator run: "
                 f"{ddl}; then grant the sink's user SELECT, INSERT, DELETE on both. Or set "
                 "commitMode=prepared (then every partition of a batch needs one of the "
                 "server's max_prepared_transactions)."
