@@ -1,9 +1,10 @@
 """S3 over HTTPS with a private CA, and S3's least privilege, against services/s3.sh's HTTPS
 gateway (the same data as its HTTP one, a certificate the set's own CA signs).
 
-Through the sink, in one shared Spark session: the files sink and the Delta sink write a small
+Through the sink, in one shared Spark session: the files, Delta and Iceberg sinks write a small
 stream to ``s3://`` over HTTPS, the CA given as ``fs.ca_bundle`` (s3fs) and ``SSL_CERT_FILE``
-(delta-rs, which takes no CA option); sink.json keeps the CA's path and no key. The decision
+(delta-rs and pyiceberg's FileIO, which take no CA option); sink.json keeps the CA's path and
+no key. The decision
 log's conditional create (``If-None-Match: *``) fences a second writer over HTTPS, its CA from
 ``AWS_CA_BUNDLE`` as a driver's log has it. A CA that does not sign the server is one error that
 names the endpoint and the CA, fatal by its code, before anything is written: for the files
@@ -48,6 +49,8 @@ from twophase.sinks.files import FilesCommitter, FilesWriter
 from twophase.sinks.files.errors import FilesTrustError
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.writer import validateTarget
+from twophase.sinks.iceberg.settings import IcebergSettings
+from twophase.sinks.iceberg.table import catalogOf
 from twophase.sinks.systems import errorCodeOf
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -134,8 +137,8 @@ def runStream(spark: Any, sink: str, options: dict[str, str], ckpt: Path) -> Non
     query.awaitTermination()
 
 
-def test_files_and_delta_write_exactly_once_to_s3_over_https(
-    spark: Any, tls: tuple[S3Service, str], tmp_path: Path
+def test_files_delta_and_iceberg_write_exactly_once_to_s3_over_https(
+    spark: Any, tls: tuple[S3Service, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import deltalake
     import pyarrow.parquet as pq
@@ -165,8 +168,32 @@ def test_files_and_delta_write_exactly_once_to_s3_over_https(
         )
         assert sorted(read.to_pyarrow_table().column("id").to_pylist()) == list(range(8))
         assert read.version() == 2  # created, then one commit per batch
+
+        # Iceberg: the data files through s3fs (fs.ca_bundle), the table's metadata through
+        # pyiceberg's FileIO (SSL_CERT_FILE), a SQL catalog on local disk.
+        table = f"ns_{uuid.uuid4().hex[:8]}.events"
+        iceberg = {**icebergOptions(server, ca, prefix, tmp_path), "table": table}
+        runStream(spark, "twophase.iceberg", iceberg, tmp_path / "iceberg-ckpt")
+        # Read back through s3fs (AWS_CA_BUNDLE): in the test's own process pyarrow's S3 client
+        # did not take SSL_CERT_FILE up (the query's processes, started after, did).
+        monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+        reading = {**iceberg, "catalog.py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO"}
+        settings = IcebergSettings.fromOptions(reading)
+        rows = catalogOf(settings).load_table(table).scan().to_arrow()
+        assert sorted(rows.column("id").to_pylist()) == list(range(8))
     finally:
         fs.rm(f"{server.bucket}/{prefix}", recursive=True)
+
+
+def icebergOptions(server: S3Service, ca: str, prefix: str, tmp: Path) -> dict[str, str]:
+    return {
+        "catalog.type": "sql",
+        "catalog.uri": f"sqlite:///{tmp}/catalog.db",
+        "catalog.warehouse": server.url(f"{prefix}/iceberg"),
+        "catalog.s3.region": "us-east-1",
+        **server.options(),
+        "fs.ca_bundle": ca,
+    }
 
 
 def test_the_logs_conditional_create_fences_over_https_with_aws_ca_bundle(
@@ -227,6 +254,9 @@ def test_a_wrong_ca_is_one_fatal_error_naming_endpoint_and_ca_before_any_write(
     delta = DeltaSettings.fromOptions(sinkOptions(server, ca, f"{prefix}/delta"))
     with pytest.raises(FilesTrustError, match="SSL_CERT_FILE"):
         deltaValidateTarget(delta, SCHEMA, "s")
+    iceberg = {**icebergOptions(server, ca, prefix, tmp_path), "table": "ns.events"}
+    with pytest.raises(FilesTrustError, match="pyiceberg's FileIO.*SSL_CERT_FILE"):
+        catalogOf(IcebergSettings.fromOptions(iceberg))
 
     # A CA file missing on a host: the path and the host.
     missing = str(tmp_path / "no-such-ca.pem")

@@ -38,6 +38,7 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds the check's TCP connect and TLS handshake may take."""
 
 _verified: set[tuple[str, str, float]] = set()
+"""(endpoint, the trust it verified under, that file's mtime) checked in this process."""
 _lock = threading.Lock()
 
 
@@ -145,8 +146,10 @@ def verifyHandshake(endpoint: str, cafile: str | None, *, who: str) -> None:
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
     port = parts.port or 443
-    stamp = os.stat(cafile).st_mtime if cafile else 0.0
-    key = (endpoint, cafile or "", stamp)
+    # The default store is what SSL_CERT_FILE or SSL_CERT_DIR name, when they are set.
+    trust = cafile or os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR") or ""
+    stamp = os.stat(trust).st_mtime if trust and os.path.exists(trust) else 0.0
+    key = (endpoint, f"{bool(cafile)}:{trust}", stamp)
     with _lock:
         if key in _verified:
             return

@@ -20,6 +20,7 @@ from twophase.clients.postgres_answers import boundAnswers
 from twophase.protocol.errors import SinkFailure, SinkSystemError
 from twophase.resources import Resources
 from twophase.sinks.files.formats import utcTimestamps
+from twophase.sinks.files.trust import verifyHandshake
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -153,13 +154,33 @@ def _closeCatalog(catalog: Catalog) -> None:
 
 
 def catalogOf(settings: IcebergSettings) -> Catalog:
-    """The catalog the sink's options name, with their ``connectTimeout`` and ``socketTimeout``."""
+    """The catalog the sink's options name, with their ``connectTimeout`` and ``socketTimeout``;
+    first, an ``https://`` S3 endpoint's certificate checked as pyiceberg's FileIO will see it
+    (:func:`checkFileIoTrust`)."""
+    checkFileIoTrust(settings.catalog)
     return loadCatalog(
         settings.catalogName,
         settings.catalog,
         connectTimeout=settings.connectTimeout,
         socketTimeout=settings.socketTimeout,
     )
+
+
+def checkFileIoTrust(properties: Mapping[str, str]) -> None:
+    """Before the catalog is opened (and anything written): pyiceberg's FileIO, pyarrow's S3
+    client, takes no CA option from twophase; it trusts the system's store or the PEM bundle
+    ``SSL_CERT_FILE`` names, as Python's default TLS context does. An ``https://``
+    ``s3.endpoint`` whose certificate that store does not verify is one ``FilesTrustError``
+    naming the endpoint and the fix."""
+    endpoint = properties.get("s3.endpoint", "")
+    if endpoint.lower().startswith("https://"):
+        verifyHandshake(
+            endpoint,
+            None,
+            who="pyiceberg's FileIO, which takes no CA option: set SSL_CERT_FILE to a PEM "
+            "bundle with the endpoint's CA (fs.ca_bundle's file) in the environment of the "
+            "driver's processes before Spark starts",
+        )
 
 
 def _isPostgres(uri: str) -> bool:
