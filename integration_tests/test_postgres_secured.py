@@ -1,26 +1,31 @@
 """The postgres sink over TLS as an ordinary role: least privileges, and TLS's bad input.
 
 A role with exactly the grants docs/security.md lists is made over TWOPHASE_PG_TLS_URL (a role
-that is not a superuser, ``sslmode=verify-full``); a batch is prepared and committed by it; then
-each grant is taken away in turn and the driver's check before a batch names it, the role and
-the GRANT, with nothing written. ``COMMIT PREPARED`` by another role names both roles. A CA that
-did not sign the server, a host name the certificate does not hold and a wrong password each
-fail at once (never retried) with an error naming the server and the CA. No Spark.
+that is not a superuser, ``sslmode=verify-full``); a batch is prepared and committed by it;
+then each grant is taken away in turn and the driver's check before a batch names it, the role
+and the GRANT, with nothing written. ``COMMIT PREPARED`` by another role names both roles.
+`twophase doctor` names a missing grant. A CA that did not sign the server, a host name the
+certificate does not hold and a wrong password each fail at once (never retried) with an error
+naming the server and the CA. No Spark.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
+from twophase import cli
 from twophase.clients.postgres import PostgresSinkError
 from twophase.failures.codes import CODES, declaredCode
 from twophase.protocol import TransactionContext
@@ -191,3 +196,43 @@ def test_tls_bad_input_fails_at_once_naming_server_and_ca(
         for word in words:
             assert word in said, (word, said)
         assert "not-the-password" not in said
+
+
+def doctorReport(
+    sink: object, path: Path, password: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any]]:
+    """``twophase doctor --json`` over a checkpoint the driver would leave: status, report."""
+    query = SinkCheckpoint(sink, path)
+    status = cli.main(
+        [
+            "doctor",
+            "--checkpoint",
+            str(query.path),
+            "--json",
+            "--sink-option",
+            f"password={password}",
+        ]
+    )
+    [report] = json.loads(capsys.readouterr().out)["sinks"]
+    return status, report
+
+
+def test_doctor_checks_the_grants(
+    least: Least, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twophase.spark.declared import PostgresSink
+
+    options = {**least.options(), "checkpointLocation": str(tmp_path / "ckpt"), "sinkId": "secpg"}
+    status, report = doctorReport(PostgresSink(options), tmp_path / "ckpt", least.password, capsys)
+    assert status == 0 and report["grantsMissing"] is False, report
+    assert "holds every grant" in report["grants"]
+    least.sql("REVOKE INSERT ON {s}.t FROM {r}")
+    try:
+        status, report = doctorReport(
+            PostgresSink(options), tmp_path / "ckpt", least.password, capsys
+        )
+    finally:
+        least.sql("GRANT INSERT ON {s}.t TO {r}")
+    assert status == 1 and report["grantsMissing"] is True, report
+    assert f"GRANT INSERT ON {least.schema}.t TO {least.role}" in report["grants"]
+    assert least.password not in json.dumps(report)

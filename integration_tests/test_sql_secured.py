@@ -4,21 +4,26 @@ A user with exactly the grants docs/security.md lists is made over TWOPHASE_MARI
 task prepares an XA transaction and the driver, connected apart, lists (``XA RECOVER``) and
 commits it; then each grant is taken away in turn and the driver's check before a batch names
 it, the user and the GRANT, with nothing written. A CA that did not sign the server and a wrong
-password fail at once (never retried), naming the server and the CA. No Spark.
+password fail at once (never retried), naming the server and the CA. ``twophase doctor`` names
+a missing grant. No Spark.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
+from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
+from twophase import cli
 from twophase.failures.codes import CODES, declaredCode
 from twophase.protocol import RecoveryScope, TransactionContext
 from twophase.sinks.relational.naming import sinkPrefix
@@ -153,3 +158,31 @@ def test_tls_bad_input_fails_at_once_naming_server_and_ca(least: Least, tmp_path
     assert str(ca) in said and "127.0.0.1" in said and "over TLS" in said
     said = refusal(least.options(password="not-the-password"))
     assert "refused the login" in said and least.user in said and "not-the-password" not in said
+
+
+def test_doctor_checks_the_grants(
+    least: Least, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twophase.spark.declared import SqlSink
+
+    def doctor() -> tuple[int, dict[str, Any]]:
+        query = SinkCheckpoint(SqlSink(options), tmp_path / "ckpt")
+        status = cli.main(
+            ["doctor", "--checkpoint", str(query.path), "--json"]
+            + ["--sink-option", f"password={least.password}"]
+        )
+        [report] = json.loads(capsys.readouterr().out)["sinks"]
+        return status, report
+
+    options = {**least.options(), "checkpointLocation": str(tmp_path / "ckpt"), "sinkId": SINK}
+    options["url"] = least.url.render_as_string(hide_password=True).replace(":***@", "@")
+    status, report = doctor()
+    assert status == 0 and report["grantsMissing"] is False, report
+    least.sql("REVOKE DELETE ON `{d}`.`{t}_commits` FROM {u}")
+    try:
+        status, report = doctor()
+    finally:
+        least.sql("GRANT DELETE ON `{d}`.`{t}_commits` TO {u}")
+    assert status == 1 and report["grantsMissing"] is True, report
+    assert f"GRANT DELETE ON `{least.db}`.`{least.table}_commits`" in report["grants"]
+    assert least.password not in json.dumps(report)

@@ -100,6 +100,11 @@ class Inspection:
     where: str
     held: list[Held] = field(default_factory=list)
     otherStalls: list[Stall] = field(default_factory=list)
+    grants: str | None = None
+    """What the check of the sink's grants or ACLs found, in one line: all held, the missing
+    ones and their fix, or why it could not look; ``None``: the system has no such check."""
+    grantsMissing: bool = False
+    """A grant the sink needs is missing: its next start fails until it is given."""
 
 
 class Kind(StrEnum):
@@ -160,10 +165,12 @@ class SinkReport:
     where: str | None = None
     findings: list[Finding] = field(default_factory=list)
     cannotCheck: str | None = None
+    grants: str | None = None
+    grantsMissing: bool = False
 
     @property
     def needsAction(self) -> bool:
-        return any(f.needsAction for f in self.findings)
+        return self.grantsMissing or any(f.needsAction for f in self.findings)
 
     def toJson(self) -> dict[str, Any]:
         return {
@@ -175,6 +182,8 @@ class SinkReport:
             if self.cannotCheck is not None
             else ("action" if self.needsAction else "clean"),
             "cannotCheck": self.cannotCheck,
+            "grants": self.grants,
+            "grantsMissing": self.grantsMissing,
             "findings": [f.toJson() for f in self.findings],
         }
 

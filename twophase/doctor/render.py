@@ -63,6 +63,10 @@ def writeText(reports: list[SinkReport], status: int, now: datetime, out: TextIO
         lines.append(f"sink {report.sinkId}: {asked}  (log {report.logUrl})")
         if report.cannotCheck is not None:
             lines.append(f"  cannot check: {report.cannotCheck}")
+        if report.grants is not None:
+            lines.append(
+                f"  {'grants missing' if report.grantsMissing else 'grants'}: {report.grants}"
+            )
         if report.findings:
             lines.append(
                 f"  {'FINDING':<20} {'BATCH':>6}  {'HELD':<48} {'AGE':>9} {'ABORTS IN':>9}"

@@ -115,6 +115,7 @@ def checkSink(
             inspection = inspector.inspect(committer, sinkId, now)
             handleKey = inspector.handleKey
             report.system, report.where = inspection.system, inspection.where
+            report.grants, report.grantsMissing = inspection.grants, inspection.grantsMissing
     except CannotCheck as exc:
         report.cannotCheck = str(exc)
     except SystemExit as exc:  # loadSink's own message for an unusable sink.json
