@@ -12,11 +12,21 @@
 #   services/kafka.sh stop-broker   graceful stop; data and ports are kept
 #   services/kafka.sh kill-broker   SIGKILL (a crash); data and ports are kept
 #   services/kafka.sh start-broker  start the stopped broker again, same data and ports
+#   services/kafka.sh secured       print `export NAME=value` lines: the SASL_SSL listener and
+#                                   its super user's name and password
 #
 # A client that bootstraps through a proxy (services/toxiproxy.sh) is told by the broker where
 # the broker is and then connects there. So the broker has a second listener, PROXIED, that
 # advertises the proxy's port instead of its own: clients that bootstrap at the proxy stay on
 # the proxy, clients that bootstrap at the plain listener (`bootstrap`) never see it.
+#
+# A third listener, SASL_SSL, takes SCRAM-SHA-512 over TLS (the set's certificate from
+# services/lib.sh's tls_ensure, read as PEM). KRaft's StandardAuthorizer guards every listener
+# with allow.everyone.if.no.acl.found=false; its super users are the admin user (a SCRAM
+# credential set through the plain listener after each start, its password made at the first
+# start in $STATE/admin.password, mode 600) and User:ANONYMOUS, which is who the PLAINTEXT,
+# PROXIED and CONTROLLER listeners' clients are: they keep every right. Whoever connects over
+# SASL_SSL as another user has exactly the ACLs made for it.
 #
 # Environment: TWOPHASE_CACHE (default ~/.cache/twophase), TWOPHASE_KAFKA_TXN_MAX_TIMEOUT_MS
 # (default in services/settings.env), TWOPHASE_KAFKA_READY_TIMEOUT (seconds, default 60),
@@ -41,9 +51,12 @@ SERVER_LOG=$STATE/broker.log # the broker's own log
 OUTPUT_LOG=$STATE/stdout.log # the JVM's output (crashes, log4j2 warnings)
 READY_TIMEOUT=${TWOPHASE_KAFKA_READY_TIMEOUT:-60}
 READY_INTERVAL=1
-EXTRA_VERBS=proxy
+EXTRA_VERBS='proxy secured'
+ADMIN_USER=twophase-admin
+ADMIN_PASSWORD_FILE=$STATE/admin.password
 
-# The state: ports.env (ports, the proxy's port, cluster id), server.properties, log4j.properties, data/,
+# The state: ports.env (ports, the proxy's port, the SASL_SSL port, cluster id), admin.password,
+# server.pem and server.key (copies of the set's), server.properties, log4j.properties, data/,
 # broker.log, stdout.log, kafka.pid, .formatted.
 VERSION=$TWOPHASE_KAFKA_VERSION
 POM=$SERVICES_DIR/kafka/pom.xml
@@ -86,7 +99,7 @@ svc_install() {
 # svc_load, svc_ports: ports.env holds the ports and the cluster id. The proxy's port is not
 # the broker's to bind (toxiproxy listens there), so it is not among the ports a resume needs.
 svc_load() {
-    PROXIED_PORT='' PROXY_PORT=''
+    PROXIED_PORT='' PROXY_PORT='' SASL_PORT=''
     # shellcheck source=/dev/null
     . "$STATE/ports.env"
     if [[ -z $PROXIED_PORT || -z $PROXY_PORT ]]; then
@@ -95,8 +108,35 @@ svc_load() {
         read -r PROXIED_PORT PROXY_PORT < <(free_ports 2)
         printf 'PROXIED_PORT=%s\nPROXY_PORT=%s\n' "$PROXIED_PORT" "$PROXY_PORT" >>"$STATE/ports.env"
     fi
+    if [[ -z $SASL_PORT ]]; then
+        # A state made before the SASL_SSL listener: one port more, kept from now on.
+        SASL_PORT=$(free_ports 1)
+        printf 'SASL_PORT=%s\n' "$SASL_PORT" >>"$STATE/ports.env"
+    fi
+    ensure_admin_password
 }
-svc_ports() { echo "$BROKER_PORT $CONTROLLER_PORT $PROXIED_PORT"; }
+svc_ports() { echo "$BROKER_PORT $CONTROLLER_PORT $PROXIED_PORT $SASL_PORT"; }
+
+# ensure_admin_password: the super user's random password, made once per state (mode 600).
+ensure_admin_password() {
+    [[ -s $ADMIN_PASSWORD_FILE ]] && return 0
+    (
+        umask 077
+        "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(24))' >"$ADMIN_PASSWORD_FILE.tmp"
+    )
+    mv "$ADMIN_PASSWORD_FILE.tmp" "$ADMIN_PASSWORD_FILE"
+}
+
+# copy_tls: the set's server key and certificate, in one PEM key store of the state's that
+# only its owner reads (Kafka's ssl.keystore.type=PEM takes the key and the chain in one file).
+copy_tls() {
+    tls_ensure
+    (
+        umask 077
+        cat "$TLS_DIR/server.key" "$TLS_DIR/server.pem" >"$STATE/server.keystore.pem.tmp"
+    )
+    mv "$STATE/server.keystore.pem.tmp" "$STATE/server.keystore.pem"
+}
 
 # write_config: server.properties and the log configurations, from the state's ports.
 write_config() {
@@ -108,11 +148,23 @@ write_config() {
         # A static one-voter quorum: formatting needs no --standalone and restarts need nothing.
         echo "controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT"
         echo "controller.listener.names=CONTROLLER"
-        echo "listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,PROXIED://127.0.0.1:$PROXIED_PORT"
+        echo "listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT,PROXIED://127.0.0.1:$PROXIED_PORT,SASL_SSL://127.0.0.1:$SASL_PORT"
         # PROXIED is reached through the proxy only, so it advertises the proxy's port.
-        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,PROXIED://127.0.0.1:$PROXY_PORT"
+        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$BROKER_PORT,PROXIED://127.0.0.1:$PROXY_PORT,SASL_SSL://127.0.0.1:$SASL_PORT"
         echo "inter.broker.listener.name=PLAINTEXT"
-        echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT"
+        echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,SASL_SSL:SASL_SSL"
+        # The secured listener: SCRAM-SHA-512 over TLS with the set's certificate (PEM files).
+        echo "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512"
+        echo "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        echo "sasl.enabled.mechanisms=SCRAM-SHA-512"
+        echo "ssl.keystore.type=PEM"
+        echo "ssl.keystore.location=$STATE/server.keystore.pem"
+        echo "ssl.client.auth=none"
+        # ACLs on every listener; the plain listeners' clients (User:ANONYMOUS) and the admin
+        # are super users, so only SASL_SSL's other users are held to their ACLs.
+        echo "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        echo "allow.everyone.if.no.acl.found=false"
+        echo "super.users=User:$ADMIN_USER;User:ANONYMOUS"
         echo "log.dirs=$STATE/data"
         echo "transaction.max.timeout.ms=$TXN_MAX"
         # The settings shared with docker-compose.yml (services/settings.env).
@@ -155,11 +207,11 @@ log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
 EOC
 }
 
-# svc_create: four free ports, a cluster id, the configuration, then the equivalent of
+# svc_create: five free ports, a cluster id, the configuration, then the equivalent of
 # `kafka-storage.sh format -t <id> -c server.properties`.
 svc_create() {
     local features=() f
-    read -r BROKER_PORT CONTROLLER_PORT PROXIED_PORT PROXY_PORT < <(free_ports 4)
+    read -r BROKER_PORT CONTROLLER_PORT PROXIED_PORT PROXY_PORT SASL_PORT < <(free_ports 5)
     # A cluster id is 16 random bytes in URL-safe base64 without padding, like
     # `kafka-storage random-uuid`, which also avoids a leading '-'.
     CLUSTER_ID=$("$PYTHON" -c '
@@ -169,9 +221,11 @@ while True:
     if not s.startswith("-"):
         print(s)
         break')
-    printf 'BROKER_PORT=%s\nCONTROLLER_PORT=%s\nPROXIED_PORT=%s\nPROXY_PORT=%s\nCLUSTER_ID=%s\n' \
-        "$BROKER_PORT" "$CONTROLLER_PORT" "$PROXIED_PORT" "$PROXY_PORT" "$CLUSTER_ID" \
+    printf 'BROKER_PORT=%s\nCONTROLLER_PORT=%s\nPROXIED_PORT=%s\nPROXY_PORT=%s\nSASL_PORT=%s\nCLUSTER_ID=%s\n' \
+        "$BROKER_PORT" "$CONTROLLER_PORT" "$PROXIED_PORT" "$PROXY_PORT" "$SASL_PORT" "$CLUSTER_ID" \
         >"$STATE/ports.env"
+    ensure_admin_password
+    copy_tls
     write_config
     for f in ${TWOPHASE_KAFKA_FEATURES:-}; do
         features+=(--feature "$f")
@@ -190,6 +244,7 @@ while True:
 # svc_launch: the broker JVM on the state's data and ports; the configuration is written again
 # first, so that changed settings apply.
 svc_launch() {
+    copy_tls
     write_config
     # shellcheck disable=SC2086  # TWOPHASE_KAFKA_HEAP_OPTS holds several JVM flags on purpose
     start_background "$OUTPUT_LOG" "$PIDFILE" \
@@ -223,8 +278,49 @@ EOP
     tail -n "+${LOG_MARK:-1}" "$SERVER_LOG" 2>/dev/null | grep "Kafka Server started" >/dev/null
 }
 
-# svc_setup: nothing; topics are created by their users (auto.create.topics.enable as well).
-svc_setup() { :; }
+# svc_setup: the admin's SCRAM credential (set, or set again, through the plain listener, whose
+# clients are super users), then a login as the admin over SASL_SSL that must succeed. Topics
+# are created by their users (auto.create.topics.enable as well).
+svc_setup() {
+    "$PYTHON" - "127.0.0.1:$BROKER_PORT" "127.0.0.1:$SASL_PORT" "$ADMIN_USER" "$ADMIN_PASSWORD_FILE" "$TLS_DIR/ca.pem" <<'EOP' || die "could not set up the SASL_SSL listener's admin user (see $SERVER_LOG)"
+import sys
+import time
+
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+plain, secured, user, passwordFile, ca = sys.argv[1:]
+password = open(passwordFile).read().strip()
+admin = AdminClient({"bootstrap.servers": plain, "log_level": 0})
+upsert = UserScramCredentialUpsertion(
+    user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), password.encode()
+)
+admin.alter_user_scram_credentials([upsert])[user].result(timeout=30)
+config = {
+    "bootstrap.servers": secured,
+    "security.protocol": "sasl_ssl",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": user,
+    "sasl.password": password,
+    "ssl.ca.location": ca,
+    "log_level": 0,
+}
+client = AdminClient(config)
+deadline = time.monotonic() + 30
+while True:  # the credential reaches the listener through the metadata log: soon, not at once
+    try:
+        client.describe_cluster(request_timeout=5).result(timeout=10)
+        break
+    except Exception:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+EOP
+}
 
 # svc_pid: the pid file's process, if it is still java running kafka.Kafka on this state.
 svc_pid() { pid_from_file "$PIDFILE" "$PROPS"; }
@@ -246,6 +342,15 @@ svc_verb_proxy() {
     (services/services.sh down && services/services.sh up)"
     fi
     echo "127.0.0.1:$PROXY_PORT 127.0.0.1:$PROXIED_PORT"
+}
+
+# svc_verb_secured: the `secured` verb: the SASL_SSL listener and its super user.
+svc_verb_secured() {
+    load_state
+    [[ -s $ADMIN_PASSWORD_FILE ]] || die "no admin password yet in $STATE: run '$0 up' first"
+    echo "export TWOPHASE_KAFKA_SASL_BOOTSTRAP=127.0.0.1:$SASL_PORT"
+    echo "export TWOPHASE_KAFKA_ADMIN_USER=$ADMIN_USER"
+    echo "export TWOPHASE_KAFKA_ADMIN_PASSWORD=$(<"$ADMIN_PASSWORD_FILE")"
 }
 
 service_main "$@"
