@@ -15,6 +15,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,9 @@ class Least:
         self.admin.execute(statement.format(s=self.schema, r=self.role))
 
 
-@pytest.fixture(scope="module")
-def least(tls_url: str) -> Iterator[Least]:
+@contextmanager
+def leastRole(tls_url: str) -> Iterator[Least]:
+    """A ``Least`` made over ``tls_url``, dropped afterwards with what it prepared."""
     with psycopg.connect(tls_url, autocommit=True) as admin:
         row = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
         assert row[0] is False, "the TLS URL's role must not be a superuser"
@@ -84,6 +86,12 @@ def least(tls_url: str) -> Iterator[Least]:
                 own.execute(f"ROLLBACK PREPARED '{gid}'")
         made.sql("DROP SCHEMA {s} CASCADE")
         made.sql("DROP ROLE {r}")
+
+
+@pytest.fixture(scope="module")
+def least(tls_url: str) -> Iterator[Least]:
+    with leastRole(tls_url) as made:
+        yield made
 
 
 def refusal(options: dict[str, str]) -> str:

@@ -86,7 +86,7 @@ def least() -> Iterator[Least]:
             gtrid = bytes(row["data"][: int(row["gtrid_length"])]).decode()
             if gtrid.startswith(sinkPrefix(SINK)):
                 admin.exec_driver_sql(f"XA ROLLBACK '{gtrid}'")
-        made.sql("DROP TABLE `{d}`.`{t}`, `{d}`.`{t}_commits`")
+        made.sql("DROP TABLE IF EXISTS `{d}`.`{t}`, `{d}`.`{t}_commits`, `{d}`.`{t}_events`")
         made.sql("DROP USER {u}")
 
 
@@ -186,3 +186,55 @@ def test_doctor_checks_the_grants(
     assert status == 1 and report["grantsMissing"] is True, report
     assert f"GRANT DELETE ON `{least.db}`.`{least.table}_commits`" in report["grants"]
     assert least.password not in json.dumps(report)
+
+
+ROWS, ROWS_PER_BATCH = 40, 10
+
+
+@pytest.mark.timeout(600)
+def test_postgres_and_mariadb_exactly_once_through_a_driver_kill(
+    least: Least, tmp_path: Path
+) -> None:
+    """One ``twophase.multi`` query into both servers over TLS, each as its least-privileged
+    role: the driver is SIGKILLed after deciding batch 1, the restart commits it as the same
+    role (PostgreSQL's COMMIT PREPARED takes no other) and writes the rest, every row once."""
+    from integration_tests.spark_harness import Harness
+    from integration_tests.test_postgres_secured import leastRole
+
+    pgUrl = service_setting("TWOPHASE_PG_TLS_URL")
+    assert pgUrl, "TWOPHASE_PG_TLS_URL is unset: run services/services.sh up"
+    least.sql("CREATE TABLE `{d}`.`{t}_events` (id BIGINT, payload TEXT) ENGINE=InnoDB")
+    least.sql("GRANT INSERT ON `{d}`.`{t}_events` TO {u}")
+    with leastRole(pgUrl) as pg:
+        pg.sql("CREATE TABLE {s}.events (id bigint, payload text)")
+        pg.sql("GRANT INSERT ON {s}.events TO {r}")
+        targets = {
+            "pg": ("postgres", {**pg.options(), "dbtable": f"{pg.schema}.events"}),
+            "maria": (
+                "twophase.spark.declared:SqlSink",
+                {**least.options(), "dbtable": f"{least.table}_events"},
+            ),
+        }
+        options = {"targets": ",".join(f"{n}={kind}" for n, (kind, _) in targets.items())}
+        for name, (_, own) in targets.items():
+            options |= {f"{name}.{key}": value for key, value in own.items()}
+        options["pg.commitMode"] = "prepared"
+        query = Harness(
+            tmp_path / "query",
+            "local",
+            sink="twophase.spark.multi:MultiSink",
+            rows=ROWS,
+            rowsPerBatch=ROWS_PER_BATCH,
+            columns={name: "struct(id, payload)" for name in targets},
+            options=options,
+        )
+        query.crashRun("driver.afterDecision:1")
+        query.restartUntilExhausted()
+        pgIds = pg.admin.execute(f"SELECT id FROM {pg.schema}.events ORDER BY id").fetchall()
+        mariaIds = least.admin.exec_driver_sql(
+            f"SELECT id FROM `{least.table}_events` ORDER BY id"
+        ).all()
+        assert [r[0] for r in pgIds] == list(range(ROWS))
+        assert [r[0] for r in mariaIds] == list(range(ROWS))
+        for secret in (pg.password, least.password):
+            assert not [p for p in query.workdir.rglob("*.json") if secret in p.read_text()]
