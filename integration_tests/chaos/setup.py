@@ -17,6 +17,7 @@ from integration_tests.chaos.cluster import Cluster, ClusterRun, place
 from integration_tests.chaos.cluster import batchesNeeded as clusterBatches
 from integration_tests.chaos.faultkinds import DISK, Disk
 from integration_tests.chaos.pipelines import PIPELINES, Pipeline
+from integration_tests.chaos.pipelines.kafka import BROKER_ABORT_SWEEP_SECONDS
 from integration_tests.chaos.reader import LiveReader
 from integration_tests.chaos.report import ChaosResult
 from integration_tests.chaos.runner import ChaosRun
@@ -25,10 +26,9 @@ from integration_tests.chaos.servers import Services, servicesFromEnvironment
 from integration_tests.chaos.spec import PipelineSpec
 from twophase.cli.console import LiveDisplay
 
-BROKER_ABORT_SWEEP_SECONDS = 10
-"""How often the broker aborts the transactions past their timeout (its
-``transaction.abort.timed.out.transaction.cleanup.interval.ms``, default): a ``past timeout``
-lasts the pipeline's transaction timeout, one sweep and a margin."""
+PAST_TIMEOUT_MARGIN_SECONDS = 3
+"""A ``past timeout`` fault lasts the pipeline's transaction timeout, one abort sweep of the
+broker (``pipelines.kafka.BROKER_ABORT_SWEEP_SECONDS``) and this margin."""
 
 __all__ = [
     "drawSchedule",
@@ -105,7 +105,9 @@ def drawSchedule(
         outageSeconds=p.outageSeconds,
         faults=faults,
         faultTargets=targets,
-        pastTimeoutSeconds=p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + 3,
+        pastTimeoutSeconds=(
+            p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + PAST_TIMEOUT_MARGIN_SECONDS
+        ),
         coverFaults=coverFaults,
         extraPoints=COMPLETION_POINTS if p.completesBatches else (),
         processKinds=processKinds,
