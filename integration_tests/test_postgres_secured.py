@@ -16,6 +16,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,48 @@ def test_doctor_checks_the_grants(
     assert status == 1 and report["grantsMissing"] is True, report
     assert f"GRANT INSERT ON {least.schema}.t TO {least.role}" in report["grants"]
     assert least.password not in json.dumps(report)
+
+
+def _expiredClientCertificate(tmp_path: Path, role: str, caFile: str) -> tuple[str, str]:
+    """A client certificate for ``role`` signed by the set's CA (its key beside the CA file,
+    kept for tests like this one), valid from ten days ago until yesterday: (cert, key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    tls = Path(caFile).parent
+    ca = x509.load_pem_x509_certificate((tls / "ca.pem").read_bytes())
+    caKey = serialization.load_pem_private_key((tls / "ca.key").read_bytes(), None)
+    assert isinstance(caKey, rsa.RSAPrivateKey)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=10))
+        .not_valid_after(now - timedelta(days=1))
+        .sign(caKey, hashes.SHA256())
+    )
+    certPath, keyPath = tmp_path / "expired.pem", tmp_path / "expired.key"
+    certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyPath.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    keyPath.chmod(0o600)
+    return str(certPath), str(keyPath)
+
+
+def test_an_expired_client_certificate_is_named(least: Least, tmp_path: Path) -> None:
+    caFile = conninfo_to_dict(least.url)["sslrootcert"]
+    cert, key = _expiredClientCertificate(tmp_path, least.role, str(caFile))
+    said = refusal(least.options(sslcert=cert, sslkey=key, connectRetrySeconds="30"))
+    assert f"refused the client certificate sslcert={cert}: it has expired" in said, said
+    assert str(caFile) in said and "127.0.0.1" in said

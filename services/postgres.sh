@@ -180,7 +180,8 @@ EOS
 # tls_setup: TLS on the running server, for a new state, a resumed one or one a server started
 # by an older version of this script: the set's certificate and key copied into the state (the
 # server's OS user owns them, the key mode 600, as PostgreSQL demands), ssl and scram-sha-256
-# through ALTER SYSTEM, `hostssl` lines at the top of pg_hba.conf (the TLS role over TLS only),
+# through ALTER SYSTEM (the CA too: a client certificate is then checked against it, so an
+# expired one is refused in the handshake; none is required), `hostssl` lines at the top of pg_hba.conf (the TLS role over TLS only),
 # then a reload (these settings take one, no restart) and a wait until the server uses them.
 tls_setup() {
     local dir hba i
@@ -203,6 +204,7 @@ tls_setup() {
 ALTER SYSTEM SET ssl = on;
 ALTER SYSTEM SET ssl_cert_file = '$dir/tls/server.pem';
 ALTER SYSTEM SET ssl_key_file = '$dir/tls/server.key';
+ALTER SYSTEM SET ssl_ca_file = '$dir/tls/ca.pem';
 ALTER SYSTEM SET password_encryption = 'scram-sha-256';
 SELECT pg_reload_conf();
 EOS

@@ -1,11 +1,13 @@
 """Why a TLS connection to PostgreSQL failed, in words that name the server, the CA and the fix.
 
-libpq says only ``certificate verify failed`` when the server's certificate is not signed by
-the ``sslrootcert`` CA, has expired or is not valid yet. ``tlsProblem`` recognises libpq's TLS
-failures and, for that one, asks the server itself: it opens a TCP connection, sends
-PostgreSQL's ``SSLRequest`` and runs the TLS handshake with Python's ``ssl`` against the same
-CA, whose verification error says which it is. A TLS failure is never retried: the same
-certificate fails the same way (``twophase.clients.postgres.connect``).
+A server that refuses the client's certificate (``sslcert``: expired, or of a CA it does not
+trust) answers with a TLS alert, which names the reason. libpq says only ``certificate verify
+failed`` when the server's certificate is not signed by the ``sslrootcert`` CA, has expired or
+is not valid yet. ``tlsProblem`` recognises libpq's TLS failures and, for that one, asks the
+server itself: it opens a TCP connection, sends PostgreSQL's ``SSLRequest`` and runs the TLS
+handshake with Python's ``ssl`` against the same CA, whose verification error says which it is.
+A TLS failure is never retried: the same certificate fails the same way
+(``twophase.clients.postgres.connect``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def tlsProblem(text: str, params: dict[str, str]) -> str | None:
             f"the server's certificate (verified against the CA in sslrootcert={ca}) is not for "
             f"host name {name!r}, which sslmode={mode} checks. Fix: connect by a name the "
             "certificate holds, or have the server's certificate issued for this name."
+        )
+    if "alert" in lowered and params.get("sslcert"):  # the server refused our certificate
+        why = "it has expired" if "expired" in lowered else "the server does not trust it"
+        return (
+            f"the server refused the client certificate sslcert={params['sslcert']}: {why} "
+            f"(the server's own certificate verified against sslrootcert={ca}). Fix: give a "
+            "client certificate that is valid now and signed by a CA the server trusts "
+            "(its ssl_ca_file)."
         )
     if "certificate verify failed" in lowered:
         why = None
