@@ -28,8 +28,10 @@ import pytest
 import twophase
 from integration_tests.chaos.runner import batchesDone
 from integration_tests.spark_processes import sessionProcesses, sharedSession
+from integration_tests.test_kafka_participant import awaitState
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase import cli, restarts, verify
+from twophase.coordinator import DecisionLog
 from twophase.sinks.relational.naming import sinkPrefix
 
 ROWS_PER_BATCH = 500
@@ -360,6 +362,18 @@ print(f"ENDED stopped={query.stopped} restarts={len(query.restarts)}", flush=Tru
 """
 
 
+def decidedTransactions(checkpoint: Path) -> list[str]:
+    """The transactional ids of the last decided batch of the one sink writing ``checkpoint``,
+    from its decision log."""
+    (location,) = (checkpoint / "twophase").iterdir()
+    log = DecisionLog(str(location))
+    batch = log.lastDecided()
+    assert batch is not None, f"no decided batch in {location}"
+    state = log.state(batch)
+    assert state is not None and state.handles, f"batch {batch} names no transaction"
+    return [str(h.handle["transactionalId"]) for h in state.handles]
+
+
 def javaChildOf(pid: int, parent: int) -> bool:
     """Whether process ``pid`` is a JVM that ``parent`` started."""
     try:
@@ -415,7 +429,9 @@ def test_a_driver_rewrites_what_the_broker_aborted_and_stops_cleanly_on_a_sigter
     lines: list[str] = []
     try:
         waitFor(lambda: any(paused.glob("paused-*")), "the pause after batch 1's decision", 120)
-        time.sleep(15)  # the timeout (3 s) and the broker's sweep of timed-out transactions
+        for transactionalId in decidedTransactions(tmp_path / "kafka-checkpoint"):
+            # the timeout (3 s), then the broker's sweep of timed-out transactions
+            awaitState(kafka_bootstrap, transactionalId, "CompleteAbort", 60)
         (paused / "release").touch()
         assert child.stdout is not None
         for line in child.stdout:
