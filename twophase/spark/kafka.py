@@ -18,7 +18,7 @@ from pyspark.sql.types import NullType, StructField, StructType
 from twophase.clients.kafka import ensureTopic
 from twophase.schemaregistry.avro import sparkDdlOf
 from twophase.schemaregistry.formats import resolve, resolvedOption
-from twophase.settings import TwoPhaseConfigError, optionOf
+from twophase.settings import TwoPhaseConfigError, defaultSinkId, optionOf
 from twophase.sinks.kafka import (
     DEFAULT_TRANSACTION_TIMEOUT_MS,
     RESOLVED_TIMEOUT_OPTION,
@@ -29,6 +29,7 @@ from twophase.sinks.kafka import (
     brokerTransactionMaxTimeoutMs,
     checkColumns,
 )
+from twophase.sinks.kafka.access import checkAccess
 from twophase.sinks.kafka.columns import SINK_COLUMNS, ColumnLayout
 from twophase.sinks.kafka.encoding import RecordEncoding
 from twophase.sources.kafka import (
@@ -117,6 +118,12 @@ class KafkaSink(TwoPhaseDataSource):
         )
         arrow = arrowSchemaOf(columns, self.name())
         checkColumns(arrow, settings.topic, valueFormat.format, keyFormat.format)
+        checkAccess(
+            settings.producerConfig,
+            settings.topic,
+            self._transactionalIdPrefix(settings),
+            settings.requestTimeoutSeconds,
+        )
         self._registerSchemas(settings, arrow)
         if settings.badRecords is not None:
             ensureTopic(
@@ -140,6 +147,16 @@ class KafkaSink(TwoPhaseDataSource):
         self.options[RESOLVED_TIMEOUT_OPTION] = str(
             chosen if chosen is not None else min(DEFAULT_TRANSACTION_TIMEOUT_MS, brokerMax)
         )
+
+    def _transactionalIdPrefix(self, settings: KafkaSettings) -> str | None:
+        """The sink's transactional id prefix (``None`` when the options do not tell it)."""
+        if settings.transactionalIdPrefix:
+            return settings.transactionalIdPrefix
+        checkpoint = optionOf(self.options, "checkpointLocation")
+        sinkId = optionOf(self.options, "sinkId") or (
+            defaultSinkId(checkpoint, self.name()) if checkpoint else None
+        )
+        return settings.prefixFor(sinkId) if sinkId else None
 
     def _registerSchemas(self, settings: KafkaSettings, arrow: pa.Schema) -> None:
         """Driver, before any task writes: register (or look up) the schema of each side in a

@@ -7,6 +7,7 @@ Kafka's fix for it.
 from __future__ import annotations
 
 from twophase.clients.kafka.errors import KafkaSystemError
+from twophase.protocol.errors import SinkFailure
 
 
 class KafkaWriteError(KafkaSystemError, RuntimeError):
@@ -21,3 +22,11 @@ class RecordTooLargeError(KafkaWriteError):
 
 class KafkaCommitError(KafkaSystemError, RuntimeError):
     """A commit that is neither done nor provably lost, and that retrying will not settle."""
+
+
+class KafkaAccessError(KafkaSystemError, PermissionError):
+    """The brokers refused the sink's principal: its credentials (a wrong password, a mechanism
+    not offered, a certificate its CA does not sign) or an ACL it lacks. Names the broker, the
+    principal, the missing ACL and the ``kafka-acls.sh`` line that grants it; never retried."""
+
+    reason = SinkFailure.CREDENTIALS

@@ -1,0 +1,229 @@
+"""The Kafka sink over SASL_SSL (SCRAM-SHA-512) as a principal with exactly the ACLs that
+docs/security.md lists, and each of them taken away in turn.
+
+The broker's SASL_SSL listener (services/kafka.sh) runs KRaft's StandardAuthorizer with no
+access when no ACL is found. Each test makes a SCRAM user of its own and its ACLs as the super
+user, through that listener, then runs the driver's check the sink runs before its first batch
+(``twophase.sinks.kafka.access.checkAccess``, from the Kafka binding's ``validate``): with every
+ACL it passes; without one, the error names that ACL, the principal and the ``kafka-acls.sh``
+line that grants it, carries a fatal code, and nothing was written to the topic. A wrong
+password, a mechanism the listener does not offer and a CA that does not sign the broker are
+named with the broker (and the CA) at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from twophase.failures.codes import CODES
+from twophase.sinks.kafka.access import Acl, checkAccess, sinkAcls
+from twophase.sinks.kafka.errors import KafkaAccessError
+
+SASL = os.environ.get("TWOPHASE_KAFKA_SASL_BOOTSTRAP", "")
+CA = os.environ.get("TWOPHASE_TLS_CA_FILE", "")
+ADMIN = os.environ.get("TWOPHASE_KAFKA_ADMIN_USER", "")
+ADMIN_PASSWORD = os.environ.get("TWOPHASE_KAFKA_ADMIN_PASSWORD", "")
+
+pytestmark = pytest.mark.skipif(
+    not (SASL and CA and ADMIN_PASSWORD),
+    reason="no secured Kafka listener: start the servers (services/services.sh up) and load "
+    "their .services env file",
+)
+
+
+def _config(user: str, password: str, **extra: str) -> dict[str, str]:
+    return {
+        "bootstrap.servers": SASL,
+        "security.protocol": "sasl_ssl",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": CA,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def admin() -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({**_config(ADMIN, ADMIN_PASSWORD), "log_level": 0})
+
+
+@pytest.fixture(scope="module")
+def topic(admin: Any) -> str:
+    from confluent_kafka.admin import NewTopic
+
+    name = f"secured-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
+    return name
+
+
+def makeUser(admin: Any, user: str, password: str) -> None:
+    """A SCRAM-SHA-512 credential for ``user``, made as the super user."""
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    upsert = UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+    )
+    admin.alter_user_scram_credentials([upsert])[user].result(timeout=30)
+
+
+def grant(admin: Any, user: str, acls: list[Acl]) -> None:
+    """ALLOW ``acls`` to ``User:<user>`` from any host, made as the super user."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    bindings = [
+        AclBinding(
+            getattr(
+                ResourceType,
+                {"TransactionalId": "TRANSACTIONAL_ID"}.get(a.resourceType, a.resourceType.upper()),
+            ),
+            a.name,
+            getattr(ResourcePatternType, a.patternType),
+            f"User:{user}",
+            "*",
+            getattr(AclOperation, a.operation.upper()),
+            AclPermissionType.ALLOW,
+        )
+        for a in acls
+    ]
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=30)
+
+
+@pytest.fixture
+def principal(admin: Any) -> Iterator[tuple[str, str, str]]:
+    """A new user with its password, and a transactional id prefix of its own."""
+    user = f"sink-{uuid.uuid4().hex[:8]}"
+    password = f"pw-{uuid.uuid4().hex}"
+    makeUser(admin, user, password)
+    yield user, password, f"tp-{uuid.uuid4().hex[:8]}"
+
+
+def _settled(check: Any, accept: Any, seconds: float = 15) -> Any:
+    """``check()`` again until ``accept(outcome)``: new credentials and ACLs reach the
+    broker's authorizer through its metadata log, soon but not at once."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            outcome: Any = check()
+        except KafkaAccessError as exc:
+            outcome = exc
+        if accept(outcome) or time.monotonic() > deadline:
+            return outcome
+        time.sleep(0.3)
+
+
+def _endOffset(admin: Any, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**_config(ADMIN, ADMIN_PASSWORD), "group.id": "secured-peek"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        consumer.close()
+
+
+def test_every_listed_acl_lets_the_check_pass(admin: Any, topic: str, principal: Any) -> None:
+    user, password, prefix = principal
+    grant(admin, user, sinkAcls(topic, prefix))
+    outcome = _settled(
+        lambda: checkAccess(_config(user, password), topic, prefix, 10), lambda o: o is None
+    )
+    assert outcome is None
+
+
+@pytest.mark.parametrize(
+    "missing", range(len(sinkAcls("t", "p"))), ids=lambda i: sinkAcls("t", "p")[i].describe()
+)
+def test_each_missing_acl_is_named_with_its_fix(
+    admin: Any, topic: str, principal: Any, missing: int
+) -> None:
+    user, password, prefix = principal
+    acls = sinkAcls(topic, prefix)
+    lacking = acls.pop(missing)
+    grant(admin, user, acls)
+    before = _endOffset(admin, topic)
+    outcome = _settled(
+        lambda: checkAccess(_config(user, password), topic, prefix, 10),
+        lambda o: isinstance(o, KafkaAccessError) and lacking.describe() in str(o),
+    )
+    assert isinstance(outcome, KafkaAccessError), outcome
+    text = str(outcome)
+    assert f"lacks the ACL ALLOW {lacking.describe()}" in text, text
+    assert f"User:{user}" in text
+    assert lacking.grant(f"User:{user}", SASL) in text
+    assert outcome.errorCode == "TWOPHASE_CREDENTIALS"
+    assert not CODES[outcome.errorCode].recoverable
+    assert password not in text
+    assert _endOffset(admin, topic) == before  # nothing written
+
+
+def _otherCa(tmp: Path) -> str:
+    """A CA of the test's own, which did not sign the broker's certificate."""
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=another CA",
+            "-keyout",
+            str(tmp / "other.key"),
+            "-out",
+            str(tmp / "other.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return str(tmp / "other.pem")
+
+
+@pytest.mark.parametrize("case", ["wrong password", "mechanism not offered", "wrong CA"])
+def test_a_refused_login_names_the_broker_at_once(
+    admin: Any, topic: str, principal: Any, case: str, tmp_path: Path
+) -> None:
+    user, password, prefix = principal
+    grant(admin, user, sinkAcls(topic, prefix))
+    config = {
+        "wrong password": _config(user, "not-" + password),
+        "mechanism not offered": _config(user, password, **{"sasl.mechanism": "PLAIN"}),
+        "wrong CA": _config(user, password, **{"ssl.ca.location": _otherCa(tmp_path)}),
+    }[case]
+    started = time.monotonic()
+    with pytest.raises(KafkaAccessError) as raised:
+        checkAccess(config, topic, prefix, 3)
+    assert time.monotonic() - started < 10  # once, not retried
+    text = str(raised.value)
+    assert SASL in text and raised.value.errorCode == "TWOPHASE_CREDENTIALS"
+    assert password not in text
+    expected = {
+        "wrong password": "invalid credentials with SASL mechanism SCRAM-SHA-512",
+        "mechanism not offered": "broker's supported mechanisms: SCRAM-SHA-512",
+        "wrong CA": f"CA ({config['ssl.ca.location']}) does not verify",
+    }[case]
+    assert expected in text, text
