@@ -69,9 +69,9 @@ def tlsProblem(text: str, params: dict[str, str]) -> str | None:
             "certificate holds, or have the server's certificate issued for this name."
         )
     if "alert" in lowered and params.get("sslcert"):  # the server refused our certificate
-        why = "it has expired" if "expired" in lowered else "the server does not trust it"
+        refused = "it has expired" if "expired" in lowered else "the server does not trust it"
         return (
-            f"the server refused the client certificate sslcert={params['sslcert']}: {why} "
+            f"the server refused the client certificate sslcert={params['sslcert']}: {refused} "
             f"(the server's own certificate verified against sslrootcert={ca}). Fix: give a "
             "client certificate that is valid now and signed by a CA the server trusts "
             "(its ssl_ca_file)."

@@ -21,6 +21,7 @@ import tenacity
 from sqlalchemy.engine import URL, Connection, Engine
 
 from twophase.clients.postgres_answers import boundAnswers, timedOut
+from twophase.clients.postgres_tls import isTlsFailure
 from twophase.protocol.errors import SinkFailure
 from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
@@ -196,9 +197,12 @@ def isAccessDenied(exc: BaseException) -> bool:
 
 def isTls(exc: BaseException) -> bool:
     """A connection that failed in the TLS handshake or its certificate check (PyMySQL
-    reports it as error 2003 with the ``ssl`` module's words)."""
+    reports it as error 2003 with the ``ssl`` module's words; libpq in words only)."""
     text = errorMessage(exc)
-    return mysqlCode(exc) == 2003 and ("SSL" in text or "certificate" in text)
+    if mysqlCode(exc) is not None:
+        return mysqlCode(exc) == 2003 and ("SSL" in text or "certificate" in text)
+    orig = getattr(exc, "orig", exc)
+    return isinstance(orig, psycopg.OperationalError) and isTlsFailure(text)
 
 
 _SYSTEMS = {"mysql": "MySQL", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
@@ -237,13 +241,14 @@ def connect(
         return attempts(attempt)
     except sa.exc.DBAPIError as exc:
         if isTls(exc):  # the same certificate fails the same way: never retried
-            ca = engine.url.query.get("ssl_ca") or "the system's CAs (no ssl_ca in the url)"
+            query = engine.url.query
+            ca = query.get("ssl_ca") or query.get("sslrootcert") or "the default CAs"
             raise SqlSinkError(
                 f"sql sink: {what}: cannot connect to {where} over TLS: the server's "
-                f"certificate did not verify against the CA in ssl_ca={ca}: "
-                f"{errorMessage(exc)}. Fix: give ssl_ca the CA that signed the server's "
-                "certificate (url query ssl_ca=/path/ca.pem), connect by a name the "
-                "certificate holds, or have the certificate renewed if it expired.",
+                f"certificate did not verify against the CA in {ca}: "
+                f"{errorMessage(exc)}. Fix: give the CA that signed the server's certificate "
+                "(the url's query: ssl_ca=<file>, sslrootcert=<file> on PostgreSQL), connect "
+                "by a name the certificate holds, or have the certificate renewed if expired.",
                 system=system,
                 reason=SinkFailure.CREDENTIALS,
             ) from None
