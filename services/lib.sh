@@ -319,6 +319,54 @@ signal_server() {
     kill -"$1" $(tree_pids "$pid")
 }
 
+# ---------------------------------------------------------------------------------------------
+# TLS: one certificate authority per set of servers, and one server certificate it signs, for the
+# secured listeners (Kafka's SASL_SSL, PostgreSQL, MariaDB, S3 over HTTPS). Made at the first
+# start under $RUN_DIR/tls and deleted with the set (services/services.sh down); never committed.
+#
+#   $TLS_DIR/ca.pem        the CA's certificate: what clients trust (TWOPHASE_TLS_CA_FILE)
+#   $TLS_DIR/ca.key        the CA's key, so that tests can sign certificates of their own
+#   $TLS_DIR/server.pem    the servers' certificate, for 127.0.0.1 and localhost
+#   $TLS_DIR/server.key    its key, unencrypted PKCS#8, readable by its owner only
+TLS_DIR=$RUN_DIR/tls
+
+# tls_ensure: make the CA and the server certificate when they are missing. Idempotent, and safe
+# when two servers of a set start at once (a lock, and files renamed into place).
+tls_ensure() {
+    [[ -f $TLS_DIR/server.pem && -f $TLS_DIR/server.key && -f $TLS_DIR/ca.pem ]] && return 0
+    command -v openssl >/dev/null || install_or_die "openssl not found (Debian: sudo apt-get install openssl)" openssl
+    mkdir -p "$TLS_DIR"
+    chmod 700 "$TLS_DIR"
+    (
+        flock 9
+        [[ -f $TLS_DIR/server.pem && -f $TLS_DIR/server.key && -f $TLS_DIR/ca.pem ]] && exit 0
+        local tmp=$TLS_DIR/partial
+        rm -rf "$tmp"
+        mkdir -p "$tmp"
+        openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 \
+            -subj "/CN=twophase test CA $SERVICES_SET" \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -keyout "$tmp/ca.key" -out "$tmp/ca.pem" >"$tmp/openssl.log" 2>&1 ||
+            { cat "$tmp/openssl.log" >&2; exit 1; }
+        openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=localhost" \
+            -keyout "$tmp/server.key" -out "$tmp/server.csr" >>"$tmp/openssl.log" 2>&1 ||
+            { cat "$tmp/openssl.log" >&2; exit 1; }
+        printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+            "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >"$tmp/server.ext"
+        openssl x509 -req -in "$tmp/server.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" \
+            -CAcreateserial -days 825 -sha256 -extfile "$tmp/server.ext" \
+            -out "$tmp/server.pem" >>"$tmp/openssl.log" 2>&1 ||
+            { cat "$tmp/openssl.log" >&2; exit 1; }
+        chmod 600 "$tmp/ca.key" "$tmp/server.key"
+        mv "$tmp/ca.key" "$tmp/ca.pem" "$tmp/server.key" "$TLS_DIR/"
+        mv "$tmp/server.pem" "$TLS_DIR/"
+        rm -rf "$tmp"
+    ) 9>"$TLS_DIR/.lock" || die "could not make the test CA and server certificate in $TLS_DIR"
+}
+
+# tls_remove: delete the set's TLS material (services/services.sh down).
+tls_remove() { rm -rf "$TLS_DIR"; }
+
 # service_up: the `up` command. A running server is checked, a stopped one resumed when its
 # ports are still free, else a fresh one made on free ports; then what clients need is set up.
 service_up() {

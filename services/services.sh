@@ -43,8 +43,22 @@ make_proxies() {
     "$SERVICES_DIR/toxiproxy.sh" proxy s3 "$(host_port "$3")" >/dev/null
 }
 
+# secured_env: the `export NAME=value` lines of the secured listeners. A server script with one
+# has a `secured` verb that prints its lines (addresses, and the super user's name and password,
+# made at its first start); the CA they all trust is TWOPHASE_TLS_CA_FILE.
+secured_env() {
+    local script
+    echo "export TWOPHASE_TLS_CA_FILE=$TLS_DIR/ca.pem"
+    for script in kafka postgres mariadb s3 registry; do
+        if grep -q '^svc_verb_secured()' "$SERVICES_DIR/$script.sh"; then
+            "$SERVICES_DIR/$script.sh" secured || die "services/$script.sh secured failed"
+        fi
+    done
+}
+
 cmd_up() {
-    local bootstrap pg_url mariadb_url s3_endpoint
+    local bootstrap pg_url mariadb_url s3_endpoint secured
+    tls_ensure
     "$SERVICES_DIR/postgres.sh" up
     "$SERVICES_DIR/kafka.sh" up
     "$SERVICES_DIR/mariadb.sh" up
@@ -56,6 +70,7 @@ cmd_up() {
     mariadb_url=$("$SERVICES_DIR/mariadb.sh" url)
     s3_endpoint=$("$SERVICES_DIR/s3.sh" endpoint)
     make_proxies "$pg_url" "$mariadb_url" "$s3_endpoint"
+    secured=$(secured_env)
     # Write to a temporary file and rename, so a reader never sees half a file.
     cat >"$ENV_FILE.tmp" <<EOF
 # Written by services/services.sh up; removed by services/services.sh down.
@@ -70,10 +85,13 @@ export TWOPHASE_S3_SECRET_KEY=${TWOPHASE_S3_SECRET_KEY:-$TWOPHASE_DEFAULT_S3_SEC
 export TWOPHASE_S3_BUCKET=${TWOPHASE_S3_BUCKET:-$TWOPHASE_DEFAULT_S3_BUCKET}
 export TWOPHASE_TOXIPROXY_URL=$("$SERVICES_DIR/toxiproxy.sh" url)
 export TWOPHASE_SCHEMA_REGISTRY_URL=$("$SERVICES_DIR/registry.sh" url)
+$secured
 EOF
     mv "$ENV_FILE.tmp" "$ENV_FILE"
     log "wrote $ENV_FILE"
-    sed -n 's/^export //p' "$ENV_FILE"
+    # The secured listeners' lines carry passwords made at start: their names only.
+    grep -v -F -x -e "$secured" "$ENV_FILE" | sed -n 's/^export //p'
+    sed -n 's/^export \([A-Z0-9_]*\)=.*/\1=(in the file)/p' <<<"$secured"
 }
 
 cmd_down() {
@@ -85,6 +103,7 @@ cmd_down() {
     "$SERVICES_DIR/s3.sh" down || rc=$?
     "$SERVICES_DIR/registry.sh" down || rc=$?
     "$SERVICES_DIR/postgres.sh" down || rc=$?
+    tls_remove
     rm -f "$ENV_FILE"
     return "$rc"
 }
