@@ -13,6 +13,7 @@ named with the broker (and the CA) at once.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -227,3 +228,102 @@ def test_a_refused_login_names_the_broker_at_once(
         "wrong CA": f"CA ({config['ssl.ca.location']}) does not verify",
     }[case]
     assert expected in text, text
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "twophase", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privileged_user(
+    admin: Any, principal: Any, tmp_path: Path
+) -> None:
+    """The sink over SASL_SSL with only the listed ACLs: the driver SIGKILLed right after it
+    decided a batch, ``twophase recover`` (the password from the environment, never from the
+    checkpoint) commits it, ``status``, ``doctor`` and ``verify`` read the same, every row is
+    in the topic once, and the SCRAM password is in no file under the checkpoint, no log line
+    of the run (at DEBUG) and no output of the commands."""
+    from confluent_kafka.admin import NewTopic
+
+    from integration_tests.spark_harness import Harness
+
+    rows, perBatch = 200, 100
+    user, password, prefix = principal
+    topic = f"secured-run-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    # verify reads the topic as the Kafka source does: a group of its own, DESCRIBE on it
+    sourceGroup = Acl("Group", "twophase-kafka-source-", "PREFIXED", "Describe")
+    grant(admin, user, [*sinkAcls(topic, prefix), sourceGroup])
+    secrets = {"kafka.sasl.password": password}
+    options = {
+        "kafka.bootstrap.servers": SASL,
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": user,
+        "kafka.ssl.ca.location": CA,
+        "transactionalIdPrefix": prefix,
+        "topic": topic,
+    }
+    _settled(
+        lambda: checkAccess(
+            {k[6:]: v for k, v in {**options, **secrets}.items() if k.startswith("kafka.")},
+            topic,
+            prefix,
+            10,
+        ),
+        lambda o: o is None,
+    )
+    query = Harness(
+        tmp_path / "query",
+        "local",
+        sink="twophase.spark.kafka:KafkaSink",
+        rows=rows,
+        rowsPerBatch=perBatch,
+        columns={"key": "CAST(id AS STRING)", "value": "payload"},
+        options={**options, **secrets},
+    )
+    debug = {"TWOPHASE_LOG_LEVEL": "DEBUG"}
+    crashed = query.run("driver.afterDecision:1", env=debug)
+    assert crashed.killed, crashed.describe()
+
+    env = {**os.environ, **debug, "TWOPHASE_KAFKA_OPTIONS": json.dumps(secrets)}
+    outputs = []
+    status = _cli("status", "--checkpoint", str(query.checkpoint), env=env)
+    outputs.append(status.stdout + status.stderr)
+    assert "1" in status.stdout, outputs[-1]
+    recovered = _cli("recover", "--checkpoint", str(query.checkpoint), env=env)
+    outputs.append(recovered.stdout + recovered.stderr)
+    assert recovered.returncode == 0, outputs[-1]
+    assert "of 1 decided batches [1]" in recovered.stdout, outputs[-1]
+    doctor = _cli("doctor", "--checkpoint", str(query.checkpoint), env=env)
+    outputs.append(doctor.stdout + doctor.stderr)
+    assert doctor.returncode == 0, outputs[-1]
+    sinkOptions = [
+        a
+        for k, v in options.items()
+        if k.startswith("kafka.")
+        for a in ("--sink-option", f"{k}={v}")
+    ]
+    verified = _cli(
+        "verify", "--source", "sequence", "--end", str(2 * perBatch), "--sink", "kafka",
+        "--topic", topic, *sinkOptions,
+        env=env,
+    )  # fmt: skip
+    outputs.append(verified.stdout + verified.stderr)
+    assert verified.returncode == 0, outputs[-1]
+
+    leaks = [
+        p for p in query.workdir.rglob("*") if p.is_file() and password.encode() in p.read_bytes()
+    ]
+    assert not leaks and not any(password in o for o in outputs), leaks or outputs
+    description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
+    assert description["options"]["kafka.sasl.username"] == user
+    assert "kafka.sasl.password" not in description["options"]

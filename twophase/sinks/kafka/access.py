@@ -6,9 +6,9 @@ operations), not on a transactional id: for that the check starts a transactiona
 an id of the sink's prefix that no task uses (``<prefix>-access``). FindCoordinator needs
 DESCRIBE on it, InitProducerId WRITE (which implies DESCRIBE); neither writes a record
 anywhere. The topic needs WRITE (the tasks; it implies DESCRIBE, for metadata) and READ (the
-driver's read-back of a transaction in ``probe``). A login the brokers refuse (a wrong
-password, a mechanism they do not offer, a certificate the CA option does not verify) is named
-with the broker and the CA. Each is a
+driver's read-back of a transaction in ``probe``), whose consumer group needs DESCRIBE. A
+login the brokers refuse (a wrong password, a mechanism they do not offer, a certificate the CA
+option does not verify) is named with the broker and the CA. Each is a
 ``KafkaAccessError``, whose code is fatal: a restart meets the same refusal. A check that
 passed is not repeated by this process for the same cluster, principal, topic and prefix.
 """
@@ -25,6 +25,7 @@ from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import redact
 from twophase.resources import Resources
 from twophase.sinks.kafka.errors import KafkaAccessError
+from twophase.sinks.kafka.probe import PROBE_GROUP_PREFIX
 
 ACCESS_ID_SUFFIX = "-access"
 """The transactional id ``<prefix>-access`` the check starts: of the prefix, never a task's."""
@@ -79,7 +80,7 @@ def sinkAcls(topic: str | None, prefix: str) -> list[Acl]:
     acls = [Acl("TransactionalId", prefix, "PREFIXED", "Write")]
     if topic is not None:
         acls += [Acl("Topic", topic, "LITERAL", op) for op in ("Write", "Read")]
-    return acls
+    return acls + [Acl("Group", PROBE_GROUP_PREFIX, "PREFIXED", "Describe")]
 
 
 def _refused(acl: Acl, config: Mapping[str, Any], what: str) -> KafkaAccessError:
@@ -151,7 +152,7 @@ def checkAccess(
             )[topic]
             description = future.result(timeout=timeoutSeconds)
             granted = set(description.authorized_operations or ())
-            for acl in sinkAcls(topic, "")[1:]:
+            for acl in sinkAcls(topic, "")[1:3]:
                 operation = getattr(AclOperation, acl.operation.upper())
                 if operation not in granted and AclOperation.ALL not in granted:
                     raise _refused(acl, config, f"{acl.operation.upper()} on topic {topic}")
@@ -168,7 +169,27 @@ def checkAccess(
             return  # unreachable, or not about access: the sink's other checks say it
     if prefix is not None:
         _checkTransactionalId(config, prefix, timeoutSeconds)
+    _checkProbeGroup(config, timeoutSeconds)
     passed.add(key)
+
+
+def _checkProbeGroup(config: Mapping[str, Any], timeoutSeconds: float) -> None:
+    """DESCRIBE on the probe's groups: finding the coordinator of one (``probe``) needs it, as
+    describing one does."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    group = PROBE_GROUP_PREFIX + "access"
+    settings = connectionConfig(config)
+    settings.setdefault("logger", ClientLog("access check"))
+    admin = newClient(AdminClient, settings, "admin client")
+    future = admin.describe_consumer_groups([group], request_timeout=timeoutSeconds)[group]
+    try:
+        future.result(timeout=timeoutSeconds + 5)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if getattr(error, "code", lambda: None)() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            raise _refused(sinkAcls(None, "")[-1], config, f"DESCRIBE on group {group}") from None
 
 
 def _checkTransactionalId(config: Mapping[str, Any], prefix: str, timeoutSeconds: float) -> None:

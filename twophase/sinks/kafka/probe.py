@@ -15,6 +15,10 @@ from twophase.clients.kafka import connectionConfig
 from twophase.protocol import TransientCommitError
 from twophase.redaction import redact
 
+PROBE_GROUP_PREFIX = "twophase-probe-"
+"""The probe's consumer groups: one per read, never joined or committed; librdkafka still
+finds their coordinator, which needs DESCRIBE on the group."""
+
 
 class ProbeVerdict(StrEnum):
     """What reading a transaction's last record back with ``read_committed`` says."""
@@ -41,7 +45,7 @@ def probeRecord(
     consumer = Consumer(
         {
             **connectionConfig(config),
-            "group.id": f"twophase-probe-{uuid.uuid4().hex[:12]}",
+            "group.id": f"{PROBE_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
