@@ -26,6 +26,7 @@ import pytest
 
 from twophase.failures.codes import CODES
 from twophase.sinks.kafka.access import Acl, checkAccess, sinkAcls
+from twophase.sinks.kafka.acls import describeSinkAcls
 from twophase.sinks.kafka.errors import KafkaAccessError
 
 SASL = os.environ.get("TWOPHASE_KAFKA_SASL_BOOTSTRAP", "")
@@ -96,7 +97,9 @@ def grant(admin: Any, user: str, acls: list[Acl]) -> None:
         AclBinding(
             getattr(
                 ResourceType,
-                {"TransactionalId": "TRANSACTIONAL_ID"}.get(a.resourceType, a.resourceType.upper()),
+                {"TransactionalId": "TRANSACTIONAL_ID", "Cluster": "BROKER"}.get(
+                    a.resourceType, a.resourceType.upper()
+                ),
             ),
             a.name,
             getattr(ResourcePatternType, a.patternType),
@@ -306,6 +309,7 @@ def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privile
     doctor = _cli("doctor", "--checkpoint", str(query.checkpoint), env=env)
     outputs.append(doctor.stdout + doctor.stderr)
     assert doctor.returncode == 0, outputs[-1]
+    assert "cannot look: DescribeAcls needs DESCRIBE on the cluster" in doctor.stdout, outputs[-1]
     sinkOptions = [
         a
         for k, v in options.items()
@@ -326,4 +330,14 @@ def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privile
     assert not leaks and not any(password in o for o in outputs), leaks or outputs
     description = json.loads(next(query.checkpoint.glob("twophase/*/sink.json")).read_text())
     assert description["options"]["kafka.sasl.username"] == user
+
+    # With DESCRIBE on the cluster, doctor's check reads the principal's ACLs itself.
+    grant(admin, user, [Acl("Cluster", "kafka-cluster", "LITERAL", "Describe")])
+    config = {k[6:]: v for k, v in {**options, **secrets}.items() if k.startswith("kafka.")}
+    line, missing = _settled(
+        lambda: describeSinkAcls(config, topic, prefix, 10), lambda o: "holds" in o[0]
+    )
+    assert (line, missing) == (f"User:{user} holds the 4 ACLs the sink needs", False)
+    line, missing = describeSinkAcls(config, topic, "other-" + prefix, 10)
+    assert missing and f"lacks TransactionalId:PREFIXED:other-{prefix} WRITE" in line, line
     assert "kafka.sasl.password" not in description["options"]

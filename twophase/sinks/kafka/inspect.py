@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from twophase.clients.kafka import kafkaPythonConfig, protectKafkaPythonLogs
 from twophase.doctor.findings import CannotCheck, Held, Inspection, Stall
 from twophase.redaction import getLogger, redact
+from twophase.sinks.kafka.acls import describeSinkAcls
 from twophase.sinks.kafka.committer import FOREIGN_ID, preparedNames
 from twophase.sinks.kafka.settings import ownedIds
 
@@ -107,6 +108,9 @@ def inspect(committer: KafkaCommitter, sinkId: str, now: datetime) -> Inspection
                 )
             )
         inspection.otherStalls = [st for st in stalls if (st.topic, st.partition) not in claimed]
+        inspection.grants, inspection.grantsMissing = describeSinkAcls(
+            s.producerConfig, s.topic, prefix, timeout
+        )
         return inspection
     except KafkaError as exc:
         raise CannotCheck(
