@@ -21,6 +21,9 @@ from twophase.sinks.kafka.access import Acl, principalOf, sinkAcls
 _IMPLIES_DESCRIBE = ("READ", "WRITE", "DELETE", "ALTER", "ALL")
 """Operations that grant DESCRIBE on the same resource."""
 
+_SUPER = ("ALTER", "ALTER_CONFIGS", "CLUSTER_ACTION", "CREATE", "DESCRIBE_CONFIGS")
+"""Cluster operations a super user is authorized for, beside DESCRIBE."""
+
 
 def _covers(binding: Any, needed: Acl) -> bool:
     """True when the ALLOW ``binding`` grants ``needed``."""
@@ -83,6 +86,9 @@ def describeSinkAcls(
         allowed = set(cluster.authorized_operations or ())
         if not allowed & {AclOperation.DESCRIBE, AclOperation.ALL}:
             return cannot, False
+        if AclOperation.ALL in allowed or set(_SUPER) <= {o.name for o in allowed}:
+            # a super user needs no ACL (and has none); neither does ALL on the cluster tell
+            return f"{principal} may do everything on the cluster (a super user)", False
         bindings = admin.describe_acls(wanted, request_timeout=timeoutSeconds).result(
             timeout=timeoutSeconds + 5
         )
