@@ -29,7 +29,7 @@ from twophase.sinks.kafka import (
     brokerTransactionMaxTimeoutMs,
     checkColumns,
 )
-from twophase.sinks.kafka.access import checkAccess
+from twophase.sinks.kafka.access import ACCESS_CHECK_SECONDS, checkAccess
 from twophase.sinks.kafka.columns import SINK_COLUMNS, ColumnLayout
 from twophase.sinks.kafka.encoding import RecordEncoding
 from twophase.sources.kafka import (
@@ -122,7 +122,7 @@ class KafkaSink(TwoPhaseDataSource):
             settings.producerConfig,
             settings.topic,
             self._transactionalIdPrefix(settings),
-            settings.requestTimeoutSeconds,
+            min(settings.requestTimeoutSeconds, ACCESS_CHECK_SECONDS),
         )
         self._registerSchemas(settings, arrow)
         if settings.badRecords is not None:

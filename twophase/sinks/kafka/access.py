@@ -27,6 +27,10 @@ from twophase.resources import Resources
 from twophase.sinks.kafka.errors import KafkaAccessError
 from twophase.sinks.kafka.probe import PROBE_GROUP_PREFIX
 
+ACCESS_CHECK_SECONDS = 10.0
+"""Bound of each request of the check: brokers that are away cost the start no more (the
+sink's own checks then say that they are away)."""
+
 ACCESS_ID_SUFFIX = "-access"
 """The transactional id ``<prefix>-access`` the check starts: of the prefix, never a task's."""
 
