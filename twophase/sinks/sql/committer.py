@@ -114,6 +114,7 @@ class SqlCommitter(Committer):
                 while True:
                     try:
                         engine.dialect.do_commit_twophase(conn, xid, is_prepared=True, recover=True)
+                        self._checkCommitted(conn, xid, what)
                         log.debug("sql: committed %s", xid)
                         return None
                     except Exception as exc:  # the psycopg dialect raises psycopg's own
@@ -132,6 +133,8 @@ class SqlCommitter(Committer):
                         "sql: %s: not prepared any more, marker found: already committed", what
                     )
                     return CommitStatus.ALREADY_COMMITTED
+                if self._markerHeld(conn, xid):
+                    raise TransientCommitError(detachedXid(what, xid))
         except SqlUnavailableError as exc:
             raise TransientCommitError(str(exc)) from exc  # the cause says the system
         except DRIVER_ERRORS as exc:
@@ -151,6 +154,38 @@ class SqlCommitter(Committer):
 
     def _stillPrepared(self, conn: Connection, xid: str) -> bool:
         return xid in preparedXids(conn, self.settings.family, xid)
+
+    def _checkCommitted(self, conn: Connection, xid: str, what: str) -> None:
+        """After an ``XA COMMIT`` the server answered OK, its marker must be readable.
+
+        MariaDB 10.11 answers OK to an ``XA COMMIT`` that reaches the xid while the session
+        that prepared it is still ending, yet leaves the InnoDB transaction prepared, out of
+        ``XA RECOVER``, its rows invisible and its locks held until the server restarts (when
+        InnoDB gives the xid back to XA). Such a commit is not done: the coordinator tries
+        again. PostgreSQL has no such window: nothing is read."""
+        if self.settings.family == "mysql" and not self._markerExists(conn, xid):
+            raise TransientCommitError(detachedXid(what, xid))
+
+    def _markerHeld(self, conn: Connection, xid: str) -> bool:
+        """Whether a transaction that is neither committed nor in ``XA RECOVER`` holds the
+        xid's marker row (MySQL family): a locking read of it waits out a one-second lock
+        wait (error 1205) instead of finding nothing."""
+        if self.settings.family != "mysql":
+            return False
+        s = self.settings
+        markers = markerTable(s.markerTable, s.schema)
+        conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        try:
+            conn.execute(
+                sa.select(markers.c.xid).where(markers.c.xid == xid).with_for_update()
+            ).first()
+        except DRIVER_ERRORS as exc:
+            if lockWaitTimedOut(exc):
+                return True
+            raise
+        finally:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        return False
 
     def _markerExists(self, conn: Connection, xid: str) -> bool:
         s = self.settings
@@ -270,6 +305,23 @@ class SqlCommitter(Committer):
             f"sql batch {handle.get('batchId')} partition {handle.get('partitionId')} attempt "
             f"{handle.get('attempt')}: {rows} into {handle.get('table')} as {handle.get('xid')}"
         )
+
+
+def detachedXid(what: str, xid: str) -> str:
+    """The message of a prepared transaction the server holds but no ``XA COMMIT`` reaches."""
+    return (
+        f"sql: {what}: the server answered XA COMMIT of {xid} but did not commit it: its "
+        "InnoDB transaction stays prepared (its rows invisible, its locks held) while XA no "
+        "longer lists the xid (a MariaDB 10.11 race with the end of the session that prepared "
+        "it). Restart the server: it gives the xid back to XA RECOVER and the next commit "
+        "finishes it; nothing is lost"
+    )
+
+
+def lockWaitTimedOut(exc: BaseException) -> bool:
+    """MySQL/MariaDB's ``Lock wait timeout exceeded`` (error 1205)."""
+    args: tuple[object, ...] = tuple(getattr(getattr(exc, "orig", exc), "args", ()))
+    return bool(args) and args[0] == 1205
 
 
 def preparedNames(handle: Handle) -> tuple[str, ...]:
