@@ -46,7 +46,7 @@ from twophase.sinks.delta.settings import DeltaSettings
 from twophase.sinks.delta.table import DeltaTableError
 from twophase.sinks.delta.table import validateTarget as deltaValidateTarget
 from twophase.sinks.files import FilesCommitter, FilesWriter
-from twophase.sinks.files.errors import FilesTrustError
+from twophase.sinks.files.errors import S3_ACTIONS, FilesTrustError
 from twophase.sinks.files.settings import FilesSettings
 from twophase.sinks.files.writer import validateTarget
 from twophase.sinks.iceberg.settings import IcebergSettings
@@ -269,16 +269,8 @@ def test_a_wrong_ca_is_one_fatal_error_naming_endpoint_and_ca_before_any_write(
 # ---------------------------------------------------------------------------------------------
 # Least privilege: a `user` account, a bucket policy listing the actions, each taken away.
 
-FILES_ACTIONS = (
-    "s3:ListBucket",
-    "s3:GetObject",
-    "s3:PutObject",
-    "s3:DeleteObject",
-    "s3:AbortMultipartUpload",
-    "s3:ListBucketMultipartUploads",
-)
-"""What the files sink and the decision log need (docs/security.md): ListMultipartUploadParts is
-not among them, since the sink keeps its parts' ETags in the handle."""
+FILES_ACTIONS = S3_ACTIONS
+"""What the files sink and the decision log need, as docs/security.md lists them."""
 
 
 def adminCall(server: S3Service, path: str, body: bytes) -> None:
