@@ -310,7 +310,7 @@ config = {
     "log_level": 0,
 }
 client = AdminClient(config)
-deadline = time.monotonic() + 30
+deadline = time.monotonic() + 90
 while True:  # the credential reaches the listener through the metadata log: soon, not at once
     try:
         client.describe_cluster(request_timeout=5).result(timeout=10)

@@ -42,7 +42,7 @@ MARKER=port # the state is complete once its port is chosen
 SERVER_LOG=$STATE/server.log
 TLS_LOG=$STATE/tls-server.log
 EXTRA_VERBS=secured
-READY_TIMEOUT=30
+READY_TIMEOUT=60
 READY_INTERVAL=0.2
 
 VERSION=$TWOPHASE_VERSITYGW_VERSION
