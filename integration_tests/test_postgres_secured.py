@@ -12,7 +12,6 @@ naming the server and the CA. No Spark.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
+from integration_tests.tls_files import otherCa
 from twophase import cli
 from twophase.clients.postgres import PostgresSinkError
 from twophase.failures.codes import CODES, declaredCode
@@ -179,21 +179,10 @@ def test_staged_mode_with_its_tables_made_by_an_administrator(least: Least) -> N
         least.sql("DROP TABLE {s}.t_twophase_staging, {s}.t_twophase_commits")
 
 
-def _other_ca(tmp_path: Path) -> str:
-    ca = tmp_path / "other-ca.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-         "/CN=not the server's CA", "-keyout", str(tmp_path / "other-ca.key"), "-out", str(ca)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return str(ca)
-
-
 def test_tls_bad_input_fails_at_once_naming_server_and_ca(
     least: Least, tls_url: str, tmp_path: Path
 ) -> None:
-    ca = _other_ca(tmp_path)
+    ca = otherCa(tmp_path)
     cases = [
         ({"sslrootcert": ca}, [ca, "did not verify", "127.0.0.1"]),
         ({"pg.host": "wrong.example", "pg.hostaddr": "127.0.0.1"}, ["wrong.example", "host name"]),

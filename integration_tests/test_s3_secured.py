@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ import pytest
 
 from integration_tests.conftest import HOW_TO_START, S3Service, service_setting
 from integration_tests.spark_processes import sharedSession
+from integration_tests.tls_files import otherCa
 from twophase.coordinator.errors import DecisionLogWriteError
 from twophase.coordinator.exclusive import CONDITIONAL_PUT
 from twophase.coordinator.storage import LogStorage
@@ -69,15 +69,7 @@ def tls(s3: S3Service) -> tuple[S3Service, str]:
 @pytest.fixture(scope="module")
 def wrongCa(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A CA of its own, which signs nothing the server presents."""
-    directory = tmp_path_factory.mktemp("wrong-ca")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-subj", "/CN=not the server's CA", "-keyout", str(directory / "ca.key")]
-        + ["-out", str(directory / "ca.pem")],
-        check=True,
-        capture_output=True,
-    )
-    return str(directory / "ca.pem")
+    return otherCa(tmp_path_factory.mktemp("wrong-ca"))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ a missing grant. No Spark.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 
 from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
+from integration_tests.tls_files import otherCa
 from twophase import cli
 from twophase.failures.codes import CODES, declaredCode
 from twophase.protocol import RecoveryScope, TransactionContext
@@ -147,13 +147,7 @@ def test_create_table_needs_create(least: Least) -> None:
 
 
 def test_tls_bad_input_fails_at_once_naming_server_and_ca(least: Least, tmp_path: Path) -> None:
-    ca = tmp_path / "other-ca.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-         "/CN=not the server's CA", "-keyout", str(tmp_path / "k.pem"), "-out", str(ca)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    ca = otherCa(tmp_path)
     wrongCa = least.url.update_query_dict({"ssl_ca": str(ca)})
     said = refusal(least.options(url=wrongCa.render_as_string(hide_password=False)))
     assert str(ca) in said and "127.0.0.1" in said and "over TLS" in said
