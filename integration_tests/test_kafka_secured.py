@@ -24,21 +24,24 @@ from typing import Any
 
 import pytest
 
+from integration_tests.conftest import HOW_TO_START, service_setting
+from integration_tests.tls_files import otherCa
 from twophase.failures.codes import CODES
 from twophase.sinks.kafka.access import Acl, checkAccess, sinkAcls
 from twophase.sinks.kafka.acls import describeSinkAcls
 from twophase.sinks.kafka.errors import KafkaAccessError
 
-SASL = os.environ.get("TWOPHASE_KAFKA_SASL_BOOTSTRAP", "")
-CA = os.environ.get("TWOPHASE_TLS_CA_FILE", "")
-ADMIN = os.environ.get("TWOPHASE_KAFKA_ADMIN_USER", "")
-ADMIN_PASSWORD = os.environ.get("TWOPHASE_KAFKA_ADMIN_PASSWORD", "")
+SASL = service_setting("TWOPHASE_KAFKA_SASL_BOOTSTRAP") or ""
+CA = service_setting("TWOPHASE_TLS_CA_FILE") or ""
+ADMIN = service_setting("TWOPHASE_KAFKA_ADMIN_USER") or ""
+ADMIN_PASSWORD = service_setting("TWOPHASE_KAFKA_ADMIN_PASSWORD") or ""
 
-pytestmark = pytest.mark.skipif(
-    not (SASL and CA and ADMIN_PASSWORD),
-    reason="no secured Kafka listener: start the servers (services/services.sh up) and load "
-    "their .services env file",
-)
+
+@pytest.fixture(autouse=True)
+def securedListener() -> None:
+    """A missing secured listener fails the test, as any missing server does."""
+    if not (SASL and CA and ADMIN_PASSWORD):
+        pytest.fail(f"no secured Kafka listener is configured: {HOW_TO_START}")
 
 
 def _config(user: str, password: str, **extra: str) -> dict[str, str]:
@@ -182,31 +185,6 @@ def test_each_missing_acl_is_named_with_its_fix(
     assert _endOffset(admin, topic) == before  # nothing written
 
 
-def _otherCa(tmp: Path) -> str:
-    """A CA of the test's own, which did not sign the broker's certificate."""
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=another CA",
-            "-keyout",
-            str(tmp / "other.key"),
-            "-out",
-            str(tmp / "other.pem"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return str(tmp / "other.pem")
-
-
 @pytest.mark.parametrize("case", ["wrong password", "mechanism not offered", "wrong CA"])
 def test_a_refused_login_names_the_broker_at_once(
     admin: Any, topic: str, principal: Any, case: str, tmp_path: Path
@@ -216,7 +194,7 @@ def test_a_refused_login_names_the_broker_at_once(
     config = {
         "wrong password": _config(user, "not-" + password),
         "mechanism not offered": _config(user, password, **{"sasl.mechanism": "PLAIN"}),
-        "wrong CA": _config(user, password, **{"ssl.ca.location": _otherCa(tmp_path)}),
+        "wrong CA": _config(user, password, **{"ssl.ca.location": otherCa(tmp_path)}),
     }[case]
     started = time.monotonic()
     with pytest.raises(KafkaAccessError) as raised:
