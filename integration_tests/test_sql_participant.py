@@ -37,6 +37,8 @@ from integration_tests.conftest import (
 from integration_tests.docs_blocks import oneLine, sectionBlocks
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
+    CommitStatus,
+    Handle,
     RecoveryScope,
     TransactionContext,
     TransactionLostError,
@@ -55,7 +57,9 @@ from twophase.sinks.sql import (
     publicOptionValue,
     validateTarget,
 )
+from twophase.sinks.sql.committer import awaitSessionEnd
 from twophase.sinks.sql.dialect import preparedXids, prepareTwoPhase
+from twophase.sinks.sql.handles import preparingSession
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -611,9 +615,24 @@ def test_a_row_mariadb_rejects_is_named_by_position_column_and_fix_and_nothing_i
     assert len(t.rows()) == len(existing) + 2
 
 
-RACE_ROUNDS = 400
-"""Prepared transactions raced against their session's end: MariaDB 10.11 loses about one in
-thirty of them to the race on two busy cores."""
+RACE_ROUNDS = 100
+"""Prepared transactions raced against their session's end: with ``SESSION_VARIABLES`` to free
+(which MariaDB does after it hands the xid to XA, before it detaches the InnoDB transaction),
+a raw ``XA COMMIT`` loses one within the first few rounds; on an idle server without them,
+about one in several hundred."""
+
+SESSION_VARIABLES = 20000
+"""User variables the preparing session sets, so that its end takes long enough to race."""
+
+
+def preparedWithALongEnd(writer: SqlWriter, t: Target, batch: int) -> Handle:
+    """Prepare two rows as a task does, from a session whose end frees many user variables;
+    ``preCommit`` ends the session: the race starts as it returns."""
+    txn = writer.beginTransaction(t.ctx(batch))
+    writer.write(txn, simple(range(batch * 10, batch * 10 + 2)))
+    assert txn.conn is not None
+    txn.conn.exec_driver_sql("SET " + ",".join(f"@v{i} = 1" for i in range(SESSION_VARIABLES)))
+    return writer.preCommit(txn)
 
 
 def raceCommit(conn: sa.Connection, xid: str) -> None:
@@ -643,9 +662,7 @@ def test_an_xa_commit_mariadb_answers_without_doing_it_is_never_taken_for_done(
     committer = SqlCommitter(t.settings())
     with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as racer:
         for batch in range(RACE_ROUNDS):
-            txn = writer.beginTransaction(t.ctx(batch))
-            writer.write(txn, simple(range(batch * 10, batch * 10 + 2)))
-            handle = writer.preCommit(txn)  # ends the session: the race starts here
+            handle = preparedWithALongEnd(writer, t, batch)
             raceCommit(racer, handle["xid"])
             if len(t.rows()) < 2 * (batch + 1):
                 break
@@ -658,6 +675,27 @@ def test_an_xa_commit_mariadb_answers_without_doing_it_is_never_taken_for_done(
     assert handle["xid"] in t.prepared(), "a restart gives the xid back to XA RECOVER"
     committer.commit(handle)
     assert len(t.rows()) == 2 * (batch + 1)
+
+
+def test_a_commit_that_waits_for_the_preparing_session_to_be_gone_is_never_lost(
+    mtarget: Target,
+) -> None:
+    """The same race, but each ``XA COMMIT`` first waits as the committer does
+    (``awaitSessionEnd`` on the session id the handle records): over many times the rounds
+    that lose a raw one to the race, every transaction commits, and the committer finds the
+    last one done."""
+    t = mtarget
+    createSimple(t)
+    writer = SqlWriter(t.settings())
+    committer = SqlCommitter(t.settings())
+    with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as racer:
+        for batch in range(RACE_ROUNDS):
+            handle = preparedWithALongEnd(writer, t, batch)
+            awaitSessionEnd(racer, preparingSession(handle))
+            raceCommit(racer, handle["xid"])
+            assert len(t.rows()) == 2 * (batch + 1), f"round {batch}: {handle['xid']} lost"
+    assert committer.commit(handle) == CommitStatus.ALREADY_COMMITTED
+    assert not t.prepared()
 
 
 def test_the_documented_rejection_is_what_the_sink_says(mtarget: Target) -> None:

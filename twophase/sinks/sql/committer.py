@@ -45,7 +45,13 @@ from twophase.sinks.sql.dialect import (
     preparedXids,
 )
 from twophase.sinks.sql.errors import SqlSinkError, SqlUnavailableError
-from twophase.sinks.sql.handles import KIND, checkHandle, foundHandle, handleUrl
+from twophase.sinks.sql.handles import (
+    KIND,
+    checkHandle,
+    foundHandle,
+    handleUrl,
+    preparingSession,
+)
 from twophase.sinks.sql.settings import SqlSettings
 
 log = getLogger(__name__)
@@ -56,6 +62,24 @@ ATTACHED_WAIT_SECONDS = 30.0
 MariaDB refuses ``XA COMMIT`` from another connection (``XAER_NOTA``) until the preparing
 session has ended; the task closes it right after ``XA PREPARE``, so this is the time the
 server takes to notice that."""
+
+
+SESSION_END_WAIT_SECONDS = 2.0
+"""How long a commit waits for the session that prepared an xid to leave the server's process
+list before its ``XA COMMIT`` (MySQL family).
+
+MariaDB ends a session in steps: it hands the xid to XA (``XA COMMIT`` from another
+connection stops answering ``XAER_NOTA``), takes the session out of the process list, then
+detaches the InnoDB transaction. An ``XA COMMIT`` that comes before the last step is answered
+OK and does nothing (``detachedXid``), so the commit first waits for the session to be gone,
+then ``SESSION_END_GRACE_SECONDS`` more when it saw it. A session id still listed after this
+wait belongs to a new session after a server restart (ids start again from 1), or to one
+whose client is gone unnoticed; the commit then goes ahead (the xid is either the server's
+own again, or still attached: ``XAER_NOTA``)."""
+
+SESSION_END_GRACE_SECONDS = 0.05
+"""After the preparing session left the process list: the rest of its end, which runs on
+without a further step anyone else can see."""
 
 
 class SqlCommitter(Committer):
@@ -111,6 +135,8 @@ class SqlCommitter(Committer):
         deadline = time.monotonic() + ATTACHED_WAIT_SECONDS
         try:
             with connection(engine, what, autocommit=True, resources=self.resources) as conn:
+                if self.settings.family == "mysql":
+                    awaitSessionEnd(conn, preparingSession(h))
                 while True:
                     try:
                         engine.dialect.do_commit_twophase(conn, xid, is_prepared=True, recover=True)
@@ -305,6 +331,25 @@ class SqlCommitter(Committer):
             f"sql batch {handle.get('batchId')} partition {handle.get('partitionId')} attempt "
             f"{handle.get('attempt')}: {rows} into {handle.get('table')} as {handle.get('xid')}"
         )
+
+
+def awaitSessionEnd(conn: Connection, session: int | None) -> None:
+    """Wait, at most ``SESSION_END_WAIT_SECONDS``, for the MySQL-family session that prepared
+    an xid to leave the process list (a role sees its own sessions there without ``PROCESS``),
+    so that no ``XA COMMIT`` meets the end of that session."""
+    if session is None:
+        return
+    query = "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s"
+    deadline = time.monotonic() + SESSION_END_WAIT_SECONDS
+    seen = False
+    while conn.exec_driver_sql(query, (session,)).first() is not None:
+        seen = True
+        if time.monotonic() > deadline:
+            log.debug("sql: session %d still listed; committing anyway", session)
+            return
+        time.sleep(0.01)
+    if seen:
+        time.sleep(SESSION_END_GRACE_SECONDS)
 
 
 def detachedXid(what: str, xid: str) -> str:

@@ -93,6 +93,19 @@ def end(conn: Connection) -> None:
         log.debug("sql: ending a task session failed", exc_info=True)
 
 
+def serverSession(conn: Connection) -> int | None:
+    """The server's id of the session behind ``conn`` (``CONNECTION_ID()``), as the MySQL
+    drivers read it from the handshake: no round trip."""
+    threadId = getattr(conn.connection.dbapi_connection, "thread_id", None)
+    if not callable(threadId):
+        return None
+    try:
+        value = threadId()
+    except Exception:
+        return None
+    return value if isinstance(value, int) else None
+
+
 def _idle(conn: Connection) -> bool:
     """A psycopg session that holds no transaction and is not known to be broken.
 

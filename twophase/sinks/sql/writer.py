@@ -52,7 +52,7 @@ from twophase.sinks.sql.rejections import (
     rejectionOf,
     withoutRowData,
 )
-from twophase.sinks.sql.sessions import TaskSessions, end
+from twophase.sinks.sql.sessions import TaskSessions, end, serverSession
 from twophase.sinks.sql.settings import SqlSettings
 from twophase.sinks.sql.taskerrors import taskError
 from twophase.sinks.sql.transaction import SentRows, SqlTransaction
@@ -268,6 +268,7 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
         ctx = txn.ctx
         s = self.settings
         xid: str | None = None
+        session: int | None = None
         if txn.conn is not None and txn.begun:
             with self._taskErrors(txn):
                 markers = markerTable(s.markerTable, s.schema)
@@ -283,9 +284,10 @@ class SqlWriter(TransactionWriter[SqlTransaction]):
                 prepareTwoPhase(txn.conn, s.family, txn.xid)
                 txn.begun = False
             xid = txn.xid
+            session = serverSession(txn.conn) if s.family == "mysql" else None
             _release(txn, self.sessions)
         txn.state = "prepared"
-        txn.handle = taskHandle(ctx, s, xid, txn.rows)
+        txn.handle = taskHandle(ctx, s, xid, txn.rows, session)
         log.debug("sql: prepared %s: %d row(s) as %s", ctx.transactionTag, txn.rows, xid)
         return txn.handle
 
