@@ -228,6 +228,8 @@ class SqlCommitter(Committer):
         what = f"abort of {self.describe(h)}"
         engine = self._engine(h)
         with connection(engine, what, autocommit=True, resources=self.resources) as conn:
+            if self.settings.family == "mysql":  # a rollback meets the same end as a commit
+                awaitSessionEnd(conn, preparingSession(h))
             self._rollback(conn, xid)
 
     def _rollback(self, conn: Connection, xid: str) -> bool:
