@@ -177,11 +177,33 @@ class LogStorage:
         return body
 
     def remove(self, paths: Sequence[str], *, what: str) -> None:
-        """Delete ``paths`` (``what`` names them); ``DecisionLogWriteError`` if refused."""
+        """Delete ``paths`` (``what`` names them); ``DecisionLogWriteError`` if refused.
+
+        On an object store the listing is read back once: a bulk delete (S3's
+        ``DeleteObjects``, as s3fs sends it) refuses objects one by one inside an answer that
+        succeeds, and s3fs reports no refusal."""
         try:
             self.fs.rm(list(paths))
+            if isObjectStore(self.fs):
+                self._checkRemoved(paths)
         except OSError as exc:
             raise DecisionLogWriteError(self.url, what, exc, verb="remove") from exc
+
+    def _checkRemoved(self, paths: Sequence[str]) -> None:
+        """``PermissionError`` when any of ``paths`` is still listed after its delete."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            listed = {str(e["name"]).rstrip("/") for e in self.fs.ls(self.root, detail=True)}
+        except FileNotFoundError:
+            return
+        left = sorted(set(paths) & listed)
+        if left:
+            raise PermissionError(
+                errno.EACCES,
+                f"the store answered the delete but kept {len(left)} of {len(paths)} file(s), "
+                "as it does for a key whose DeleteObject is refused",
+                left[0],
+            )
 
     def clear(self, *, what: str) -> int:
         """Remove every batch's files and every temporary file; returns how many. The runs stay:
