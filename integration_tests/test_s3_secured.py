@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -206,14 +207,18 @@ def test_the_logs_conditional_create_fences_over_https_with_aws_ca_bundle(
             second.publish("owner.json", {"run": "b"}, exclusive=True, what="the owner record")
         assert json.loads(second.fs.cat_file(second.path("owner.json")))["run"] == "a"
 
-        # One attempt per call (botocore retries a failed handshake four times by default,
-        # and s3fs each of those again: some twenty seconds before the error surfaces).
+        # At once: botocore retries a failed handshake four times, and s3fs each of those
+        # again (some twenty seconds); the log's own handshake comes first.
         monkeypatch.setenv("AWS_CA_BUNDLE", wrongCa)
-        once = {"retries": {"max_attempts": 1}}
-        untrusted = LogStorage(url, {"skip_instance_cache": True, "config_kwargs": once})
+        untrusted = LogStorage(url, {"skip_instance_cache": True})
+        started = time.monotonic()
         with pytest.raises(DecisionLogWriteError) as refused:
             untrusted.publish("decided-0.json", {"b": 0}, exclusive=True, what="a decision")
+        assert time.monotonic() - started < 5, "the wrong CA was retried"
         assert "AWS_CA_BUNDLE" in str(refused.value)
+        assert server.endpoint in str(refused.value) and wrongCa in str(refused.value)
+        with pytest.raises(DecisionLogWriteError, match="could not read the listing"):
+            LogStorage(url, {"skip_instance_cache": True}).listing()
         assert verdictOf(refused.value) == (False, "TWOPHASE_LOG_NOT_WRITABLE")
         assert not first.fs.exists(first.path("decided-0.json"))
     finally:

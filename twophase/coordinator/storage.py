@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import ssl
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from twophase.clients.s3trust import storageRefusal
 from twophase.coordinator.errors import DecisionLogWriteError, UnfencedLogStoreError
 from twophase.coordinator.exclusive import (
     createRemote,
@@ -98,6 +100,7 @@ class LogStorage:
         self._local = isinstance(fs, LocalFileSystem)
         self._unfenced = unfenced
         self._madeRoot = False
+        self._trusted = not isObjectStore(fs)
 
     @property
     def exclusiveCreate(self) -> str | None:
@@ -107,9 +110,22 @@ class LogStorage:
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def _checkTrust(self, what: str, verb: str) -> None:
+        """Before this instance's first call to S3 over HTTPS: one TLS handshake under the
+        trust s3fs is given. A certificate that does not verify is a ``DecisionLogWriteError``
+        at once, where botocore and s3fs would retry it for many seconds."""
+        if self._trusted:
+            return
+        refusal = storageRefusal(self.storageOptions, who="the decision log")
+        if refusal is not None:
+            cause = ssl.SSLCertVerificationError(refusal)
+            raise DecisionLogWriteError(self.url, what, cause, verb=verb)
+        self._trusted = True
+
     def listing(self) -> Listing:
         """One ``ls`` of the directory; an empty record is left out with a WARNING."""
         listing = Listing()
+        self._checkTrust("the listing", "read")
         self.fs.invalidate_cache(self.root)
         try:
             entries = self.fs.ls(self.root, detail=True)
@@ -153,6 +169,7 @@ class LogStorage:
         a complete record, ``LogFormatError`` if of a newer format than this code reads,
         ``FileNotFoundError`` if gone. Never from a cached listing: a record another driver
         created since must be found."""
+        self._checkTrust(path, "read")
         self.fs.invalidate_cache(path)
         try:
             data = self.fs.cat_file(path)
@@ -225,6 +242,7 @@ class LogStorage:
         was and removes its temporary file; refused after the rename (the directory's fsync),
         the complete record is in place.
         """
+        self._checkTrust(what, "write")
         data = (json.dumps({**body, "checksum": checksum(body)}, indent=2) + "\n").encode()
         final = self.path(name)
         tmp = self.path(f"{TMP_PREFIX}{uuid.uuid4().hex}.json")

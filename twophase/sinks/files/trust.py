@@ -14,33 +14,20 @@ host: a missing one is an error naming the path and the host.
 
 from __future__ import annotations
 
-import os
 import socket
-import ssl
-import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
 
-from twophase.redaction import getLogger, redact
+from twophase.clients.s3trust import caBundleOf, endpointOf, handshakeRefusal
 from twophase.sinks.files.errors import FilesTrustError, isUntrusted
 from twophase.sinks.files.s3 import S3_PROTOCOLS
-
-log = getLogger(__name__)
 
 CA_BUNDLE = "ca_bundle"
 """The storage option (``fs.ca_bundle``) naming the PEM file of the CAs an S3 endpoint is
 verified with."""
-
-HANDSHAKE_TIMEOUT = 10.0
-"""Seconds the check's TCP connect and TLS handshake may take."""
-
-_verified: set[tuple[str, str, float]] = set()
-"""(endpoint, the trust it verified under, that file's mtime) checked in this process."""
-_lock = threading.Lock()
-
 
 def withCaBundle(storage: dict[str, Any]) -> dict[str, Any]:
     """``storage`` (the ``fs.*`` options, prefix removed) with ``ca_bundle`` moved to s3fs's
@@ -65,26 +52,6 @@ def withCaBundle(storage: dict[str, Any]) -> dict[str, Any]:
     kwargs["verify"] = path.strip()
     out["client_kwargs"] = kwargs
     return out
-
-
-def caBundleOf(storage: Mapping[str, Any]) -> str | None:
-    """The CA file s3fs verifies with under these storage options (``client_kwargs.verify``
-    or ``AWS_CA_BUNDLE``), or ``None`` for the default trust store."""
-    verify = (storage.get("client_kwargs") or {}).get("verify")
-    if isinstance(verify, str) and verify:
-        return verify
-    return os.environ.get("AWS_CA_BUNDLE") or None
-
-
-def endpointOf(storage: Mapping[str, Any]) -> str | None:
-    """The S3 endpoint URL these storage options reach, or ``None`` for AWS's own."""
-    endpoint = storage.get("endpoint_url") or (storage.get("client_kwargs") or {}).get(
-        "endpoint_url"
-    )
-    endpoint = (
-        endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    return str(endpoint) if endpoint else None
 
 
 def checkCaFile(path: str) -> None:
@@ -143,34 +110,9 @@ def checkEndpointTrust(storage: Mapping[str, Any], *, who: str = "s3fs") -> None
 def verifyHandshake(endpoint: str, cafile: str | None, *, who: str) -> None:
     """A TLS handshake with ``endpoint`` verified under ``cafile`` (``None``: the default trust
     store, which honours ``SSL_CERT_FILE``); :class:`FilesTrustError` when it does not verify."""
-    parts = urlsplit(endpoint)
-    host = parts.hostname or ""
-    port = parts.port or 443
-    # The default store is what SSL_CERT_FILE or SSL_CERT_DIR name, when they are set.
-    trust = cafile or os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR") or ""
-    stamp = os.stat(trust).st_mtime if trust and os.path.exists(trust) else 0.0
-    key = (endpoint, f"{bool(cafile)}:{trust}", stamp)
-    with _lock:
-        if key in _verified:
-            return
-    context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
-    try:
-        with socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT) as raw:
-            with context.wrap_socket(raw, server_hostname=host):
-                pass
-    except ssl.SSLCertVerificationError as exc:
-        trusted = f"the CA in {cafile}" if cafile else "the default trust store"
-        raise FilesTrustError(
-            redact(
-                f"the S3 endpoint {endpoint} presented a certificate that {trusted} does not "
-                f"verify for {who} ({exc.verify_message}); nothing was written"
-            )
-        ) from None
-    except OSError as exc:
-        log.debug("TLS check of %s skipped: %s", endpoint, exc)
-        return
-    with _lock:
-        _verified.add(key)
+    refusal = handshakeRefusal(endpoint, cafile, who=who)
+    if refusal is not None:
+        raise FilesTrustError(f"{refusal}; nothing was written")
 
 
 __all__ = [
