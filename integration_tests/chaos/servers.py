@@ -62,7 +62,9 @@ class Services:
     s3: Any = None
     """The S3 server (``conftest.S3Service``) of the ``s3`` pipeline."""
     mariadbUrl: str = ""
-    """The SQLAlchemy URL of the MariaDB of the ``mariadb`` pipeline."""
+    """The SQLAlchemy URL of the MariaDB of the ``mariadb`` pipeline: its TLS user's
+    (``TWOPHASE_MARIADB_TLS_URL``: an ordinary user, the server's certificate verified) where
+    ``make services`` has one, so the bounded profile's faults meet TLS sessions too."""
     proxies: Any = None
     """The proxies (``integration_tests.toxiproxy.Toxiproxy``) every address above goes
     through, or None when ``make services`` runs none: no network faults then."""
@@ -130,7 +132,9 @@ def servicesFromEnvironment(proxies: bool = True) -> Services:
         pgUrl=service_setting("TWOPHASE_PG_URL") or "",
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
         s3=S3Service(*s3) if all(s3) else None,
-        mariadbUrl=service_setting("TWOPHASE_MARIADB_URL") or "",
+        mariadbUrl=service_setting("TWOPHASE_MARIADB_TLS_URL")
+        or service_setting("TWOPHASE_MARIADB_URL")
+        or "",
         compose=service_setting("TWOPHASE_SERVICES") == "compose",
     )
     proxiesUrl = service_setting("TWOPHASE_TOXIPROXY_URL")
