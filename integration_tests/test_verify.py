@@ -297,6 +297,12 @@ def test_a_sequence_written_to_kafka(
     transaction(producer, output, [(r["key"], r["value"]) for r in written[200:]])
     awaitStable(kafka_bootstrap, output, 2)
     assert run(args, capsys)[0] == 0
+    # The sequence's id is the records' key here: --columns names what is compared.
+    code, out, err = run([*args, "--columns", "id", "--sink-columns", "key"], capsys)
+    assert code == 2 and out == ""
+    assert "the sequence source, compared with a Kafka topic as its records (key, value)," in err
+    assert "has no column id (it has key, value); name key (or key,value) with --columns" in err
+    assert run([*args, "--columns", "key"], capsys)[0] == 0
 
 
 def awaitStable(bootstrap: str, topic: str, partitions: int, seconds: float = 30) -> None:

@@ -138,14 +138,18 @@ def _constant(value: int, rows: int) -> pa.Array:
     return pa.array(np.full(rows, value, dtype=np.int8))
 
 
-def requireColumns(table: pa.Table, names: Iterable[str], side: str) -> None:
+def requireColumns(
+    table: pa.Table,
+    names: Iterable[str],
+    side: str,
+    fix: str = "name the identity columns with --columns (source) and --sink-columns (sink)",
+) -> None:
     """Refuse a side without one of the identity columns; the message names the flags."""
     absent = [n for n in names if n not in table.column_names]
     if absent:
         raise VerifyInputError(
             f"{side} has no column {', '.join(absent)} (it has "
-            f"{', '.join(table.column_names) or 'none'}); name the identity columns with "
-            "--columns (source) and --sink-columns (sink)"
+            f"{', '.join(table.column_names) or 'none'}); {fix}"
         )
 
 

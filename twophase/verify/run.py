@@ -70,6 +70,13 @@ def verify(
         sourceText += " as key = CAST(id AS STRING), value = payload"
     names = tuple(columns) if columns else defaultColumns(expected)
     sinkNames = tuple(sinkColumns) if sinkColumns else names
+    if source == "sequence" and sink == "kafka":
+        requireColumns(
+            expected,
+            names,
+            "the sequence source, compared with a Kafka topic as its records (key, value),",
+            fix="name key (or key,value) with --columns",
+        )
     requireColumns(expected, names, "the source")
     if len(sinkNames) != len(names):
         raise VerifyInputError("give one --sink-columns name per --columns name")
