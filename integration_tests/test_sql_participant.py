@@ -37,7 +37,6 @@ from integration_tests.conftest import (
 from integration_tests.docs_blocks import oneLine, sectionBlocks
 from integration_tests.toxiproxy import Toxiproxy, proxiedUrl
 from twophase.protocol import (
-    CommitStatus,
     Handle,
     RecoveryScope,
     TransactionContext,
@@ -57,9 +56,9 @@ from twophase.sinks.sql import (
     publicOptionValue,
     validateTarget,
 )
-from twophase.sinks.sql.committer import awaitSessionEnd
+from twophase.sinks.sql.committer import SESSION_END_WAIT_SECONDS, awaitSessionEnd
 from twophase.sinks.sql.dialect import preparedXids, prepareTwoPhase
-from twophase.sinks.sql.handles import preparingSession
+from twophase.sinks.sql.sessions import serverSession
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -648,6 +647,20 @@ def raceCommit(conn: sa.Connection, xid: str) -> None:
                 raise
 
 
+def race(t: Target) -> tuple[int, Handle] | None:
+    """``RACE_ROUNDS`` transactions prepared, each committed from another connection as soon
+    as the server takes it: the first round that lost its rows and its handle, or ``None``."""
+    createSimple(t)
+    writer = SqlWriter(t.settings())
+    with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as racer:
+        for batch in range(RACE_ROUNDS):
+            handle = preparedWithALongEnd(writer, t, batch)
+            raceCommit(racer, handle["xid"])
+            if len(t.rows()) < 2 * (batch + 1):
+                return batch, handle
+    return None
+
+
 def test_an_xa_commit_mariadb_answers_without_doing_it_is_never_taken_for_done(
     mtarget: Target, mariadb_server: ServiceControl
 ) -> None:
@@ -657,17 +670,11 @@ def test_an_xa_commit_mariadb_answers_without_doing_it_is_never_taken_for_done(
     committed, nor lost: the commit is transient (the marker row is held) until a restart of
     the server gives the xid back, and then it commits every row."""
     t = mtarget
-    createSimple(t)
-    writer = SqlWriter(t.settings())
     committer = SqlCommitter(t.settings())
-    with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as racer:
-        for batch in range(RACE_ROUNDS):
-            handle = preparedWithALongEnd(writer, t, batch)
-            raceCommit(racer, handle["xid"])
-            if len(t.rows()) < 2 * (batch + 1):
-                break
-        else:
-            pytest.fail(f"the server committed every one of {RACE_ROUNDS} raced transactions")
+    lost = race(t)
+    if lost is None:
+        pytest.fail(f"the server committed every one of {RACE_ROUNDS} raced transactions")
+    batch, handle = lost
     assert handle["xid"] not in t.prepared()
     with pytest.raises(TransientCommitError, match="Restart the server"):
         committer.commit(handle)
@@ -677,25 +684,44 @@ def test_an_xa_commit_mariadb_answers_without_doing_it_is_never_taken_for_done(
     assert len(t.rows()) == 2 * (batch + 1)
 
 
-def test_a_commit_that_waits_for_the_preparing_session_to_be_gone_is_never_lost(
+def test_a_commit_waits_while_the_preparing_session_is_listed_then_commits(
     mtarget: Target,
 ) -> None:
-    """The same race, but each ``XA COMMIT`` first waits as the committer does
-    (``awaitSessionEnd`` on the session id the handle records): over many times the rounds
-    that lose a raw one to the race, every transaction commits, and the committer finds the
-    last one done."""
+    """The committer's wait before ``XA COMMIT`` (``awaitSessionEnd`` on the session id the
+    handle records): it holds while that session is in the process list, returns within its
+    grace once the session is gone, gives up after ``SESSION_END_WAIT_SECONDS`` on an id that
+    stays (a new session of the same id after a restart), and the commit then finds the rows."""
     t = mtarget
     createSimple(t)
     writer = SqlWriter(t.settings())
-    committer = SqlCommitter(t.settings())
-    with t.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as racer:
-        for batch in range(RACE_ROUNDS):
-            handle = preparedWithALongEnd(writer, t, batch)
-            awaitSessionEnd(racer, preparingSession(handle))
-            raceCommit(racer, handle["xid"])
-            assert len(t.rows()) == 2 * (batch + 1), f"round {batch}: {handle['xid']} lost"
-    assert committer.commit(handle) == CommitStatus.ALREADY_COMMITTED
-    assert not t.prepared()
+    txn = writer.beginTransaction(t.ctx(0))
+    writer.write(txn, simple(range(2)))
+    assert txn.conn is not None
+    session = serverSession(txn.conn)
+    assert isinstance(session, int)
+    ended: list[float] = []
+
+    def wait() -> None:
+        with t.engine.connect() as conn:
+            awaitSessionEnd(conn, session)
+            ended.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive(), "the wait returned while the preparing session was listed"
+    closing = time.monotonic()
+    handle = writer.preCommit(txn)  # ends the session
+    assert handle["session"] == session
+    waiter.join(SESSION_END_WAIT_SECONDS)
+    assert not waiter.is_alive() and closing < ended[0] < closing + 1, (closing, ended)
+    assert SqlCommitter(t.settings()).commit(handle) is None
+    assert len(t.rows()) == 2 and not t.prepared()
+
+    with t.engine.connect() as conn, t.engine.connect() as listed:
+        started = time.monotonic()
+        awaitSessionEnd(conn, serverSession(listed))
+        assert time.monotonic() - started >= SESSION_END_WAIT_SECONDS
 
 
 def test_the_documented_rejection_is_what_the_sink_says(mtarget: Target) -> None:
