@@ -58,6 +58,9 @@ class Services:
     """Where the servers of ``make services`` are, and how the runner crashes one of them."""
 
     pgUrl: str = ""
+    """The PostgreSQL URL of the ``postgres`` and ``multi`` pipelines: the TLS role's
+    (``TWOPHASE_PG_TLS_URL``: not a superuser, ``sslmode=verify-full``) where ``make services``
+    has one."""
     bootstrap: str = ""
     s3: Any = None
     """The S3 server (``conftest.S3Service``) of the ``s3`` pipeline."""
@@ -129,7 +132,7 @@ def servicesFromEnvironment(proxies: bool = True) -> Services:
     names = ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")
     s3 = [service_setting(f"TWOPHASE_S3_{n}") or "" for n in names]
     services = Services(
-        pgUrl=service_setting("TWOPHASE_PG_URL") or "",
+        pgUrl=service_setting("TWOPHASE_PG_TLS_URL") or service_setting("TWOPHASE_PG_URL") or "",
         bootstrap=service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or "",
         s3=S3Service(*s3) if all(s3) else None,
         mariadbUrl=service_setting("TWOPHASE_MARIADB_TLS_URL")

@@ -5,8 +5,9 @@ files under one decision: every protocol point of the five sinks in one schedule
 batch-completion point of the table commits included, the PostgreSQL target with prepared and
 staged partitions in every batch),
 ``s3`` (sequence -> files on the S3 server, by multipart upload), ``mariadb`` (sequence ->
-twophase.sql, XA transactions, over TLS as an ordinary user) and ``kafka-avro`` (Kafka -> Kafka with Avro values through the
-schema registry on both sides). The sink pipelines first go
+twophase.sql, XA transactions) and ``kafka-avro`` (Kafka -> Kafka with Avro values through the
+schema registry on both sides); ``multi``'s PostgreSQL and ``mariadb`` over TLS as roles that
+are not superusers. The sink pipelines first go
 through every protocol point of PROTOCOL.md section 5 (three task points in one start, then one
 start per driver point), then through seeded kills of the driver, an executor and each server
 they write to; the multi pipeline also goes down after a decision for longer than its Kafka

@@ -23,9 +23,21 @@ if TYPE_CHECKING:
 
 
 def newTable(spec: PipelineSpec, services: Services) -> None:
-    """A fresh table name on the PostgreSQL of ``services`` (the sink creates the table)."""
+    """A fresh table name on the PostgreSQL of ``services`` (the sink creates the table). A
+    role that may not create in ``public`` (PostgreSQL 15's default for all but its owner)
+    writes into a schema of its own name, which it owns."""
+    import psycopg
+
     spec.pgUrl = need(services.pgUrl, "PostgreSQL")
     spec.table = f"chaos_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(spec.pgUrl, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT has_schema_privilege('public', 'CREATE'), current_user"
+        ).fetchone()
+        assert row is not None
+        if not row[0]:
+            conn.execute("CREATE SCHEMA IF NOT EXISTS AUTHORIZATION CURRENT_USER")
+            spec.table = f"{row[1]}.{spec.table}"
 
 
 class PostgresPipeline(Pipeline):
