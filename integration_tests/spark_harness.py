@@ -77,7 +77,10 @@ FOREACH_BATCH = "foreachBatch"
 
 SEQUENCE_SOURCE = "sequence"
 FILES_SOURCE = "files"
-"""``--source``: ``twophase.sequence``, or Spark's JSON file source (see the module doc)."""
+KAFKA_SOURCE = "kafka"
+"""``--source``: ``twophase.sequence``, Spark's JSON file source (see the module doc), or
+twophase's Kafka source with the ``--source-option`` options (``key``, ``value``, ...;
+``maxOffsetsPerTrigger`` is ``--rows-per-batch``)."""
 FILES_SOURCE_SCHEMA = "id BIGINT, payload STRING"
 
 
@@ -165,7 +168,18 @@ def childMain(args: argparse.Namespace) -> int:
 
 
 def _sourceStream(spark: Any, args: argparse.Namespace) -> Any:
-    """The source's rows (``id``, ``payload``): ``twophase.sequence``, or the input files."""
+    """The source's rows (``id``, ``payload``): ``twophase.sequence``, or the input files; the
+    Kafka source's records (``key``, ``value``, ...)."""
+    if args.source == KAFKA_SOURCE:
+        import twophase
+
+        twophase.register(spark)
+        return (
+            spark.readStream.format("twophase.kafka")
+            .option("maxOffsetsPerTrigger", args.rows_per_batch)
+            .options(**_keyValues(args.source_option))
+            .load()
+        )
     if args.source == FILES_SOURCE:
         return (
             spark.readStream.schema(FILES_SOURCE_SCHEMA)
@@ -208,10 +222,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--via", choices=("format", FOREACH_BATCH), default="format")
     p.add_argument(
         "--source",
-        choices=(SEQUENCE_SOURCE, FILES_SOURCE),
+        choices=(SEQUENCE_SOURCE, FILES_SOURCE, KAFKA_SOURCE),
         default=SEQUENCE_SOURCE,
-        help="twophase.sequence, or Spark's JSON file source over <workdir>/input",
+        help="twophase.sequence, Spark's JSON file source over <workdir>/input, or twophase.kafka",
     )
+    p.add_argument("--source-option", action="append", default=[], help="KEY=VALUE (kafka)")
     p.add_argument("--workdir", required=True)
     p.add_argument("--output", help="sink path (default <workdir>/output)")
     p.add_argument("--checkpoint-dir", dest="checkpointDir", help="default <workdir>/checkpoint")
@@ -302,7 +317,7 @@ class Harness:
     ``sink`` is the ``module:Class`` of the sink; ``via`` is ``format`` (the data source) or
     ``foreachBatch``; ``repartition`` shuffles the rows by id before the sink (0: no shuffle);
     ``conf`` and ``options`` are extra Spark confs and sink options; ``source`` is
-    ``sequence`` or ``files`` (see the module doc).
+    ``sequence``, ``files`` (see the module doc) or ``kafka`` (``sourceOptions``).
     """
 
     workdir: Path
@@ -316,6 +331,7 @@ class Harness:
     source: str = SEQUENCE_SOURCE
     conf: dict[str, str] = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)
+    sourceOptions: dict[str, str] = field(default_factory=dict)
     checkpointMode: str = "option"
     trigger: str = "availableNow"
     columns: dict[str, str] = field(default_factory=dict)
@@ -369,6 +385,7 @@ class Harness:
             args += ["--master", self.master]
         args += [f"--conf={k}={v}" for k, v in self.conf.items()]
         args += [f"--option={k}={v}" for k, v in self.options.items()]
+        args += [f"--source-option={k}={v}" for k, v in self.sourceOptions.items()]
         started = time.monotonic()
         with logPath.open("w") as log:
             child = subprocess.Popen(

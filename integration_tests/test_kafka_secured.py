@@ -32,6 +32,7 @@ from twophase.sinks.kafka.acls import describeSinkAcls
 from twophase.sinks.kafka.errors import KafkaAccessError
 
 SASL = service_setting("TWOPHASE_KAFKA_SASL_BOOTSTRAP") or ""
+PLAIN = service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or ""
 CA = service_setting("TWOPHASE_TLS_CA_FILE") or ""
 ADMIN = service_setting("TWOPHASE_KAFKA_ADMIN_USER") or ""
 ADMIN_PASSWORD = service_setting("TWOPHASE_KAFKA_ADMIN_PASSWORD") or ""
@@ -319,3 +320,79 @@ def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privile
     line, missing = describeSinkAcls(config, topic, "other-" + prefix, 10)
     assert missing and f"lacks TransactionalId:PREFIXED:other-{prefix} WRITE" in line, line
     assert "kafka.sasl.password" not in description["options"]
+
+
+@pytest.mark.timeout(600)
+def test_the_source_reads_exactly_once_through_a_driver_kill_as_the_least_privileged_user(
+    admin: Any, principal: Any, tmp_path: Path
+) -> None:
+    """twophase's Kafka source over SASL_SSL, into the Kafka sink over the same, as a principal
+    with READ on the input topic and DESCRIBE on the source's groups (docs/security.md) besides
+    the sink's ACLs: the input holds committed transactions with aborted ones between them, the
+    driver is SIGKILLed right after it decided a batch, the next start commits it and drains
+    the rest, and the output holds every committed input record once (``verify`` as the same
+    principal); the password is in no file under the checkpoint."""
+    from confluent_kafka.admin import NewTopic
+
+    from integration_tests.chaos.pipelines.kafka import fillInput
+    from integration_tests.spark_harness import KAFKA_SOURCE, Harness
+    from twophase import verify
+
+    rows, perBatch = 300, 100
+    user, password, prefix = principal
+    inTopic, outTopic = (f"secured-{side}-{uuid.uuid4().hex[:8]}" for side in ("in", "out"))
+    for name in (inTopic, outTopic):
+        admin.create_topics([NewTopic(name, 2, 1)])[name].result(timeout=30)
+    fillInput(PLAIN, inTopic, rows)  # through the plain listener, as any producer
+    sourceAcls = [
+        Acl("Topic", inTopic, "LITERAL", "Read"),
+        Acl("Group", "twophase-kafka-source-", "PREFIXED", "Describe"),
+    ]
+    grant(admin, user, [*sourceAcls, *sinkAcls(outTopic, prefix)])
+    connection = {
+        "kafka.bootstrap.servers": SASL,
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": user,
+        "kafka.ssl.ca.location": CA,
+    }
+    secrets = {"kafka.sasl.password": password}
+    sink = {**connection, "transactionalIdPrefix": prefix, "topic": outTopic}
+    _settled(
+        lambda: checkAccess(
+            {k[6:]: v for k, v in {**sink, **secrets}.items() if k.startswith("kafka.")},
+            outTopic,
+            prefix,
+            10,
+        ),
+        lambda o: o is None,
+    )
+    query = Harness(
+        tmp_path / "query",
+        "local",
+        sink="twophase.spark.kafka:KafkaSink",
+        source=KAFKA_SOURCE,
+        rows=rows,
+        rowsPerBatch=perBatch,
+        sourceOptions={
+            **connection,
+            **secrets,
+            "subscribe": inTopic,
+            "startingOffsets": "earliest",
+            "minRecordsPerPartition": "0",
+        },
+        columns={"key": "key", "value": "value"},
+        options={**sink, **secrets},
+    )
+    crashed = query.run("driver.afterDecision:1")
+    assert crashed.killed, crashed.describe()
+    drained = query.run()
+    assert drained.returncode == 0, drained.describe()
+
+    source = {**connection, **secrets, "subscribe": inTopic}
+    report = verify.verify("kafka", source, "kafka", {**connection, **secrets, "topic": outTopic})
+    assert report.ok and report.expectedRows == rows, report
+    leaks = [
+        p for p in query.workdir.rglob("*") if p.is_file() and password.encode() in p.read_bytes()
+    ]
+    assert not leaks, leaks
