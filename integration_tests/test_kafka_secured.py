@@ -8,7 +8,9 @@ user, through that listener, then runs the driver's check the sink runs before i
 ACL it passes; without one, the error names that ACL, the principal and the ``kafka-acls.sh``
 line that grants it, carries a fatal code, and nothing was written to the topic. A wrong
 password, a mechanism the listener does not offer and a CA that does not sign the broker are
-named with the broker (and the CA) at once.
+named with the broker (and the CA) at once. Then whole queries as such principals, each
+through a driver kill: the Kafka sink, the Kafka source into it, and ``twophase.multi`` into
+Kafka and PostgreSQL over TLS.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ PLAIN = service_setting("TWOPHASE_KAFKA_BOOTSTRAP") or ""
 CA = service_setting("TWOPHASE_TLS_CA_FILE") or ""
 ADMIN = service_setting("TWOPHASE_KAFKA_ADMIN_USER") or ""
 ADMIN_PASSWORD = service_setting("TWOPHASE_KAFKA_ADMIN_PASSWORD") or ""
+
+
+VERIFY_ACLS = [Acl("Group", "twophase-kafka-source-", "PREFIXED", "Describe")]
+"""What ``verify`` needs beyond the sink's ACLs: it reads the topic as the Kafka source does, in
+a group of its own."""
 
 
 @pytest.fixture(autouse=True)
@@ -241,9 +248,7 @@ def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privile
     user, password, prefix = principal
     topic = f"secured-run-{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
-    # verify reads the topic as the Kafka source does: a group of its own, DESCRIBE on it
-    sourceGroup = Acl("Group", "twophase-kafka-source-", "PREFIXED", "Describe")
-    grant(admin, user, [*sinkAcls(topic, prefix), sourceGroup])
+    grant(admin, user, [*sinkAcls(topic, prefix), *VERIFY_ACLS])
     secrets = {"kafka.sasl.password": password}
     options = {
         "kafka.bootstrap.servers": SASL,
@@ -396,3 +401,70 @@ def test_the_source_reads_exactly_once_through_a_driver_kill_as_the_least_privil
         p for p in query.workdir.rglob("*") if p.is_file() and password.encode() in p.read_bytes()
     ]
     assert not leaks, leaks
+
+
+@pytest.mark.timeout(600)
+def test_multi_with_kafka_over_sasl_and_postgres_over_tls_exactly_once_through_a_kill(
+    admin: Any, principal: Any, tmp_path: Path
+) -> None:
+    """``twophase.multi`` into a Kafka topic over SASL_SSL and a PostgreSQL table over TLS,
+    each as its least-privileged principal or role: the driver is SIGKILLed after deciding
+    batch 1, the restart commits both halves and writes the rest, every row once in each; no
+    secret is under the checkpoint."""
+    from confluent_kafka.admin import NewTopic
+
+    from integration_tests.spark_harness import Harness
+    from integration_tests.test_postgres_secured import leastRole
+    from twophase import verify
+
+    rows, perBatch = 40, 10
+    user, password, prefix = principal
+    topic = f"secured-multi-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    grant(admin, user, [*sinkAcls(topic, prefix), *VERIFY_ACLS])
+    kafka = {
+        "kafka.bootstrap.servers": SASL,
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": user,
+        "kafka.sasl.password": password,
+        "kafka.ssl.ca.location": CA,
+    }
+    pgUrl = service_setting("TWOPHASE_PG_TLS_URL")
+    assert pgUrl, "TWOPHASE_PG_TLS_URL is unset: run services/services.sh up"
+    with leastRole(pgUrl) as pg:
+        pg.sql("CREATE TABLE {s}.events (id bigint, payload text)")
+        pg.sql("GRANT INSERT ON {s}.events TO {r}")
+        options = {"targets": "pg=postgres,events=kafka", "pg.commitMode": "prepared"}
+        options |= {
+            f"pg.{k}": v for k, v in {**pg.options(), "dbtable": f"{pg.schema}.events"}.items()
+        }
+        options |= {f"events.{k}": v for k, v in kafka.items()}
+        options |= {"events.topic": topic, "events.transactionalIdPrefix": prefix}
+        query = Harness(
+            tmp_path / "query",
+            "local",
+            sink="twophase.spark.multi:MultiSink",
+            rows=rows,
+            rowsPerBatch=perBatch,
+            columns={
+                "pg": "struct(id, payload)",
+                "events": "struct(CAST(id AS STRING) AS key, payload AS value)",
+            },
+            options=options,
+        )
+        query.crashRun("driver.afterDecision:1")
+        query.restartUntilExhausted()
+        ids = pg.admin.execute(f"SELECT id FROM {pg.schema}.events ORDER BY id").fetchall()
+        assert [r[0] for r in ids] == list(range(rows))
+        report = verify.verify(
+            "sequence", {"start": "0", "end": str(rows)}, "kafka", {**kafka, "topic": topic}
+        )
+        assert report.ok and report.expectedRows == rows, report
+        for secret in (pg.password, password):
+            leaks = [
+                p
+                for p in query.workdir.rglob("*")
+                if p.is_file() and secret.encode() in p.read_bytes()
+            ]
+            assert not leaks, leaks
