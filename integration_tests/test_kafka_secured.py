@@ -219,6 +219,26 @@ def test_a_refused_login_names_the_broker_at_once(
     assert expected in text, text
 
 
+def awaitAccess(options: dict[str, str], topic: str, prefix: str) -> None:
+    """Until the sink's start check passes with these options: new ACLs reach the broker's
+    authorizer soon but not at once."""
+    config = {k[6:]: v for k, v in options.items() if k.startswith("kafka.")}
+    outcome = _settled(lambda: checkAccess(config, topic, prefix, 10), lambda o: o is None)
+    assert outcome is None, outcome
+
+
+def saslOptions(user: str) -> dict[str, str]:
+    """The Kafka sink's and source's options for ``user`` on the SASL_SSL listener, without
+    its password."""
+    return {
+        "kafka.bootstrap.servers": SASL,
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": user,
+        "kafka.ssl.ca.location": CA,
+    }
+
+
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     import sys
 
@@ -250,24 +270,8 @@ def test_the_sink_writes_exactly_once_through_a_driver_kill_as_the_least_privile
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
     grant(admin, user, [*sinkAcls(topic, prefix), *VERIFY_ACLS])
     secrets = {"kafka.sasl.password": password}
-    options = {
-        "kafka.bootstrap.servers": SASL,
-        "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512",
-        "kafka.sasl.username": user,
-        "kafka.ssl.ca.location": CA,
-        "transactionalIdPrefix": prefix,
-        "topic": topic,
-    }
-    _settled(
-        lambda: checkAccess(
-            {k[6:]: v for k, v in {**options, **secrets}.items() if k.startswith("kafka.")},
-            topic,
-            prefix,
-            10,
-        ),
-        lambda o: o is None,
-    )
+    options = {**saslOptions(user), "transactionalIdPrefix": prefix, "topic": topic}
+    awaitAccess({**options, **secrets}, topic, prefix)
     query = Harness(
         tmp_path / "query",
         "local",
@@ -354,24 +358,10 @@ def test_the_source_reads_exactly_once_through_a_driver_kill_as_the_least_privil
         Acl("Group", "twophase-kafka-source-", "PREFIXED", "Describe"),
     ]
     grant(admin, user, [*sourceAcls, *sinkAcls(outTopic, prefix)])
-    connection = {
-        "kafka.bootstrap.servers": SASL,
-        "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512",
-        "kafka.sasl.username": user,
-        "kafka.ssl.ca.location": CA,
-    }
+    connection = saslOptions(user)
     secrets = {"kafka.sasl.password": password}
     sink = {**connection, "transactionalIdPrefix": prefix, "topic": outTopic}
-    _settled(
-        lambda: checkAccess(
-            {k[6:]: v for k, v in {**sink, **secrets}.items() if k.startswith("kafka.")},
-            outTopic,
-            prefix,
-            10,
-        ),
-        lambda o: o is None,
-    )
+    awaitAccess({**sink, **secrets}, outTopic, prefix)
     query = Harness(
         tmp_path / "query",
         "local",
@@ -422,14 +412,7 @@ def test_multi_with_kafka_over_sasl_and_postgres_over_tls_exactly_once_through_a
     topic = f"secured-multi-{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
     grant(admin, user, [*sinkAcls(topic, prefix), *VERIFY_ACLS])
-    kafka = {
-        "kafka.bootstrap.servers": SASL,
-        "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "SCRAM-SHA-512",
-        "kafka.sasl.username": user,
-        "kafka.sasl.password": password,
-        "kafka.ssl.ca.location": CA,
-    }
+    kafka = {**saslOptions(user), "kafka.sasl.password": password}
     pgUrl = service_setting("TWOPHASE_PG_TLS_URL")
     assert pgUrl, "TWOPHASE_PG_TLS_URL is unset: run services/services.sh up"
     with leastRole(pgUrl) as pg:

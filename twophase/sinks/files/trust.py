@@ -29,6 +29,7 @@ CA_BUNDLE = "ca_bundle"
 """The storage option (``fs.ca_bundle``) naming the PEM file of the CAs an S3 endpoint is
 verified with."""
 
+
 def withCaBundle(storage: dict[str, Any]) -> dict[str, Any]:
     """``storage`` (the ``fs.*`` options, prefix removed) with ``ca_bundle`` moved to s3fs's
     ``client_kwargs["verify"]`` (other ``client_kwargs`` kept); ``ValueError`` for an empty or
