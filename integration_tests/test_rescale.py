@@ -108,7 +108,8 @@ def leftovers(spec: PipelineSpec) -> list[str]:
         ).fetchall()
         staged = conn.execute(
             sql.SQL("SELECT DISTINCT {} FROM {}").format(
-                sql.Identifier(TOKEN_COLUMN), sql.Identifier(spec.table + STAGING_SUFFIX)
+                sql.Identifier(TOKEN_COLUMN),
+                sql.Identifier(*(spec.table + STAGING_SUFFIX).split(".")),  # schema.table
             )
         ).fetchall()
     held = [str(r[0]) for r in rows] + [f"staged {r[0]}" for r in staged]
