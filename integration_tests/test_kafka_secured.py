@@ -7,8 +7,10 @@ user, through that listener, then runs the driver's check the sink runs before i
 (``twophase.sinks.kafka.access.checkAccess``, from the Kafka binding's ``validate``): with every
 ACL it passes; without one, the error names that ACL, the principal and the ``kafka-acls.sh``
 line that grants it, carries a fatal code, and nothing was written to the topic. A wrong
-password, a mechanism the listener does not offer and a CA that does not sign the broker are
-named with the broker (and the CA) at once. Then whole queries as such principals, each
+password, a mechanism the listener does not offer, a CA that does not sign the broker, an
+expired broker certificate (the listener's keystore changed for a moment) and a host name the
+certificate does not hold are named with the broker (and the CA, and each its own fix) at
+once. Then whole queries as such principals, each
 through a driver kill: the Kafka sink, the Kafka source into it, and ``twophase.multi`` into
 Kafka and PostgreSQL over TLS.
 """
@@ -21,13 +23,15 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from integration_tests.conftest import HOW_TO_START, service_setting
-from integration_tests.tls_files import otherCa
+from integration_tests.tls_files import expiredCertificate, otherCa, resolvesHere
+from twophase.clients.tlsverify import probe
 from twophase.failures.codes import CODES
 from twophase.sinks.kafka.access import Acl, checkAccess, sinkAcls
 from twophase.sinks.kafka.acls import describeSinkAcls
@@ -193,30 +197,90 @@ def test_each_missing_acl_is_named_with_its_fix(
     assert _endOffset(admin, topic) == before  # nothing written
 
 
-@pytest.mark.parametrize("case", ["wrong password", "mechanism not offered", "wrong CA"])
+@contextmanager
+def brokerPresenting(certificate: str, key: str) -> Iterator[None]:
+    """The SASL_SSL listener presents ``certificate`` (for the broker's own ``key``) to new
+    connections, then its own again: a dynamic listener setting, changed and removed over the
+    plain listener, whose clients keep every right. Waits until handshakes show each."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    keystore = Path(certificate).with_suffix(".keystore.pem")
+    keystore.write_bytes(Path(key).read_bytes() + Path(certificate).read_bytes())
+    keystore.chmod(0o600)
+    plain = AdminClient({"bootstrap.servers": PLAIN, "log_level": 0})
+    broker = str(next(iter(plain.list_topics(timeout=30).brokers)))
+    host, port = SASL.rsplit(":", 1)
+
+    def alter(operation: Any, value: str | None, presents: Any) -> None:
+        entry = ConfigEntry(LISTENER_KEYSTORE, value, incremental_operation=operation)
+        resource = ConfigResource("BROKER", broker, incremental_configs=[entry])
+        for future in plain.incremental_alter_configs([resource]).values():
+            future.result(timeout=30)
+        deadline = time.monotonic() + 30
+        while not presents(probe(host, int(port), CA, checkHostname=False)):
+            assert time.monotonic() < deadline, f"the listener did not take {value}"
+            time.sleep(0.2)
+
+    alter(AlterConfigOpType.SET, str(keystore), lambda why: why and "expired" in why)
+    try:
+        yield
+    finally:
+        alter(AlterConfigOpType.DELETE, None, lambda why: why is None)
+
+
+LISTENER_KEYSTORE = "listener.name.sasl_ssl.ssl.keystore.location"
+
+
+CASES = ["wrong password", "mechanism not offered", "wrong CA", "expired", "wrong host name"]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_refused_login_names_the_broker_at_once(
     admin: Any, topic: str, principal: Any, case: str, tmp_path: Path
 ) -> None:
     user, password, prefix = principal
     grant(admin, user, sinkAcls(topic, prefix))
+    elsewhere = resolvesHere()
+    if case == "wrong host name" and elsewhere is None:
+        pytest.skip("this machine's host name does not resolve to 127.0.0.1")
     config = {
-        "wrong password": _config(user, "not-" + password),
-        "mechanism not offered": _config(user, password, **{"sasl.mechanism": "PLAIN"}),
-        "wrong CA": _config(user, password, **{"ssl.ca.location": otherCa(tmp_path)}),
-    }[case]
-    started = time.monotonic()
-    with pytest.raises(KafkaAccessError) as raised:
-        checkAccess(config, topic, prefix, 3)
-    assert time.monotonic() - started < 10  # once, not retried
+        "wrong password": lambda: _config(user, "not-" + password),
+        "mechanism not offered": lambda: _config(user, password, **{"sasl.mechanism": "PLAIN"}),
+        "wrong CA": lambda: _config(user, password, **{"ssl.ca.location": otherCa(tmp_path)}),
+        "expired": lambda: _config(user, password),
+        "wrong host name": lambda: _config(
+            user, password, **{"bootstrap.servers": SASL.replace("127.0.0.1", str(elsewhere))}
+        ),
+    }[case]()
+    presenting = nullcontext()
+    if case == "expired":
+        cert, key = expiredCertificate(
+            tmp_path, CA, "localhost", str(Path(CA).parent / "server.key")
+        )
+        presenting = brokerPresenting(cert, key)
+    with presenting:
+        started = time.monotonic()
+        with pytest.raises(KafkaAccessError) as raised:
+            checkAccess(config, topic, prefix, 3)
+        assert time.monotonic() - started < 10  # once, not retried
     text = str(raised.value)
-    assert SASL in text and raised.value.errorCode == "TWOPHASE_CREDENTIALS"
+    assert config["bootstrap.servers"] in text and raised.value.errorCode == "TWOPHASE_CREDENTIALS"
     assert password not in text
     expected = {
-        "wrong password": "invalid credentials with SASL mechanism SCRAM-SHA-512",
-        "mechanism not offered": "broker's supported mechanisms: SCRAM-SHA-512",
-        "wrong CA": f"CA ({config['ssl.ca.location']}) does not verify",
+        "wrong password": ["invalid credentials with SASL mechanism SCRAM-SHA-512"],
+        "mechanism not offered": ["broker's supported mechanisms: SCRAM-SHA-512"],
+        "wrong CA": [
+            f"did not verify against the CA in {config['ssl.ca.location']}",
+            "Fix: set kafka.ssl.ca.location",
+        ],
+        "expired": [
+            f"the server's certificate has expired, though the CA in {CA} signed it",
+            "Fix: have the server's certificate renewed",
+        ],
+        "wrong host name": [f"is not for the name '{elsewhere}'", "Fix: connect by a name"],
     }[case]
-    assert expected in text, text
+    for words in expected:
+        assert words in text, (words, text)
 
 
 def awaitAccess(options: dict[str, str], topic: str, prefix: str) -> None:

@@ -5,17 +5,19 @@ that is not a superuser, ``sslmode=verify-full``); a batch is prepared and commi
 then each grant is taken away in turn and the driver's check before a batch names it, the role
 and the GRANT, with nothing written. ``COMMIT PREPARED`` by another role names both roles.
 `twophase doctor` names a missing grant. A CA that did not sign the server, a host name the
-certificate does not hold and a wrong password each fail at once (never retried) with an error
-naming the server and the CA. No Spark.
+certificate does not hold, an expired server certificate (the server's file swapped and
+reloaded for a moment) and a wrong password each fail at once (never retried) with an error
+naming the server, the CA and the fix. No Spark.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
-from integration_tests.tls_files import otherCa
+from integration_tests.tls_files import expiredCertificate, otherCa
 from twophase import cli
 from twophase.clients.postgres import PostgresSinkError
+from twophase.clients.postgres_tls import SSL_REQUEST
+from twophase.clients.tlsverify import probe
 from twophase.failures.codes import CODES, declaredCode
 from twophase.protocol import TransactionContext
+from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
 from twophase.sinks.postgres import PostgresCommitter, PostgresSettings, PostgresWriter
 from twophase.sinks.postgres.schema import validateTarget
@@ -236,46 +241,53 @@ def test_doctor_checks_the_grants(
     assert least.password not in json.dumps(report)
 
 
-def _expiredClientCertificate(tmp_path: Path, role: str, caFile: str) -> tuple[str, str]:
-    """A client certificate for ``role`` signed by the set's CA (its key beside the CA file,
-    kept for tests like this one), valid from ten days ago until yesterday: (cert, key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    tls = Path(caFile).parent
-    ca = x509.load_pem_x509_certificate((tls / "ca.pem").read_bytes())
-    caKey = serialization.load_pem_private_key((tls / "ca.key").read_bytes(), None)
-    assert isinstance(caKey, rsa.RSAPrivateKey)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=10))
-        .not_valid_after(now - timedelta(days=1))
-        .sign(caKey, hashes.SHA256())
-    )
-    certPath, keyPath = tmp_path / "expired.pem", tmp_path / "expired.key"
-    certPath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyPath.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    keyPath.chmod(0o600)
-    return str(certPath), str(keyPath)
-
-
 def test_an_expired_client_certificate_is_named(least: Least, tmp_path: Path) -> None:
     caFile = conninfo_to_dict(least.url)["sslrootcert"]
-    cert, key = _expiredClientCertificate(tmp_path, least.role, str(caFile))
+    cert, key = expiredCertificate(tmp_path, str(caFile), least.role)
     said = refusal(least.options(sslcert=cert, sslkey=key, connectRetrySeconds="30"))
     assert f"refused the client certificate sslcert={cert}: it has expired" in said, said
     assert str(caFile) in said and "127.0.0.1" in said
+
+
+@contextmanager
+def serverPresenting(certificate: str, caFile: str) -> Iterator[None]:
+    """The server presents ``certificate`` (for its own key) to new TLS sessions, then its own
+    again: its certificate file swapped and a reload (the project's role may run
+    ``pg_reload_conf()``), each awaited by a handshake of our own."""
+    with psycopg.connect(str(service_setting("TWOPHASE_PG_URL")), autocommit=True) as admin:
+        info = admin.info
+        path = Path(str(admin.execute("SHOW ssl_cert_file").fetchone()[0]))
+        own = path.read_bytes()
+
+        def present(content: bytes, shows: Any) -> None:
+            path.write_bytes(content)
+            admin.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + 30
+            hello = partial(probe, info.host, info.port, caFile, checkHostname=False)
+            while not shows(hello(preamble=SSL_REQUEST)):
+                assert time.monotonic() < deadline, "the server did not reload its certificate"
+                time.sleep(0.1)
+
+        present(Path(certificate).read_bytes(), lambda why: why and "expired" in why)
+        try:
+            yield
+        finally:
+            present(own, lambda why: why is None)
+
+
+def test_an_expired_server_certificate_is_named(least: Least, tmp_path: Path) -> None:
+    caFile = str(conninfo_to_dict(least.url)["sslrootcert"])
+    with psycopg.connect(str(service_setting("TWOPHASE_PG_URL"))) as admin:
+        key = str(admin.execute("SHOW ssl_key_file").fetchone()[0])
+    cert, _ = expiredCertificate(tmp_path, caFile, "localhost", key)
+    with serverPresenting(cert, caFile):
+        Resources.ofProcess().close()  # a new process: no session pooled by the tests before
+        started = time.monotonic()
+        said = refusal(least.options(connectRetrySeconds="30"))
+        assert time.monotonic() - started < 10  # once, not retried
+    expired = (
+        f"over TLS: the server's certificate has expired, though the CA in sslrootcert={caFile}"
+    )
+    assert expired in said and "127.0.0.1" in said, said
+    assert "Fix: have the server's certificate renewed" in said
+    validateTarget(PostgresSettings.fromOptions(least.options()), SCHEMA, "s")  # its own again

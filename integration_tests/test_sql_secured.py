@@ -3,16 +3,19 @@
 A user with exactly the grants docs/security.md lists is made over TWOPHASE_MARIADB_TLS_URL; a
 task prepares an XA transaction and the driver, connected apart, lists (``XA RECOVER``) and
 commits it; then each grant is taken away in turn and the driver's check before a batch names
-it, the user and the GRANT, with nothing written. A CA that did not sign the server and a wrong
-password fail at once (never retried), naming the server and the CA. ``twophase doctor`` names
+it, the user and the GRANT, with nothing written. A CA that did not sign the server, an expired
+server certificate (its file swapped and ``FLUSH SSL``), another host name and a wrong password
+fail at once (never retried), naming the server, the CA and the fix. ``twophase doctor`` names
 a missing grant. No Spark.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,11 @@ import sqlalchemy as sa
 
 from integration_tests.checkpoints import SinkCheckpoint
 from integration_tests.conftest import service_setting
-from integration_tests.tls_files import otherCa
+from integration_tests.tls_files import expiredCertificate, otherCa, resolvesHere
 from twophase import cli
 from twophase.failures.codes import CODES, declaredCode
 from twophase.protocol import RecoveryScope, TransactionContext
+from twophase.resources import Resources
 from twophase.sinks.relational.naming import sinkPrefix
 from twophase.sinks.sql.committer import SqlCommitter
 from twophase.sinks.sql.dialect import markerTable
@@ -153,6 +157,53 @@ def test_tls_bad_input_fails_at_once_naming_server_and_ca(least: Least, tmp_path
     assert str(ca) in said and "127.0.0.1" in said and "over TLS" in said
     said = refusal(least.options(password="not-the-password"))
     assert "refused the login" in said and least.user in said and "not-the-password" not in said
+
+
+@contextmanager
+def serverPresenting(certificate: str) -> Iterator[None]:
+    """The MariaDB server presents ``certificate`` (for its own key) to new TLS sessions, then
+    its own again: its certificate file swapped and ``FLUSH SSL`` (RELOAD, which the project's
+    own user has)."""
+    admin = sa.create_engine(
+        str(service_setting("TWOPHASE_MARIADB_URL")), poolclass=sa.pool.NullPool
+    )
+    with admin.connect() as conn:
+        path = Path(str(conn.exec_driver_sql("SELECT @@ssl_cert").scalar()))
+        own = path.read_bytes()
+        path.write_bytes(Path(certificate).read_bytes())
+        try:
+            conn.exec_driver_sql("FLUSH SSL")
+            yield
+        finally:
+            path.write_bytes(own)
+            conn.exec_driver_sql("FLUSH SSL")
+
+
+def test_an_expired_server_certificate_and_another_host_name_are_named(
+    least: Least, tmp_path: Path
+) -> None:
+    ca = str(least.url.query["ssl_ca"])
+    admin = sa.create_engine(
+        str(service_setting("TWOPHASE_MARIADB_URL")), poolclass=sa.pool.NullPool
+    )
+    with admin.connect() as conn:
+        key = str(conn.exec_driver_sql("SELECT @@ssl_key").scalar())
+    cert, _ = expiredCertificate(tmp_path, ca, "localhost", key)
+    with serverPresenting(cert):
+        Resources.ofProcess().close()  # a new process: no session pooled by the tests before
+        started = time.monotonic()
+        said = refusal(least.options())
+        assert time.monotonic() - started < 10  # once, not retried
+    assert f"over TLS: the server's certificate has expired, though the CA in {ca}" in said, said
+    assert "Fix: have the server's certificate renewed" in said
+    validateTarget(SqlSettings.fromOptions(least.options()), SCHEMA, SINK)  # its own again
+    elsewhere = resolvesHere()
+    if elsewhere is None:
+        pytest.skip("this machine's host name does not resolve to 127.0.0.1")
+    other = least.url.set(host=elsewhere).render_as_string(hide_password=False)
+    said = refusal(least.options(url=other))
+    assert f"is not for the name '{elsewhere}'" in said and "Hostname mismatch" in said, said
+    assert "Fix: connect by a name the certificate holds" in said
 
 
 def test_doctor_checks_the_grants(

@@ -161,7 +161,8 @@ svc_ready() { psql_admin -c "SELECT 1" >/dev/null 2>&1; }
 # svc_setup: the `twophase` role and its database; ready = the role logs in over TCP with its
 # password (what the tests do); then TLS and its role (tls_setup, tls_role). CREATEROLE: the secret tests create a role of their own with a
 # recognisable password (docker-compose's twophase user is the superuser and can too); a
-# cluster made by an older version of this script gets the attribute here.
+# cluster made by an older version of this script gets the attribute here. EXECUTE on
+# pg_reload_conf(): a test makes the server present an expired certificate for a moment.
 svc_setup() {
     psql_admin <<EOS
 SELECT 'CREATE ROLE $PG_USER LOGIN CREATEROLE PASSWORD ''$PG_PASSWORD'''
@@ -170,6 +171,8 @@ ALTER ROLE $PG_USER CREATEROLE;
 SELECT 'CREATE DATABASE $PG_DATABASE OWNER $PG_USER'
     WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DATABASE') \gexec
 EOS
+    # A function's grants are its database's: pg_reload_conf() in the tests' database.
+    psql_admin -d "$PG_DATABASE" -c "GRANT EXECUTE ON FUNCTION pg_reload_conf() TO $PG_USER" >/dev/null
     PGPASSWORD=$PG_PASSWORD PGCONNECT_TIMEOUT=10 "$PG_BIN/psql" -X -q -At \
         -h 127.0.0.1 -p "$PORT" -U "$PG_USER" -d "$PG_DATABASE" -c "SELECT 1" >/dev/null ||
         die "cannot log in as $PG_USER at 127.0.0.1:$PORT"

@@ -7,8 +7,9 @@ an id of the sink's prefix that no task uses (``<prefix>-access``). FindCoordina
 DESCRIBE on it, InitProducerId WRITE (which implies DESCRIBE); neither writes a record
 anywhere. The topic needs WRITE (the tasks; it implies DESCRIBE, for metadata) and READ (the
 driver's read-back of a transaction in ``probe``), whose consumer group needs DESCRIBE. A
-login the brokers refuse (a wrong password, a mechanism they do not offer, a certificate the CA
-option does not verify) is named with the broker and the CA. Each is a
+login the brokers refuse (a wrong password, a mechanism they do not offer) is named with the
+broker; a certificate that does not verify with the broker and the CA, and why (a wrong CA, an
+expired certificate, another host name: a handshake of our own tells them apart). Each is a
 ``KafkaAccessError``, whose code is fatal: a restart meets the same refusal. A check that
 passed is not repeated by this process for the same cluster, principal, topic and prefix.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from twophase.clients.kafka import connectionConfig
 from twophase.clients.kafka.errors import newClient
 from twophase.clients.kafka.logs import ClientLog
+from twophase.clients.tlsverify import certificateProblem, probe
 from twophase.redaction import redact
 from twophase.resources import Resources
 from twophase.sinks.kafka.errors import KafkaAccessError
@@ -96,6 +98,33 @@ def _refused(acl: Acl, config: Mapping[str, Any], what: str) -> KafkaAccessError
     )
 
 
+def _tlsError(text: str, config: Mapping[str, Any], bootstrap: str) -> KafkaAccessError:
+    """The failed TLS handshake librdkafka reports as ``text``, named by a handshake of our
+    own with the first bootstrap broker under the same CA: librdkafka's words are the same
+    for a wrong CA, an expired certificate and another host name."""
+    ca = config.get("ssl.ca.location")
+    trust = str(ca or "the system's CA store")
+    first = str(config.get("bootstrap.servers") or "").split(",")[0].strip()
+    host, _, port = first.rpartition("://")[2].rpartition(":")
+    checkName = str(config.get("ssl.endpoint.identification.algorithm", "https")).lower()
+    why = None
+    if host and port.isdigit() and not config.get("ssl.ca.pem"):
+        why = probe(host.strip("[]"), int(port), ca, checkHostname=checkName != "none")
+    if why is None:
+        return KafkaAccessError(
+            f"kafka: the TLS handshake with the broker at {bootstrap} failed: {text}. The "
+            f"CA ({trust}) does not verify the broker's certificate, or "
+            "the certificate is not for that host name or has expired. Fix: set "
+            "kafka.ssl.ca.location to the PEM file of the CA that signs the brokers' "
+            "certificates"
+        )
+    problem = certificateProblem(why, name=host, ca=trust, caOption="kafka.ssl.ca.location")
+    return KafkaAccessError(
+        f"kafka: the TLS handshake with the broker at {bootstrap} failed: {problem} "
+        f"(librdkafka: {text})"
+    )
+
+
 def _loginError(errors: list[Any], config: Mapping[str, Any]) -> KafkaAccessError | None:
     """A ``KafkaAccessError`` for the first refused login among librdkafka's ``errors``."""
     from confluent_kafka import KafkaError
@@ -113,13 +142,7 @@ def _loginError(errors: list[Any], config: Mapping[str, Any]) -> KafkaAccessErro
                 "listener offers (kafka.sasl.mechanism)"
             )
         if code == KafkaError._SSL:
-            ca = config.get("ssl.ca.location") or "the system's CA store"
-            return KafkaAccessError(
-                f"kafka: the TLS handshake with the broker at {bootstrap} failed: {text}. The "
-                f"CA ({ca}) does not verify the broker's certificate, or the certificate is "
-                "not for that host name or has expired. Fix: set kafka.ssl.ca.location to the "
-                "PEM file of the CA that signs the brokers' certificates"
-            )
+            return _tlsError(text, config, bootstrap)
     return None
 
 

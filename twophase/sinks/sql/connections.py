@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from twophase.clients.postgres_answers import boundAnswers, timedOut
 from twophase.clients.postgres_tls import isTlsFailure
+from twophase.clients.tlsverify import certificateProblem
 from twophase.protocol.errors import SinkFailure
 from twophase.resources import Resources
 from twophase.settings import TwoPhaseConfigError
@@ -243,12 +244,14 @@ def connect(
         if isTls(exc):  # the same certificate fails the same way: never retried
             query = engine.url.query
             ca = query.get("ssl_ca") or query.get("sslrootcert") or "the default CAs"
+            problem = certificateProblem(
+                errorMessage(exc),
+                name=str(engine.url.host),
+                ca=str(ca),
+                caOption="the url's ssl_ca=<file> (sslrootcert=<file> on PostgreSQL)",
+            )
             raise SqlSinkError(
-                f"sql sink: {what}: cannot connect to {where} over TLS: the server's "
-                f"certificate did not verify against the CA in {ca}: "
-                f"{errorMessage(exc)}. Fix: give the CA that signed the server's certificate "
-                "(the url's query: ssl_ca=<file>, sslrootcert=<file> on PostgreSQL), connect "
-                "by a name the certificate holds, or have the certificate renewed if expired.",
+                f"sql sink: {what}: cannot connect to {where} over TLS: {problem}",
                 system=system,
                 reason=SinkFailure.CREDENTIALS,
             ) from None
