@@ -22,19 +22,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import signal
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
 
 from integration_tests.conftest import HOW_TO_START, S3Service, service_setting
 from integration_tests.spark_processes import sharedSession
-from integration_tests.tls_files import otherCa
+from integration_tests.tls_files import expiredCertificate, otherCa, resolvesHere
+from twophase.clients.tlsverify import probe
 from twophase.coordinator.errors import DecisionLogWriteError
 from twophase.coordinator.exclusive import CONDITIONAL_PUT
 from twophase.coordinator.storage import LogStorage
@@ -255,12 +261,79 @@ def test_a_wrong_ca_is_one_fatal_error_naming_endpoint_and_ca_before_any_write(
     with pytest.raises(FilesTrustError, match="pyiceberg's FileIO.*SSL_CERT_FILE"):
         catalogOf(IcebergSettings.fromOptions(iceberg))
 
+    # A host name the certificate does not hold (it is for localhost and 127.0.0.1).
+    elsewhere = resolvesHere()
+    if elsewhere is not None:
+        renamed = replace(server, endpoint=server.endpoint.replace("127.0.0.1", elsewhere))
+        with pytest.raises(FilesTrustError) as refused:
+            validateTarget(FilesSettings.fromOptions(sinkOptions(renamed, ca, prefix)), SCHEMA, "s")
+        message = str(refused.value)
+        assert f"is not for the name '{elsewhere}'" in message and renamed.endpoint in message
+        assert "Fix: connect by a name the certificate holds" in message, message
+
     # A CA file missing on a host: the path and the host.
     missing = str(tmp_path / "no-such-ca.pem")
     with pytest.raises(FilesTrustError, match="same path on the driver and on every executor"):
         FilesWriter.fromOptions(sinkOptions(server, missing, f"{prefix}/files")).storage()
 
     assert not filesystem(server, ca).exists(f"{server.bucket}/{prefix}")
+
+
+@contextmanager
+def gatewayPresenting(certificate: str, ca: str) -> Iterator[None]:
+    """The HTTPS gateway presents ``certificate`` (for its own key) to new connections, then
+    its own again: services/s3.sh's copy of its certificate swapped and SIGHUP, on which
+    versitygw reloads its TLS; each awaited by a handshake of our own."""
+    state = Path(ca).parent.parent / "s3"  # services/s3.sh's state in this set's run directory
+    path, pid = state / "tls" / "server.pem", int((state / "tls-pid").read_text())
+    own = path.read_bytes()
+    host, port = urlsplit(str(service_setting("TWOPHASE_S3_TLS_ENDPOINT"))).netloc.split(":")
+
+    def present(content: bytes, shows: Callable[[str | None], bool]) -> None:
+        path.write_bytes(content)
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while not shows(probe(host, int(port), ca, checkHostname=False)):
+            assert time.monotonic() < deadline, "the gateway did not reload its certificate"
+            time.sleep(0.1)
+
+    present(Path(certificate).read_bytes(), lambda why: bool(why and "expired" in why))
+    try:
+        yield
+    finally:
+        present(own, lambda why: why is None)
+
+
+def test_an_expired_certificate_is_named_for_the_sink_and_the_log(
+    tls: tuple[S3Service, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, setCa = tls
+    ca = str(tmp_path / "ca.pem")  # the same CA at a path this process has not verified yet
+    shutil.copy(setCa, ca)
+    cert, _ = expiredCertificate(
+        tmp_path, setCa, "localhost", str(Path(setCa).parent / "server.key")
+    )
+    prefix = f"it-s3-tls-expired/{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.accessKey)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secretKey)
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+    with gatewayPresenting(cert, setCa):
+        with pytest.raises(FilesTrustError) as refused:
+            validateTarget(FilesSettings.fromOptions(sinkOptions(server, ca, prefix)), SCHEMA, "s")
+        log = LogStorage(server.url(f"{prefix}/log"), {"skip_instance_cache": True})
+        started = time.monotonic()
+        with pytest.raises(DecisionLogWriteError) as logRefused:
+            log.publish("decided-0.json", {"b": 0}, exclusive=True, what="a decision")
+        assert time.monotonic() - started < 5, "the expired certificate was retried"
+    expired = f"the server's certificate has expired, though the CA in {ca} signed it"
+    for said in (str(refused.value), str(logRefused.value)):
+        assert expired in said and server.endpoint in said, said
+        assert "Fix: have the server's certificate renewed" in said
+    assert "set AWS_CA_BUNDLE" not in str(logRefused.value)  # not the fix for this one
+    assert verdictOf(refused.value) == (False, "TWOPHASE_CREDENTIALS")
+    assert verdictOf(logRefused.value) == (False, "TWOPHASE_LOG_NOT_WRITABLE")
+    assert not filesystem(server, setCa).exists(f"{server.bucket}/{prefix}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,9 +104,15 @@ svc_launch() {
     tls_ensure
     mkdir -p "$IAM"
     if ! tls_pid=$(pid_from_file "$STATE/tls-pid" "$DATA"); then
+        # A copy of its own, as the other servers have: a test makes it present an expired
+        # certificate for a moment (the file swapped, then SIGHUP: versitygw reloads its TLS).
+        mkdir -p "$STATE/tls"
+        chmod 700 "$STATE/tls"
+        cp "$TLS_DIR/server.pem" "$TLS_DIR/server.key" "$STATE/tls/"
+        chmod 600 "$STATE/tls/server.key"
         ROOT_ACCESS_KEY=$ACCESS_KEY ROOT_SECRET_KEY=$SECRET_KEY \
             start_background "$TLS_LOG" "$STATE/tls-pid" "$BIN" --port "127.0.0.1:$TLS_PORT" \
-            --cert "$TLS_DIR/server.pem" --key "$TLS_DIR/server.key" \
+            --cert "$STATE/tls/server.pem" --key "$STATE/tls/server.key" \
             --iam-dir "$IAM" --iam-cache-disable posix "$DATA"
         tls_pid=$STARTED_PID
     fi

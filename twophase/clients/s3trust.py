@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from twophase.clients.tlsverify import certificateProblem
 from twophase.redaction import getLogger, redact
 
 log = getLogger(__name__)
@@ -71,11 +72,14 @@ def handshakeRefusal(endpoint: str, cafile: str | None, *, who: str) -> str | No
             with context.wrap_socket(raw, server_hostname=host):
                 pass
     except ssl.SSLCertVerificationError as exc:
-        trusted = f"the CA in {cafile}" if cafile else "the default trust store"
-        return redact(
-            f"the S3 endpoint {endpoint} presented a certificate that {trusted} does not "
-            f"verify for {who} ({exc.verify_message})"
+        problem = certificateProblem(
+            str(exc.verify_message),
+            name=host,
+            ca=cafile or "the default trust store",
+            caOption="fs.ca_bundle (AWS_CA_BUNDLE for the decision log, SSL_CERT_FILE for "
+            "delta-rs and pyiceberg)",
         )
+        return redact(f"the S3 endpoint {endpoint}, reached for {who}: {problem}")
     except OSError as exc:
         log.debug("TLS check of %s skipped: %s", endpoint, exc)
         return None

@@ -120,10 +120,11 @@ class DecisionLogWriteError(CoordinatorError, OSError):
             if code and cause.strerror
             else f"{type(cause).__name__}: {cause}"
         )
+        fix = _untrustedFix(url, cause) if untrusted else _fixFor(_errnoOf(cause), url)
         super().__init__(
             redact(
-                f"twophase decision log {url}: could not {verb} {record}: {reason}. "
-                f"{_untrustedFix(url) if untrusted else _fixFor(_errnoOf(cause), url)} Nothing "
+                f"twophase decision log {url}: could not {verb} {record}: {reason.rstrip('.')}. "
+                f"{fix + ' ' if fix else ''}Nothing "
                 "decided is lost: once the log can be "
                 "written again, restart the query; it recovers from the log, committing each "
                 "decided batch once and discarding what no decision names (Spark writes those "
@@ -164,7 +165,9 @@ def _errnoOf(cause: OSError) -> int | None:
     return cause.errno
 
 
-def _untrustedFix(url: str) -> str:
+def _untrustedFix(url: str, cause: OSError) -> str:
+    if "Fix:" in str(cause):  # the handshake's own words say which fix (an expired certificate)
+        return ""
     return (
         f"The server holding {url} presented a certificate that does not verify: set "
         "AWS_CA_BUNDLE to a PEM file of its CA in the driver's environment."

@@ -113,7 +113,7 @@ def verifyHandshake(endpoint: str, cafile: str | None, *, who: str) -> None:
     store, which honours ``SSL_CERT_FILE``); :class:`FilesTrustError` when it does not verify."""
     refusal = handshakeRefusal(endpoint, cafile, who=who)
     if refusal is not None:
-        raise FilesTrustError(f"{refusal}; nothing was written")
+        raise FilesTrustError(f"{refusal.rstrip('.')}; nothing was written")
 
 
 __all__ = [
