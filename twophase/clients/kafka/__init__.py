@@ -8,6 +8,7 @@ from twophase.clients.kafka.admin import (
     brokerTransactionMaxTimeoutMs,
     connectionConfig,
     ensureTopic,
+    letGo,
     topicMaxMessageBytes,
 )
 from twophase.clients.kafka.errors import (
@@ -50,6 +51,7 @@ __all__ = [
     "isSafeProperty",
     "kafkaOptions",
     "kafkaPythonConfig",
+    "letGo",
     "librdkafkaConfig",
     "librdkafkaError",
     "newClient",

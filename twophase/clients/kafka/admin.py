@@ -1,12 +1,15 @@
 """Asking the cluster about itself with librdkafka's admin client: the connection settings of
 any client, the brokers' ``transaction.max.timeout.ms``, a topic's ``max.message.bytes``, and
-creating a topic a sink needs (a dead-letter topic) when it is missing.
+creating a topic a sink needs (a dead-letter topic) when it is missing; and letting an admin
+client go only once its requests are answered.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from twophase.clients.kafka.errors import KafkaUnreachableError, errorText, newClient
@@ -63,6 +66,36 @@ def adminClient(config: Mapping[str, Any]) -> Any:
     return newClient(AdminClient, settings, "admin client")
 
 
+_AWAITING = "kafka.adminsAwaitingAnswers"
+_awaitingLock = threading.Lock()
+
+
+def letGo(
+    admin: Any, futures: Iterable[concurrent.futures.Future[Any]], waitSeconds: float
+) -> None:
+    """Before ``admin`` is dropped: wait up to ``waitSeconds`` for the ``futures`` of its requests.
+
+    An unanswered request's answer runs Python on librdkafka's background thread, and a garbage
+    collection there that takes the client (an exception's traceback holds it in a cycle)
+    destroys the client from its own thread, which librdkafka answers by aborting the process.
+    A request still unanswered after the wait keeps its client referenced by the process until
+    a later call finds it answered.
+    """
+    pending = [f for f in futures if not f.done()]
+    if pending:
+        concurrent.futures.wait(pending, timeout=waitSeconds)
+    awaiting: list[tuple[Any, list[concurrent.futures.Future[Any]]]] = Resources.ofProcess().get(
+        _AWAITING, list
+    )
+    with _awaitingLock:
+        answered = [(a, fs) for a, fs in awaiting if all(f.done() for f in fs)]
+        awaiting[:] = [(a, fs) for a, fs in awaiting if not all(f.done() for f in fs)]
+        still = [f for f in pending if not f.done()]
+        if still:
+            awaiting.append((admin, still))
+    del answered  # the clients answered since go here, in the caller's thread
+
+
 def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: float = 30) -> int:
     """The brokers' ``transaction.max.timeout.ms`` (smallest over brokers), cached 5 minutes.
 
@@ -88,9 +121,11 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
             reason=KafkaUnreachableError.classify(exc) or SinkFailure.UNREACHABLE,
         ) from None
     values: list[int] = []
+    futures: list[concurrent.futures.Future[Any]] = []
     try:
         resources = [ConfigResource(ResourceType.BROKER, str(b)) for b in metadata.brokers]
-        for future in admin.describe_configs(resources, request_timeout=timeoutSeconds).values():
+        futures = list(admin.describe_configs(resources, request_timeout=timeoutSeconds).values())
+        for future in futures:
             entries = future.result(timeout=timeoutSeconds)
             entry = entries.get("transaction.max.timeout.ms")
             if entry is not None and entry.value is not None:
@@ -103,6 +138,8 @@ def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: flo
             errorText(exc),
             DEFAULT_TRANSACTION_MAX_TIMEOUT_MS,
         )
+    finally:
+        letGo(admin, futures, timeoutSeconds)
     value = min(values) if values else DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
     cache[key] = (value, time.monotonic())
     return value
@@ -115,15 +152,20 @@ def topicMaxMessageBytes(
     it cannot be read (DescribeConfigs refused, the cluster away): ``(None, reason)``."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
+    admin: Any = None
+    futures: list[concurrent.futures.Future[Any]] = []
     try:
         admin = adminClient(config)
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        for future in admin.describe_configs([resource], request_timeout=timeoutSeconds).values():
+        futures = list(admin.describe_configs([resource], request_timeout=timeoutSeconds).values())
+        for future in futures:
             entry = future.result(timeout=timeoutSeconds).get("max.message.bytes")
             if entry is not None and entry.value is not None:
                 return int(entry.value), ""
     except Exception as exc:
         return None, errorText(exc)
+    finally:
+        letGo(admin, futures, timeoutSeconds)
     return None, "the topic's configuration has no max.message.bytes"
 
 
@@ -163,4 +205,6 @@ def ensureTopic(config: Mapping[str, Any], topic: str, option: str, timeoutSecon
                     f"created: {errorText(exc)}; create it, or grant the sink's principal "
                     "CREATE on it"
                 ) from None
+        finally:
+            letGo(admin, [future], timeoutSeconds)
     seen.add(key)

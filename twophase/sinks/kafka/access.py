@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from twophase.clients.kafka import connectionConfig
+from twophase.clients.kafka import connectionConfig, letGo
 from twophase.clients.kafka.errors import newClient
 from twophase.clients.kafka.logs import ClientLog
 from twophase.clients.tlsverify import certificateProblem, probe
@@ -168,6 +168,7 @@ def checkAccess(
     settings.setdefault("logger", ClientLog("access check"))
     settings["error_cb"] = errors.append
     admin = newClient(AdminClient, settings, "admin client")
+    futures: list[Any] = []
     try:
         if topic is None:
             admin.list_topics(timeout=timeoutSeconds)
@@ -177,6 +178,7 @@ def checkAccess(
                 include_authorized_operations=True,
                 request_timeout=timeoutSeconds,
             )[topic]
+            futures.append(future)
             description = future.result(timeout=timeoutSeconds)
             granted = set(description.authorized_operations or ())
             # none reported: a broker without an authorizer, which refuses nobody
@@ -195,6 +197,8 @@ def checkAccess(
             raise _refused(sinkAcls(topic, "")[1], config, f"metadata of topic {topic}") from None
         if code != KafkaError.UNKNOWN_TOPIC_OR_PART:
             return  # unreachable, or not about access: the sink's other checks say it
+    finally:
+        letGo(admin, futures, timeoutSeconds)
     if prefix is not None:
         _checkTransactionalId(config, prefix, timeoutSeconds)
     _checkProbeGroup(config, timeoutSeconds)
@@ -218,6 +222,8 @@ def _checkProbeGroup(config: Mapping[str, Any], timeoutSeconds: float) -> None:
         error = exc.args[0] if exc.args else None
         if getattr(error, "code", lambda: None)() == KafkaError.GROUP_AUTHORIZATION_FAILED:
             raise _refused(sinkAcls(None, "")[-1], config, f"DESCRIBE on group {group}") from None
+    finally:
+        letGo(admin, [future], timeoutSeconds)
 
 
 def _checkTransactionalId(config: Mapping[str, Any], prefix: str, timeoutSeconds: float) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from twophase.clients.kafka import connectionConfig
+from twophase.clients.kafka import connectionConfig, letGo
 from twophase.clients.kafka.errors import errorText, newClient
 from twophase.clients.kafka.logs import ClientLog
 from twophase.redaction import redact
@@ -79,19 +79,22 @@ def describeSinkAcls(
         "The driver checks the sink's ACLs before its first batch and names any that is "
         "missing"
     )
+    futures: list[Any] = []
     try:
-        cluster = admin.describe_cluster(
-            include_authorized_operations=True, request_timeout=timeoutSeconds
-        ).result(timeout=timeoutSeconds + 5)
+        futures.append(
+            admin.describe_cluster(
+                include_authorized_operations=True, request_timeout=timeoutSeconds
+            )
+        )
+        cluster = futures[-1].result(timeout=timeoutSeconds + 5)
         allowed = set(cluster.authorized_operations or ())
         if not allowed & {AclOperation.DESCRIBE, AclOperation.ALL}:
             return cannot, False
         if AclOperation.ALL in allowed or set(_SUPER) <= {o.name for o in allowed}:
             # a super user needs no ACL (and has none); neither does ALL on the cluster tell
             return f"{principal} may do everything on the cluster (a super user)", False
-        bindings = admin.describe_acls(wanted, request_timeout=timeoutSeconds).result(
-            timeout=timeoutSeconds + 5
-        )
+        futures.append(admin.describe_acls(wanted, request_timeout=timeoutSeconds))
+        bindings = futures[-1].result(timeout=timeoutSeconds + 5)
     except Exception as exc:
         return (
             f"cannot look: DescribeAcls as {principal} was refused ({errorText(exc)}); it needs "
@@ -99,6 +102,8 @@ def describeSinkAcls(
             "and names any that is missing",
             False,
         )
+    finally:
+        letGo(admin, futures, timeoutSeconds)
     needed = sinkAcls(topic, prefix)
     missing = [a for a in needed if not any(_covers(b, a) for b in bindings)]
     if not missing:
