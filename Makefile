@@ -62,7 +62,10 @@ endef
 # test sees another's tables, topics or prepared transactions. Most tests leave a core idle
 # much of the time (a Spark start, a wait for a server); two workers fill it. Workers take the
 # files in collection order, the longest first (integration_tests/conftest.py LONGEST_FIRST).
-# The compatibility runs then go side by side (COMPAT_PARALLEL=1).
+# The compatibility runs then go side by side (COMPAT_PARALLEL=1). A worker that crashes is
+# not replaced (--max-worker-restart=0): the suite ends red at once, naming the test it crashed
+# in, where a replacement would find no servers of its own (its number names a set nobody
+# started) and pytest-xdist's file scheduling can wait forever for it.
 TEST_WORKERS ?= 2
 
 # The whole suite on .venv's PySpark (the newest), then the compatibility suite on the oldest
@@ -72,7 +75,7 @@ TEST_WORKERS ?= 2
 # PySpark (integration_tests/jvm_archive.py); the short compatibility run uses one when cached.
 COMPAT_OLDEST ?= 3.5.9 4.0.5:format
 test: .venv
-	$(call with_services,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core COMPAT_PARALLEL=1 TWOPHASE_JVM_ARCHIVE=existing PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST),$(shell seq 1 $(TEST_WORKERS)))
+	$(call with_services,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0 --no-loadscope-reorder --durations=25 -m "not windows and not compat and not cluster" tests integration_tests && COMPAT_SINKS=core COMPAT_PARALLEL=1 TWOPHASE_JVM_ARCHIVE=existing PYTHON=$(PYTHON) integration_tests/compat.sh $(COMPAT_OLDEST),$(shell seq 1 $(TEST_WORKERS)))
 
 # The per-sink crash-window tests under Spark that the chaos bounded profile of `make test`
 # also fires (pytest marker `windows`): each window one by one, with the state checked after it.
