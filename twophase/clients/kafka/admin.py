@@ -87,13 +87,16 @@ def letGo(
     awaiting: list[tuple[Any, list[concurrent.futures.Future[Any]]]] = Resources.ofProcess().get(
         _AWAITING, list
     )
+    answered: list[tuple[Any, list[concurrent.futures.Future[Any]]]] = []
     with _awaitingLock:
-        answered = [(a, fs) for a, fs in awaiting if all(f.done() for f in fs)]
-        awaiting[:] = [(a, fs) for a, fs in awaiting if not all(f.done() for f in fs)]
+        kept: list[tuple[Any, list[concurrent.futures.Future[Any]]]] = []
+        for entry in awaiting:
+            (answered if all(f.done() for f in entry[1]) else kept).append(entry)
+        awaiting[:] = kept
         still = [f for f in pending if not f.done()]
         if still:
             awaiting.append((admin, still))
-    del answered  # the clients answered since go here, in the caller's thread
+    answered.clear()  # the clients answered since go here, in the caller's thread, unlocked
 
 
 def brokerTransactionMaxTimeoutMs(config: Mapping[str, str], timeoutSeconds: float = 30) -> int:
