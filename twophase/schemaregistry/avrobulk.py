@@ -11,15 +11,24 @@ through fastavro.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from twophase.schemaregistry import avro
 
-_EMPTY = pa.scalar(b"", pa.binary())
-_NULL_BRANCH = pa.scalar(b"\x00", pa.binary())
-_VALUE_BRANCH = pa.scalar(b"\x02", pa.binary())  # union branch 1, zigzag-encoded
+_EMPTY = b""
+_NULL_BRANCH = b"\x00"
+_VALUE_BRANCH = b"\x02"  # union branch 1, zigzag-encoded
+
+
+@functools.cache
+def _binary(octets: bytes) -> pa.Scalar:
+    """``octets`` as an Arrow binary scalar, made at first use: building one at import makes
+    pyarrow import pandas, which every Spark Python worker that imports a sink would pay."""
+    return pa.scalar(octets, pa.binary())
 
 
 def supports(kind: pa.DataType, schema: object) -> bool:
@@ -66,7 +75,7 @@ def encode(column: pa.Array, header: bytes) -> pa.Array | None:
         parts = [_field(values, f.nullable) for f, values in zip(column.type, fields, strict=True)]
     else:
         parts = [_value(column.fill_null(_zero(column.type)) if column.null_count else column)]
-    joined = pc.binary_join_element_wise(pa.scalar(header, pa.binary()), *parts, _EMPTY)
+    joined = pc.binary_join_element_wise(pa.scalar(header, pa.binary()), *parts, _binary(_EMPTY))
     if column.null_count:
         joined = pc.if_else(column.is_valid(), joined, pa.scalar(None, pa.binary()))
     return joined
@@ -77,8 +86,8 @@ def _field(values: pa.Array, nullable: bool) -> pa.Array:
     if not nullable:  # its nulls are rows whose record is null: masked by the caller
         return _value(filled)
     present = values.is_valid()
-    encoded = pc.binary_join_element_wise(_VALUE_BRANCH, _value(filled), _EMPTY)
-    return pc.if_else(present, encoded, _NULL_BRANCH) if values.null_count else encoded
+    encoded = pc.binary_join_element_wise(_binary(_VALUE_BRANCH), _value(filled), _binary(_EMPTY))
+    return pc.if_else(present, encoded, _binary(_NULL_BRANCH)) if values.null_count else encoded
 
 
 def _zero(kind: pa.DataType) -> pa.Scalar:
@@ -113,7 +122,7 @@ def _value(values: pa.Array) -> pa.Array:
         )
     data = values.cast(pa.large_binary())
     lengths = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(np.int64)
-    return pc.binary_join_element_wise(_varints(lengths), data.cast(pa.binary()), _EMPTY)
+    return pc.binary_join_element_wise(_varints(lengths), data.cast(pa.binary()), _binary(_EMPTY))
 
 
 def _fixed(octets: np.ndarray, width: int) -> pa.Array:

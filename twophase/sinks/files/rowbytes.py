@@ -11,6 +11,8 @@ checksums run per row.
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -20,9 +22,16 @@ SCHEME = "rows1"
 """The fingerprint scheme of rows encoded here (``Fingerprint.scheme``)."""
 
 _BYTES = pa.large_binary()
-_SEPARATOR = pa.scalar(b"\x1f", _BYTES)
-_COLON = pa.scalar(b":", _BYTES)
-_NULL = pa.scalar(b"~", _BYTES)
+_SEPARATOR = b"\x1f"
+_COLON = b":"
+_NULL = b"~"
+
+
+@functools.cache
+def _scalar(octets: bytes) -> pa.Scalar:
+    """``octets`` as an Arrow scalar, made at first use: building one at import makes pyarrow
+    import pandas, which the sink's driver-side Python workers would pay at every start."""
+    return pa.scalar(octets, _BYTES)
 
 
 def rowBytes(batch: pa.RecordBatch) -> pa.Array:
@@ -32,7 +41,7 @@ def rowBytes(batch: pa.RecordBatch) -> pa.Array:
     fields = [_fieldBytes(batch.schema.field(i), batch.column(i)) for i in range(batch.num_columns)]
     if len(fields) == 1:
         return fields[0]
-    return pc.binary_join_element_wise(*fields, _SEPARATOR)
+    return pc.binary_join_element_wise(*fields, _scalar(_SEPARATOR))
 
 
 def _fieldBytes(field: pa.Field, column: pa.Array) -> pa.Array:
@@ -50,11 +59,11 @@ def _fieldBytes(field: pa.Field, column: pa.Array) -> pa.Array:
 
 def _prefixed(values: pa.Array) -> pa.Array:
     length = pc.cast(pc.binary_length(values), pa.large_string()).cast(_BYTES)
-    return pc.binary_join_element_wise(length, values, _COLON)
+    return pc.binary_join_element_wise(length, values, _scalar(_COLON))
 
 
 def _filled(values: pa.Array) -> pa.Array:
-    return pc.fill_null(values, _NULL) if values.null_count else values
+    return pc.fill_null(values, _scalar(_NULL)) if values.null_count else values
 
 
 def _isBytes(kind: pa.DataType) -> bool:
