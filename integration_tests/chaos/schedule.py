@@ -132,6 +132,7 @@ class Schedule:
         faultTargets: Mapping[str, Sequence[str]] | None = None,
         pastTimeoutSeconds: float = 0.0,
         coverFaults: bool | None = None,
+        coverTargets: bool = False,
         extraPoints: Sequence[str] = (),
         processKinds: Sequence[str] = PROCESS_KINDS,
         upgrades: int = 0,
@@ -145,8 +146,9 @@ class Schedule:
 
         Then ``faults`` faults of the kinds in ``faultTargets`` (kind -> what it may hit),
         with ``coverFaults`` (default: ``coverPoints``) one of each kind first, even past
-        ``faults``, each put at a seeded place among the timed events (after the protocol
-        points); a ``past timeout`` lasts ``pastTimeoutSeconds``. Then ``upgrades`` starts by the
+        ``faults`` (with ``coverTargets``: one of each kind on each server it may hit), each
+        put at a seeded place among the timed events (after the protocol points); a ``past
+        timeout`` lasts ``pastTimeoutSeconds``. Then ``upgrades`` starts by the
         previous release, at seeded places among the timed events, from a stream of their
         own (so ``upgrades=0`` changes nothing else)."""
         rng = random.Random(f"{seed}:{pipeline}")
@@ -188,6 +190,7 @@ class Schedule:
                 faultTargets,
                 cover=coverPoints if coverFaults is None else coverFaults,
                 pastTimeoutSeconds=pastTimeoutSeconds,
+                coverTargets=coverTargets,
             )
             frng = random.Random(f"{seed}:{pipeline}:fault-places")
             for fault in drawn:
@@ -214,16 +217,23 @@ def drawFaults(
     *,
     cover: bool,
     pastTimeoutSeconds: float,
+    coverTargets: bool = False,
 ) -> list[Event]:
     """``count`` faults of the kinds in ``targets`` (with ``cover``: each kind once first, even
-    past ``count``), each on a seeded target of its kind."""
+    past ``count``; with ``coverTargets`` too, each kind on each of its targets), each on a
+    seeded target of its kind."""
     kinds = [k for k in FAULT_KINDS if targets.get(k)]
     if not kinds:
         return []
-    order = rng.sample(kinds, len(kinds)) if cover else []
+    order: list[tuple[str, str | None]] = []
+    if cover and coverTargets:
+        pairs = [(k, t) for k in kinds for t in targets[k]]
+        order = list(rng.sample(pairs, len(pairs)))
+    elif cover:
+        order = [(k, None) for k in rng.sample(kinds, len(kinds))]
     drawn: list[Event] = []
     while len(drawn) < count or order:
-        kind = order.pop(0) if order else rng.choice(kinds)
+        kind, target = order.pop(0) if order else (rng.choice(kinds), None)
         low, high = FAULT_SECONDS.get(kind, (pastTimeoutSeconds, pastTimeoutSeconds))
         drawn.append(
             Event(
@@ -231,7 +241,7 @@ def drawFaults(
                 afterBatches=rng.randint(0, 2),
                 jitterSeconds=round(rng.uniform(0.0, 1.2), 2),
                 downSeconds=round(rng.uniform(low, high), 1),
-                target=rng.choice(list(targets[kind])),
+                target=rng.choice(list(targets[kind])) if target is None else target,
             )
         )
     return drawn

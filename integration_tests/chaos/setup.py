@@ -89,6 +89,7 @@ def drawSchedule(
     faults: int = 0,
     targets: dict[str, tuple[str, ...]] | None = None,
     coverFaults: bool | None = None,
+    coverTargets: bool = False,
     processKinds: tuple[str, ...] = PROCESS_KINDS,
     upgrades: int = 0,
 ) -> Schedule:
@@ -109,6 +110,7 @@ def drawSchedule(
             p.kafkaTimeoutSeconds + BROKER_ABORT_SWEEP_SECONDS + PAST_TIMEOUT_MARGIN_SECONDS
         ),
         coverFaults=coverFaults,
+        coverTargets=coverTargets,
         extraPoints=COMPLETION_POINTS if p.completesBatches else (),
         processKinds=processKinds,
         upgrades=upgrades,
@@ -150,6 +152,7 @@ def runPipeline(
     coverPoints: bool,
     faults: int = 0,
     coverFaults: bool | None = None,
+    coverTargets: bool = False,
     log: Any = print,
     display: LiveDisplay | None = None,
     cluster: Cluster | None = None,
@@ -160,7 +163,8 @@ def runPipeline(
     what it held is copied back to the same place when it is unmounted. With ``display``, the
     run's progress is a row of it (``progress.PipelineProgress``). With ``cluster``, the
     pipeline runs on the compose cluster (``cluster.ClusterRun``): checkpoint and file outputs
-    on S3, the faults of its nodes."""
+    on S3, the faults of its nodes. ``coverTargets``: every fault kind on each server it may
+    hit, not once per kind (``schedule.drawFaults``)."""
     workdir = workdir.resolve()  # executors run elsewhere: every path they see is absolute
     workdir.mkdir(parents=True, exist_ok=True)
     disk = Disk(workdir / "disk") if Disk.possible() and cluster is None else None
@@ -178,6 +182,7 @@ def runPipeline(
         faults=faults,
         targets=targets,
         coverFaults=coverFaults,
+        coverTargets=coverTargets,
         processKinds=PROCESS_KINDS if cluster is None else CLUSTER_PROCESS_KINDS,
         upgrades=upgrades if cluster is None else 0,
     )
