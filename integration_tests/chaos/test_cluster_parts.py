@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from integration_tests.chaos.cluster import IN_CLUSTER, PROCESS_KINDS, batchesNeeded, inCluster
 from integration_tests.chaos.faultkinds import NODE_KINDS
+from integration_tests.chaos.pipelines import PIPELINES
 from integration_tests.chaos.report import ChaosResult, Kill, summaryTable
 from integration_tests.chaos.runner import ChaosRun
 from integration_tests.chaos.schedule import Event
@@ -34,11 +35,13 @@ def test_a_spec_for_a_driver_container_names_the_servers_by_service() -> None:
 
 
 def clusterSchedule(pipeline: str) -> list[Event]:
+    """As ``test_cluster_chaos`` draws it: one timed kill of each kind (an executor, each of
+    the pipeline's servers)."""
     targets = faultTargets(pipeline, proxies=False, disk=False, cluster=True)
     return drawSchedule(
         pipeline,
         7,
-        3,
+        1 + len(PIPELINES[pipeline].servers),
         coverPoints=False,
         targets=targets,
         coverFaults=True,
@@ -51,7 +54,7 @@ def test_a_cluster_schedule_has_every_node_fault_and_loses_its_driver_only_as_a_
     kinds = [e.kind for e in events]
     assert set(NODE_KINDS) <= set(kinds)
     assert "driver" not in kinds  # the cluster's driver is lost as a node (its container)
-    assert {"executor", "postgres", "broker", "freeze"} <= set(kinds)
+    assert {"executor", "postgres", "broker", "s3", "freeze"} <= set(kinds)
     one = faultTargets("multi", proxies=True, disk=True)
     assert not set(one) & set(NODE_KINDS), "a run on one machine has no node faults"
 

@@ -6,8 +6,10 @@ staged), target ``events`` a Kafka topic (key = id, value = payload) and target 
 Delta table on the pipeline's disk (``id``, ``payload``; one Delta commit per batch after the
 parts' commits, so the schedule covers ``driver.beforeCompleteBatch`` too) and target ``lake``
 an Iceberg table beside it (a SQLite catalog; one snapshot per batch, after the Delta commit),
-target ``archive`` Parquet files committed by a local rename: every batch lands in all five or
-in none. The schedule kills PostgreSQL and the broker, and has
+target ``archive`` Parquet files committed by a local rename, target ``bucket`` Parquet files on
+the S3 server by multipart uploads completed at the commit (when the servers have one): every
+batch lands in all six or in none. The schedule kills PostgreSQL, the broker and the S3
+server, and has
 outages: the query kept down after a decision for longer than the Kafka target's transaction
 timeout, so the broker aborts the decided batch's transactions, the restart writes them again
 from Spark's replay, and PostgreSQL's prepared half waits. Verified by ``twophase verify --sink
@@ -17,9 +19,11 @@ multi``: each target against the source, then the targets joined on the id.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline
+from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline, need
+from integration_tests.chaos.pipelines.files import S3_TIMEOUTS
 from integration_tests.chaos.pipelines.iceberg import icebergOptions
 from integration_tests.chaos.pipelines.kafka import (
     KAFKA_TIMEOUT_MS,
@@ -36,9 +40,13 @@ if TYPE_CHECKING:
 
     from integration_tests.chaos.servers import Services
 
-TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg,archive=files"
+TARGETS = "orders=postgres,events=kafka,ledger=delta,lake=iceberg,archive=files,bucket=files"
 STORE_TARGETS = "orders=postgres,events=kafka,ledger=delta,archive=files"
-"""The targets when the files are on an object store (``PipelineSpec.storeUrl``)."""
+"""The targets when the files are on an object store (``PipelineSpec.storeUrl``): there
+``ledger`` and ``archive`` are on the S3 server already."""
+BUCKET = "bucket."
+"""The prefix of the ``bucket`` target's options: its ``path`` and its ``fs.*`` (kept in
+``PipelineSpec.sinkOptions``, so ``twophase verify`` gets them too)."""
 
 
 def multiOptions(spec: PipelineSpec) -> dict[str, str]:
@@ -56,15 +64,17 @@ def multiOptions(spec: PipelineSpec) -> dict[str, str]:
         options.update({f"{target}.{k}": v for k, v in spec.storeOptions.items()})
     if not spec.storeUrl:
         options.update(icebergOptions(spec, "lake."))
+        options[f"{BUCKET}path"] = spec.s3Path
+        options.update({k: v for k, v in spec.sinkOptions.items() if k.startswith(BUCKET)})
     return options
 
 
 class MultiPipeline(Pipeline):
     """sequence -> twophase.multi: a PostgreSQL table, a Kafka topic, a Delta and an Iceberg
-    table, Parquet files, one decision."""
+    table, Parquet files on the local disk and on S3, one decision."""
 
     name = "multi"
-    servers = ("postgres", "broker")
+    servers = ("postgres", "broker", "s3")
     completesBatches = True
     outageSeconds = PAST_TIMEOUT_SECONDS
     kafkaTimeoutSeconds = KAFKA_TIMEOUT_MS / 1000
@@ -74,6 +84,11 @@ class MultiPipeline(Pipeline):
         spec.sinkOptions.update(boundedKafka("events."))
         spec.sinkOptions["orders.socketTimeout"] = SOCKET_TIMEOUT
         newOutputTopic(spec, services)
+        s3 = need(services.s3, "S3")
+        spec.s3Path = s3.url(f"chaos/{uuid.uuid4().hex[:10]}/bucket")
+        spec.sinkOptions.update({BUCKET + k: v for k, v in s3.options().items()})
+        # a partition or a lost reply fails a request in seconds, and s3fs tries it again
+        spec.sinkOptions[f"{BUCKET}fs.config_kwargs"] = S3_TIMEOUTS
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         from pyspark.sql import functions as F
@@ -86,7 +101,7 @@ class MultiPipeline(Pipeline):
             ).alias("events"),
             *(
                 F.struct("id", "payload").alias(name)
-                for name in ("ledger", "lake", "archive")
+                for name in ("ledger", "lake", "archive", "bucket")
                 if f"{name}=" in options["targets"]
             ),
         )
