@@ -225,12 +225,10 @@ def drawFaults(
     kinds = [k for k in FAULT_KINDS if targets.get(k)]
     if not kinds:
         return []
-    order: list[tuple[str, str | None]] = []
-    if cover and coverTargets:
-        pairs = [(k, t) for k in kinds for t in targets[k]]
-        order = list(rng.sample(pairs, len(pairs)))
-    elif cover:
-        order = [(k, None) for k in rng.sample(kinds, len(kinds))]
+    pairs: list[tuple[str, str | None]] = (
+        [(k, t) for k in kinds for t in targets[k]] if coverTargets else [(k, None) for k in kinds]
+    )
+    order = rng.sample(pairs, len(pairs)) if cover else []
     drawn: list[Event] = []
     while len(drawn) < count or order:
         kind, target = order.pop(0) if order else (rng.choice(kinds), None)

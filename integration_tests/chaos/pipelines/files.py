@@ -42,6 +42,16 @@ class FilesPipeline(Pipeline):
         return verify.actualFromFiles(self.path(spec), "parquet", options=spec.sinkOptions)
 
 
+def newS3Output(spec: PipelineSpec, services: Services, folder: str, prefix: str = "") -> None:
+    """A fresh ``folder`` of the S3 server's bucket as ``spec.s3Path``, and the sink options
+    (each under ``prefix``) that reach it."""
+    s3 = need(services.s3, "S3")
+    spec.s3Path = s3.url(f"chaos/{uuid.uuid4().hex[:10]}/{folder}")
+    spec.sinkOptions.update({prefix + k: v for k, v in s3.options().items()})
+    # a partition or a lost reply fails a request in seconds, and s3fs tries it again
+    spec.sinkOptions[f"{prefix}fs.config_kwargs"] = S3_TIMEOUTS
+
+
 class S3Pipeline(FilesPipeline):
     """sequence -> twophase.files on the S3 server, a fresh prefix of its bucket per run."""
 
@@ -49,11 +59,7 @@ class S3Pipeline(FilesPipeline):
     servers = ("s3",)
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
-        s3 = need(services.s3, "S3")
-        spec.s3Path = s3.url(f"chaos/{uuid.uuid4().hex[:10]}/output")
-        spec.sinkOptions.update(s3.options())
-        # a partition or a lost reply fails a request in seconds, and s3fs tries it again
-        spec.sinkOptions["fs.config_kwargs"] = S3_TIMEOUTS
+        newS3Output(spec, services, "output")
 
     def path(self, spec: PipelineSpec) -> str:
         return spec.s3Path

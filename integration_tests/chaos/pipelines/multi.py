@@ -19,11 +19,10 @@ multi``: each target against the source, then the targets joined on the id.
 from __future__ import annotations
 
 import os
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline, need
-from integration_tests.chaos.pipelines.files import S3_TIMEOUTS
+from integration_tests.chaos.pipelines.base import SOCKET_TIMEOUT, Pipeline
+from integration_tests.chaos.pipelines.files import newS3Output
 from integration_tests.chaos.pipelines.iceberg import icebergOptions
 from integration_tests.chaos.pipelines.kafka import (
     KAFKA_TIMEOUT_MS,
@@ -84,11 +83,7 @@ class MultiPipeline(Pipeline):
         spec.sinkOptions.update(boundedKafka("events."))
         spec.sinkOptions["orders.socketTimeout"] = SOCKET_TIMEOUT
         newOutputTopic(spec, services)
-        s3 = need(services.s3, "S3")
-        spec.s3Path = s3.url(f"chaos/{uuid.uuid4().hex[:10]}/bucket")
-        spec.sinkOptions.update({BUCKET + k: v for k, v in s3.options().items()})
-        # a partition or a lost reply fails a request in seconds, and s3fs tries it again
-        spec.sinkOptions[f"{BUCKET}fs.config_kwargs"] = S3_TIMEOUTS
+        newS3Output(spec, services, "bucket", BUCKET)
 
     def sink(self, stream: DataFrame, spec: PipelineSpec) -> DataStreamWriter:
         from pyspark.sql import functions as F
