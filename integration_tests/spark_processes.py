@@ -48,6 +48,19 @@ QUERY_FAILED = 3
 """Exit status of a child whose query failed (as opposed to drained, 0, or killed)."""
 
 
+SPARK_KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+"""Spark's own Kafka connector, for the tests that read with Spark's Kafka source. PySpark
+4.3's own is not in Maven Central as this machine sees it; 4.2.0 resolves with its
+dependencies and reads on Spark 4.3."""
+
+
+def sparkKafkaConf() -> dict[str, str]:
+    """Spark settings that put Spark's Kafka connector on a session's class path, resolved by
+    its Maven coordinates into the cache's Ivy directory."""
+    cache = Path(os.environ.get("TWOPHASE_CACHE", Path.home() / ".cache" / "twophase"))
+    return {"spark.jars.packages": SPARK_KAFKA_CONNECTOR, "spark.jars.ivy": str(cache / "ivy")}
+
+
 def makeSparkHome(home: Path) -> Path:
     """A private ``SPARK_HOME``: symlinks to the pip package's ``bin`` and ``jars`` (see top)."""
     import pyspark

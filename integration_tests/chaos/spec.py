@@ -29,6 +29,8 @@ class PipelineSpec:
     outputTopic: str = ""
     registryUrl: str = ""
     """The schema registry of ``kafka-avro``."""
+    sparkInputTopic: str = ""
+    """``kafka-avro``'s second input, which Spark's own Kafka source reads."""
     s3Path: str = ""
     """The ``s3`` pipeline's output URL (its ``fs.*`` options are in ``sinkOptions``)."""
     sqlUrl: str = ""

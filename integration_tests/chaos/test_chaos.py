@@ -5,7 +5,8 @@ files by local rename and Parquet files on the S3 server by multipart upload, un
 decision: every protocol point of the six sinks in one schedule, the batch-completion point of
 the table commits included, the PostgreSQL target with prepared and staged partitions in every
 batch), ``mariadb`` (sequence -> twophase.sql, XA transactions) and ``kafka-avro`` (Kafka ->
-Kafka with Avro values through the schema registry on both sides); ``multi``'s PostgreSQL and
+Kafka with Avro values through the schema registry on both sides, and Spark's own Kafka
+source over a second topic into the same sink); ``multi``'s PostgreSQL and
 ``mariadb`` over TLS as roles that are not superusers. The sink pipelines first go through
 every protocol point of PROTOCOL.md section 5 (three task points in one start, then one start
 per driver point), then through seeded kills of the driver, an executor and each server they

@@ -7,8 +7,11 @@ and writes its key and value to another topic; one record in 97 is too large for
 (``TOO_LARGE_EVERY``) and goes to a dead-letter topic (option ``badRecords``) in the same
 transactions. ``kafka-avro`` is ``kafka-kafka`` with Avro values in the schema registry's
 wire format on both sides (the source decodes them, the sink registers its schema and encodes
-them), its records compared by key and decoded value. The schedules kill the broker besides
-the driver and the executors; records are counted by key and value, the dead letters by key.
+them), its records compared by key and decoded value; beside that input, Spark's own Kafka
+source reads a second one (plain values, ``read_committed``, aborted transactions between the
+committed ones) into the same query and the same sink, so that both sources are replayed under
+the same faults. The schedules kill the broker besides the driver and the executors; records
+are counted by key and value, the dead letters by key.
 """
 
 from __future__ import annotations
@@ -70,25 +73,29 @@ def newOutputTopic(spec: PipelineSpec, services: Services) -> None:
 
 
 def fillInput(
-    bootstrap: str, topic: str, rows: int, value: Callable[[int], bytes] | None = None
+    bootstrap: str,
+    topic: str,
+    rows: int,
+    value: Callable[[int], bytes] | None = None,
+    first: int = 0,
 ) -> None:
-    """``rows`` committed records (key ``<id>``, value ``row-<id>`` or ``value(id)``) and,
-    between them, aborted transactions a read_committed source must skip."""
+    """``rows`` committed records (key ``<id>``, value ``row-<id>`` or ``value(id)``, ids from
+    ``first``) and, between them, aborted transactions a read_committed source must skip."""
     from confluent_kafka import Producer
 
     producer = Producer(
         {"bootstrap.servers": bootstrap, "transactional.id": f"chaos-fill-{uuid.uuid4().hex[:8]}"}
     )
     producer.init_transactions(60)
-    for start in range(0, rows, INPUT_TRANSACTION_ROWS):
-        if (start // INPUT_TRANSACTION_ROWS) % 4 == 1:
+    for start in range(first, first + rows, INPUT_TRANSACTION_ROWS):
+        if ((start - first) // INPUT_TRANSACTION_ROWS) % 4 == 1:
             producer.begin_transaction()
             for i in range(10):
                 producer.produce(topic, b"aborted", key=b"aborted-%d" % i)
             producer.flush(30)  # an abort racing its AddPartitionsToTxn is fatal (librdkafka)
             producer.abort_transaction(60)
         producer.begin_transaction()
-        for i in range(start, min(rows, start + INPUT_TRANSACTION_ROWS)):
+        for i in range(start, min(first + rows, start + INPUT_TRANSACTION_ROWS)):
             producer.produce(topic, value(i) if value else b"row-%d" % i, key=b"%d" % i)
         producer.commit_transaction(60)
 
@@ -243,12 +250,15 @@ INPUT_SCHEMA = {
 
 
 class KafkaAvroPipeline(KafkaKafkaPipeline):
-    """twophase.kafka (Avro values, read_committed) -> twophase.kafka (Avro values)."""
+    """twophase.kafka (Avro values, read_committed) and Spark's Kafka source (read_committed)
+    -> twophase.kafka (Avro values)."""
 
     name = "kafka-avro"
 
     def prepare(self, spec: PipelineSpec, services: Services) -> None:
         from integration_tests.conftest import service_setting
+        from integration_tests.spark_processes import sparkKafkaConf
+        from integration_tests.test_kafka_helpers import createTopic
 
         spec.registryUrl = need(service_setting("TWOPHASE_SCHEMA_REGISTRY_URL") or "", "registry")
         super().prepare(spec, services)
@@ -259,6 +269,29 @@ class KafkaAvroPipeline(KafkaKafkaPipeline):
                 "schema.registry.url": spec.registryUrl,
             }
         )
+        spec.sparkInputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-spark-in")
+        fillInput(spec.bootstrap, spec.sparkInputTopic, spec.rows, first=spec.rows)
+        spec.sparkConf.update(sparkKafkaConf())
+
+    def source(self, spark: SparkSession, spec: PipelineSpec) -> DataFrame:
+        """twophase's source over the Avro input, and Spark's own over the plain one with its
+        values made the same record: one query, both sources' offsets in its checkpoint."""
+        plain = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", spec.bootstrap)
+            .option("subscribe", spec.sparkInputTopic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", spec.rowsPerBatch)
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+            .selectExpr(
+                "key",
+                "named_struct('id', CAST(CAST(key AS STRING) AS BIGINT), "
+                "'payload', CAST(value AS STRING)) AS value",
+            )
+            .selectExpr("key", self.outputValue())
+        )
+        return super().source(spark, spec).unionByName(plain)
 
     def fillTopic(self, spec: PipelineSpec) -> None:
         value = self.avroValue(spec.registryUrl, spec.inputTopic)
@@ -285,7 +318,24 @@ class KafkaAvroPipeline(KafkaKafkaPipeline):
         )
 
     def offered(self, spec: PipelineSpec) -> Any:
-        return decodedValues(super().offered(spec), spec.registryUrl)
+        """Both inputs' committed records, each value as the JSON of the record it becomes."""
+        import pyarrow as pa
+
+        from twophase import verify
+
+        avro = decodedValues(super().offered(spec), spec.registryUrl).select(["key", "value"])
+        plain = verify.expectedFromKafka(
+            {"kafka.bootstrap.servers": spec.bootstrap, "subscribe": spec.sparkInputTopic}
+        )
+        records = [
+            json.dumps({"id": int(key), "payload": value.decode()}, sort_keys=True).encode()
+            for key, value in zip(
+                plain.column("key").to_pylist(), plain.column("value").to_pylist(), strict=True
+            )
+        ]
+        return pa.concat_tables(
+            [avro, pa.table({"key": plain.column("key"), "value": pa.array(records, pa.binary())})]
+        )
 
     def actual(self, spec: PipelineSpec) -> Any:
         return decodedValues(super().actual(spec), spec.registryUrl)
