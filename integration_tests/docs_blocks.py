@@ -1,9 +1,10 @@
-"""The text blocks of one docs section, for tests that check a document shows real output."""
+"""The blocks of the docs for tests: a section's text blocks (real output), a fragment run."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -23,3 +24,15 @@ def sectionBlocks(doc: str, heading: str) -> list[str]:
 
 def oneLine(text: str) -> str:
     return " ".join(text.split())
+
+
+def runQueryFragment(spark: Any, code: str) -> None:
+    """Run a docs fragment that starts a streaming ``query`` from a given ``spark``: until it
+    has processed all its source has, then stopped."""
+    scope: dict[str, Any] = {"spark": spark}
+    exec(code, scope)
+    query = scope["query"]
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from integration_tests.conftest import ServiceControl, callsDuringAFreeze
+from integration_tests.docs_blocks import runQueryFragment
 from integration_tests.spark_processes import sharedSession
 from integration_tests.test_kafka_helpers import createTopic, readTopic, unique
 
@@ -344,13 +345,7 @@ def test_the_documented_pipeline_reads_avro_and_writes_avro_exactly_once(
         value = serializer(order, SerializationContext(source, MessageField.VALUE))
         producer.produce(source, key=str(i).encode(), value=value)
     producer.flush(30)
-    scope: dict[str, Any] = {"spark": spark}
-    exec(replaced, scope)
-    query = scope["query"]
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    runQueryFragment(spark, replaced)
     got = deserialized(kafka_bootstrap, target, schema_registry_url, "avro")
     assert [g[1]["order_id"] for g in got] == list(range(30))
     assert got[3][1] == {"order_id": 3, "customer": "c0", "gross": decimal.Decimal("4.20")}

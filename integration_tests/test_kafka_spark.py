@@ -9,7 +9,9 @@ transaction. What a user sees is checked with a ``read_committed`` consumer: eve
 once, with its payload, no transaction of the sink left open.
 
 The Kafka -> Spark -> Kafka pipeline needs the Kafka source, which the harness's child does not
-have, so it runs in a small child of this module (``--pipeline``) built the same way.
+have, so it runs in a small child of this module (``--pipeline``) built the same way. The
+tests without a crash share one session in this process, with Spark's own Kafka connector on
+it: docs/kafka.md's example reads with Spark's source into the sink.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from kafka import KafkaAdminClient
 from pyspark.sql.types import StringType, StructField, StructType
 
 from integration_tests.conftest import ServiceControl
+from integration_tests.docs_blocks import runQueryFragment
 from integration_tests.sink_outputs import exactlyOnceReport
 from integration_tests.spark_harness import Harness
 from integration_tests.spark_processes import (
@@ -44,6 +47,7 @@ from integration_tests.spark_processes import (
     killSession,
     makeSparkHome,
     sharedSession,
+    sparkKafkaConf,
 )
 from integration_tests.test_kafka_helpers import (
     Record,
@@ -474,26 +478,35 @@ def runPipeline(
     return subprocess.CompletedProcess(args, code)
 
 
+def interleavedTransactions(
+    bootstrap: str, topic: str, count: int, size: int, aborted: int
+) -> tuple[Producer, list[str]]:
+    """``count`` transactions of ``size`` records (key and value ``t<n>-r<i>``) into ``topic``,
+    every third one from the ``aborted``-th aborted; the producer and the committed values."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("in")})
+    producer.init_transactions(60)
+    committed: list[str] = []
+    for t in range(count):
+        producer.begin_transaction()
+        texts = [f"t{t}-r{i}" for i in range(size)]
+        for text in texts:
+            producer.produce(topic, text.encode(), key=text.encode())
+        producer.flush(30)  # an abort racing its AddPartitionsToTxn is fatal (librdkafka)
+        if t % 3 == aborted:
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+            committed += texts
+    return producer, committed
+
+
 @pytest.mark.timeout(900)
 def test_kafka_to_spark_to_kafka_is_exactly_once_across_a_crash(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     source = createTopic(kafka_bootstrap, partitions=2, prefix="it-pipe-in")
     target = createTopic(kafka_bootstrap, partitions=2, prefix="it-pipe-out")
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": unique("in")})
-    producer.init_transactions(60)
-    expected: list[str] = []
-    for t in range(8):  # committed and aborted transactions, interleaved
-        producer.begin_transaction()
-        texts = [f"t{t}-r{i}" for i in range(20)]
-        for text in texts:
-            producer.produce(source, text.encode(), key=text.encode())
-        producer.flush(30)  # an abort racing its AddPartitionsToTxn is fatal (librdkafka)
-        if t % 3 == 2:
-            producer.abort_transaction(60)
-        else:
-            producer.commit_transaction(60)
-            expected += texts
+    _, expected = interleavedTransactions(kafka_bootstrap, source, 8, 20, aborted=2)
     errors = tmp_path / "errors.json"
     crashed = runPipeline(
         tmp_path, kafka_bootstrap, source, target, "driver.betweenCommits:1", errors
@@ -516,7 +529,43 @@ def test_kafka_to_spark_to_kafka_is_exactly_once_across_a_crash(
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    yield from sharedSession("twophase-kafka-bad-records")
+    yield from sharedSession("twophase-kafka-in-process", **sparkKafkaConf())
+
+
+@pytest.mark.timeout(600)
+def test_the_documented_spark_kafka_source_pipeline_writes_each_committed_record_once(
+    spark: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """docs/kafka.md, "Spark's own Kafka source into the sink": its example with this
+    machine's addresses, over input that holds aborted transactions between the committed ones
+    and, at its end, one still open. Started twice from the same checkpoint: the second start
+    adds nothing."""
+    text = (REPO_ROOT / "docs" / "kafka.md").read_text()
+    section = text.split("## Spark's own Kafka source into the sink", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    source = createTopic(kafka_bootstrap, partitions=2, prefix="it-spark-in")
+    target = createTopic(kafka_bootstrap, partitions=2, prefix="it-spark-out")
+    replaced = (
+        code.replace('"broker1:9092,broker2:9092"', repr(kafka_bootstrap))
+        .replace('"orders"', repr(source))
+        .replace('"orders-upper"', repr(target))
+        .replace('"/data/checkpoints/orders-upper"', repr(str(tmp_path / "checkpoint")))
+    )
+    assert replaced.count(repr(kafka_bootstrap)) == 2 and source in replaced, "update this test"
+    producer, committed = interleavedTransactions(kafka_bootstrap, source, 6, 25, aborted=1)
+    producer.begin_transaction()  # left open while the query runs
+    for i in range(10):
+        producer.produce(source, b"open-%d" % i, key=b"open")
+    producer.flush(30)
+    try:
+        for _ in range(2):
+            runQueryFragment(spark, replaced)
+            out = readTopic(kafka_bootstrap, target)
+            assert sorted((r.value or b"").decode() for r in out) == sorted(
+                text.upper() for text in committed
+            )
+    finally:
+        producer.abort_transaction(60)
 
 
 def oversized(spark: Any, where: str) -> Any:
