@@ -124,3 +124,36 @@ def test_a_replay_with_other_records_is_refused_unless_the_option_accepts_it(
     accepting.commitBatch(0, [result(fewer, 0, 1)])
     assert values(readTopic(kafka_bootstrap, topic)) == ["x"]
     assert coordinator(c, tmp_path).recover().idle
+
+
+@pytest.mark.timeout(180)
+def test_a_replay_that_gives_the_lost_partitions_records_to_each_other_is_taken(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Spark's Kafka source may order a batch's topic partitions otherwise after a restart:
+    the lost partitions' records come back in one another's tasks. Each replay handle matches
+    one lost partition's fingerprint, so all are taken, each record once. A replay that moves
+    a committed partition's records into a lost one's task is refused, nothing doubled."""
+    topic = createTopic(kafka_bootstrap)
+    w, c = sink(kafka_bootstrap, topic, **TIMEOUT)
+    first = timedOut(kafka_bootstrap, w, "p0", partition=0)
+    second = timedOut(kafka_bootstrap, w, "p1a", "p1b", partition=1)
+    with pytest.raises(RewritePendingError):
+        coordinator(c, tmp_path).commitBatch(0, [result(first, 0, 1), result(second, 1, 2)])
+    assert coordinator(c, tmp_path).recover().awaitingRewrite == {0: (0, 1)}
+    writer = KafkaWriter(w.settings)
+    swapped = [prepare(writer, "p1a", "p1b", partition=0), prepare(writer, "p0", partition=1)]
+    coordinator(c, tmp_path).commitBatch(0, [result(swapped[0], 0, 2), result(swapped[1], 1, 1)])
+    assert sorted(values(readTopic(kafka_bootstrap, topic))) == ["p0", "p1a", "p1b"]
+    assert coordinator(c, tmp_path).recover().idle
+
+    checkpoint = tmp_path / "one-lost"
+    lost = timedOut(kafka_bootstrap, w, "q1", partition=1)
+    kept = prepare(w, "q0", partition=0)
+    with pytest.raises(RewritePendingError):
+        coordinator(c, checkpoint).commitBatch(0, [result(kept, 0, 1), result(lost, 1, 1)])
+    assert coordinator(c, checkpoint).recover().awaitingRewrite == {0: (1,)}
+    moved = prepare(KafkaWriter(w.settings), "q0", partition=1)  # partition 0's, committed
+    with pytest.raises(RewriteMismatchError):
+        coordinator(c, checkpoint).commitBatch(0, [result(None, 0), result(moved, 1, 1)])
+    assert sorted(values(readTopic(kafka_bootstrap, topic))) == ["p0", "p1a", "p1b", "q0"]

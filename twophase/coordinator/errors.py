@@ -293,7 +293,9 @@ class RewriteMismatchError(CoordinatorError):
             "before the sink, and the same number of partitions) replays the same records; a "
             ".coalesce(n) before writeStream.format(...) may group them into other tasks after "
             "a restart, which twophase.foreachBatch does not (it writes a lost transaction's "
-            "input partitions again, however Spark groups them). To accept the replay's "
+            "input partitions again, however Spark groups them); Spark's own Kafka source may "
+            "hand a batch's topic partitions to other tasks after a restart, where "
+            'readStream.format("twophase.kafka") keeps them in place. To accept the replay\'s '
             f"records for these partitions instead (right only if the query changed, not the "
             f"grouping), restart once with option {option}=write."
         )

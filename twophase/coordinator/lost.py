@@ -105,8 +105,9 @@ class LostPartitions:
         """Take the replay's handles for the partitions awaiting a rewrite, once they match.
 
         Every awaiting partition needs a replay handle whose fingerprint equals the decided
-        one; otherwise (a non-deterministic query, other partitioning) nothing of the replay is
-        written and ``RewriteMismatchError`` names what differs, unless the
+        one, or the replay gave the lost partitions' records to one another's tasks
+        (``permuted``); otherwise (a non-deterministic query, other partitioning) nothing of
+        the replay is written and ``RewriteMismatchError`` names what differs, unless the
         ``twophase.rewriteMismatch=write`` setting accepts the replay's records.
         """
         batchId = state.batchId
@@ -117,6 +118,17 @@ class LostPartitions:
             if r.handle is not None and LoggedHandle.fromResult(r).key not in known
         }
         replacements = list(state.replacements)
+        permuted = self.permuted(state, replay)
+        if permuted:
+            replacements += [LoggedHandle.fromResult(replay[p]) for p in state.awaitingRewrite]
+            log.info(
+                "twophase sink %s: batch %d: the replay gave the lost partitions' records to "
+                "other tasks (%s): each matches a lost partition's fingerprint, all are taken",
+                self.sinkId,
+                batchId,
+                ", ".join(f"partition {p}'s to partition {q}" for p, q in permuted.items()),
+            )
+            return self.recorded(state, replacements)
         differences: list[tuple[int, str]] = []
         for partitionId in state.awaitingRewrite:
             original = state.loggedHandleOf(partitionId)
@@ -153,6 +165,36 @@ class LostPartitions:
                 REWRITE_MISMATCH_OPTION,
                 "; ".join(f"partition {p}: {what}" for p, what in differences),
             )
+        return self.recorded(state, replacements)
+
+    def permuted(self, state: BatchState, replay: dict[int, TaskResult]) -> dict[int, int]:
+        """Where each lost partition's records went, when the replay gave them to other tasks
+        among the lost partitions (Spark's Kafka source may order a batch's topic partitions
+        otherwise after a restart): each replay handle's fingerprint equals exactly one lost
+        partition's. Empty when they are in place, or anything else differs."""
+        expected: dict[str, list[int]] = {}
+        handles: dict[int, Handle] = {}
+        for partitionId in state.awaitingRewrite:
+            original = state.loggedHandleOf(partitionId)
+            fingerprint = None if original is None else self.fingerprint(original.handle)
+            result = replay.get(partitionId)
+            if fingerprint is None or result is None or result.handle is None:
+                return {}
+            expected.setdefault(fingerprint, []).append(partitionId)
+            handles[partitionId] = result.handle
+        moved: dict[int, int] = {}
+        for partitionId, handle in handles.items():
+            got = self.fingerprint(handle)
+            if got is None or not expected.get(got):
+                return {}
+            source = expected[got].pop(0)
+            if source != partitionId:
+                moved[source] = partitionId
+        return moved
+
+    def recorded(self, state: BatchState, replacements: list[LoggedHandle]) -> BatchState:
+        """``replacements`` recorded as the rewrite of ``state``'s batch."""
+        batchId = state.batchId
         self.guard(f"records the rewrite of batch {batchId}")
         self.log.recordRewrite(batchId, state.lostPartitions, replacements)
         log.info(
