@@ -54,11 +54,74 @@ SPARK_KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 dependencies and reads on Spark 4.3."""
 
 
+SHIPPED_WITH_PYSPARK = (
+    "org.apache.hadoop:hadoop-client-api",
+    "org.apache.hadoop:hadoop-client-runtime",
+    "org.lz4:lz4-java",
+    "at.yawk.lz4:lz4-java",
+    "org.xerial.snappy:snappy-java",
+    "org.slf4j:slf4j-api",
+    "com.google.code.findbugs:jsr305",
+    "org.scala-lang.modules:scala-parallel-collections_2.13",
+)
+"""The connector's dependencies that PySpark's own jars hold: not downloaded, not loaded twice."""
+
+
 def sparkKafkaConf() -> dict[str, str]:
     """Spark settings that put Spark's Kafka connector on a session's class path, resolved by
-    its Maven coordinates into the cache's Ivy directory."""
+    its Maven coordinates into the cache's Ivy directory (first by :func:`resolvePackages`)."""
     cache = Path(os.environ.get("TWOPHASE_CACHE", Path.home() / ".cache" / "twophase"))
-    return {"spark.jars.packages": SPARK_KAFKA_CONNECTOR, "spark.jars.ivy": str(cache / "ivy")}
+    conf = {
+        "spark.jars.packages": SPARK_KAFKA_CONNECTOR,
+        "spark.jars.excludes": ",".join(SHIPPED_WITH_PYSPARK),
+        "spark.jars.ivy": str(cache / "ivy"),
+    }
+    group, artifact, version = SPARK_KAFKA_CONNECTOR.split(":")
+    resolvePackages(conf, f"{group}_{artifact}-{version}.jar")
+    return conf
+
+
+RESOLVE = """
+import json, sys
+from pyspark.sql import SparkSession
+builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for key, value in json.loads(sys.argv[1]).items():
+    builder = builder.config(key, value)
+builder.getOrCreate().stop()
+"""
+
+
+def resolvePackages(conf: Mapping[str, str], jar: str, tries: int = 3) -> None:
+    """The packages of ``conf`` in its Ivy cache before sessions that use them start, perhaps
+    several at once: resolved by a session of their own under a lock, a failed download tried
+    again, unless ``jar`` is there already (Ivy copies the jars into ``jars/`` only once the
+    whole resolution succeeded)."""
+    import fcntl
+
+    ivy = Path(conf["spark.jars.ivy"])
+    if (ivy / "jars" / jar).is_file():
+        return
+    ivy.mkdir(parents=True, exist_ok=True)
+    with open(ivy / ".resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        errors = ""
+        for _ in range(tries):
+            if (ivy / "jars" / jar).is_file():
+                return
+            done = subprocess.run(
+                [sys.executable, "-c", RESOLVE, json.dumps(dict(conf))],
+                env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            errors = done.stderr[-3000:]
+        if not (ivy / "jars" / jar).is_file():
+            raise RuntimeError(
+                f"resolving {conf['spark.jars.packages']} into {ivy} failed {tries} times, "
+                f"no {jar}:\n{errors}"
+            )
 
 
 def makeSparkHome(home: Path) -> Path:
