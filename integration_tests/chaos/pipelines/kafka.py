@@ -8,10 +8,10 @@ and writes its key and value to another topic; one record in 97 is too large for
 transactions. ``kafka-avro`` is ``kafka-kafka`` with Avro values in the schema registry's
 wire format on both sides (the source decodes them, the sink registers its schema and encodes
 them), its records compared by key and decoded value; beside that input, Spark's own Kafka
-source reads a second one (plain values, ``read_committed``, aborted transactions between the
-committed ones) into the same query and the same sink, so that both sources are replayed under
-the same faults. The schedules kill the broker besides the driver and the executors; records
-are counted by key and value, the dead letters by key.
+source reads a second one (one partition of plain values, ``read_committed``, aborted
+transactions between the committed ones) into the same query and the same sink, so that both
+sources are replayed under the same faults. The schedules kill the broker besides the driver
+and the executors; records are counted by key and value, the dead letters by key.
 """
 
 from __future__ import annotations
@@ -269,7 +269,9 @@ class KafkaAvroPipeline(KafkaKafkaPipeline):
                 "schema.registry.url": spec.registryUrl,
             }
         )
-        spec.sparkInputTopic = createTopic(spec.bootstrap, partitions=2, prefix="chaos-spark-in")
+        # one partition: with several, a replay after a restart may hand them to other tasks
+        # (docs/kafka.md), and a loss of some of them then stops the query, by design
+        spec.sparkInputTopic = createTopic(spec.bootstrap, partitions=1, prefix="chaos-spark-in")
         fillInput(spec.bootstrap, spec.sparkInputTopic, spec.rows, first=spec.rows)
         spec.sparkConf.update(sparkKafkaConf())
 
