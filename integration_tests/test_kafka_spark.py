@@ -10,8 +10,8 @@ once, with its payload, no transaction of the sink left open.
 
 The Kafka -> Spark -> Kafka pipeline needs the Kafka source, which the harness's child does not
 have, so it runs in a small child of this module (``--pipeline``) built the same way. The
-tests without a crash share one session in this process, with Spark's own Kafka connector on
-it: docs/kafka.md's example reads with Spark's source into the sink.
+tests without a crash share one session in this process; docs/kafka.md's example with Spark's
+own Kafka source runs in a process of its own, whose JVM starts with the connector.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kafka import KafkaAdminClient
 from pyspark.sql.types import StringType, StructField, StructType
 
 from integration_tests.conftest import ServiceControl
-from integration_tests.docs_blocks import runQueryFragment
+from integration_tests.example_runner import ExampleRunner
 from integration_tests.sink_outputs import exactlyOnceReport
 from integration_tests.spark_harness import Harness
 from integration_tests.spark_processes import (
@@ -529,17 +529,31 @@ def test_kafka_to_spark_to_kafka_is_exactly_once_across_a_crash(
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    yield from sharedSession("twophase-kafka-in-process", **sparkKafkaConf())
+    yield from sharedSession("twophase-kafka-bad-records")
+
+
+SPARK_SOURCE_SESSION = """import json
+import sys
+
+from pyspark.sql import SparkSession
+
+builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+for key, value in json.loads(sys.argv[1]).items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+"""
+"""A session with Spark's Kafka connector, ahead of the docs fragment: the packages reach a
+JVM only when it starts, and this test process's JVM may have started without them."""
 
 
 @pytest.mark.timeout(600)
 def test_the_documented_spark_kafka_source_pipeline_writes_each_committed_record_once(
-    spark: Any, kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """docs/kafka.md, "Spark's own Kafka source into the sink": its example with this
     machine's addresses, over input that holds aborted transactions between the committed ones
-    and, at its end, one still open. Started twice from the same checkpoint: the second start
-    adds nothing."""
+    and, at its end, one still open. Started twice from the same checkpoint, in a process of
+    its own: the second start adds nothing."""
     text = (REPO_ROOT / "docs" / "kafka.md").read_text()
     section = text.split("## Spark's own Kafka source into the sink", 1)[1]
     code = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
@@ -557,14 +571,20 @@ def test_the_documented_spark_kafka_source_pipeline_writes_each_committed_record
     for i in range(10):
         producer.produce(source, b"open-%d" % i, key=b"open")
     producer.flush(30)
+    script = tmp_path / "spark_source_example.py"
+    script.write_text(
+        SPARK_SOURCE_SESSION + replaced + "query.processAllAvailable()\nquery.stop()\n"
+    )
+    runner = ExampleRunner(tmp_path)
     try:
         for _ in range(2):
-            runQueryFragment(spark, replaced)
+            runner.run(script, [json.dumps(sparkKafkaConf())], {}, timeout=240)
             out = readTopic(kafka_bootstrap, target)
             assert sorted((r.value or b"").decode() for r in out) == sorted(
                 text.upper() for text in committed
             )
     finally:
+        runner.close()
         producer.abort_transaction(60)
 
 
