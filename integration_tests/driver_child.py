@@ -10,9 +10,6 @@ connector (hadoop-aws of PySpark's own Hadoop version, by its Maven coordinates,
 variables the test gives the child. The test runs two of these on one spec: the first paused
 at a protocol step (``twophase.faults``), the second started while it stands still (its
 Spark session may be made earlier: ``startWhen`` names a file it waits for before the queries).
-``python -m integration_tests.driver_child --resolve-s3a`` only resolves the S3A connector's
-packages into that cache and exits: run once before two drivers start side by side, since two
-Ivy resolutions downloading into one empty cache at once spoil each other's files.
 """
 
 from __future__ import annotations
@@ -108,14 +105,5 @@ def main(specPath: str) -> int:
     return 0 if all(v == "ok" for v in outcome.values()) else QUERY_FAILED
 
 
-def resolveS3a() -> int:
-    """Start and stop a session with the S3A connector's packages: they are then in the cache."""
-    builder = sessionBuilder("local[1]", "twophase-it-resolve-s3a", 1)
-    for key, value in s3aConf("http://127.0.0.1:1", "unused", "unused").items():
-        builder = builder.config(key, value)
-    builder.getOrCreate().stop()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(resolveS3a() if sys.argv[1] == "--resolve-s3a" else main(sys.argv[1]))
+    sys.exit(main(sys.argv[1]))

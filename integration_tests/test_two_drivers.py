@@ -35,7 +35,7 @@ import pyarrow as pa
 import pytest
 
 from integration_tests.conftest import S3Service
-from integration_tests.driver_child import hadoopVersion
+from integration_tests.driver_child import hadoopVersion, s3aConf
 from integration_tests.sink_outputs import FILES_SINK, exactlyOnceReport
 from integration_tests.spark_processes import (
     QUERY_FAILED,
@@ -43,6 +43,7 @@ from integration_tests.spark_processes import (
     childEnvironment,
     killSession,
     makeSparkHome,
+    resolvePackages,
     sessionProcesses,
 )
 from integration_tests.test_kafka_helpers import createTopic, readTopic
@@ -291,35 +292,13 @@ class Drivers:
             start_new_session=True,
         )
 
-    def resolveS3a(self, tries: int = 3) -> None:
+    def resolveS3a(self) -> None:
         """The S3A connector's packages in the shared cache before two drivers start at once
-        (``driver_child --resolve-s3a``); a failed download (a reset transfer) is tried again.
-
-        Ivy copies the jars into the cache's ``jars/`` only once the whole resolution
-        succeeded, so a hadoop-aws jar there means every download is done: the two drivers'
-        own resolutions then only read the cache, and the session that would resolve it (a
-        Spark start of its own) is skipped."""
-        cache = Path(os.environ.get("TWOPHASE_CACHE", Path.home() / ".cache" / "twophase"))
-        if (
-            cache / "ivy" / "jars" / f"org.apache.hadoop_hadoop-aws-{hadoopVersion()}.jar"
-        ).is_file():
-            return
-        env = {**childEnvironment(self.workdir, self.home, {}), **self.env}
-        for attempt in range(1, tries + 1):
-            done = subprocess.run(
-                [sys.executable, "-m", "integration_tests.driver_child", "--resolve-s3a"],
-                cwd=REPO_ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if done.returncode == 0:
-                return
-            assert attempt < tries, (
-                f"resolving hadoop-aws failed {tries} times:\n{done.stderr[-3000:]}"
-            )
+        (``spark_processes.resolvePackages``): the two drivers' own resolutions then only read
+        the cache, since two Ivy resolutions downloading into one empty cache at once spoil
+        each other's files."""
+        jar = f"org.apache.hadoop_hadoop-aws-{hadoopVersion()}.jar"
+        resolvePackages(s3aConf("http://127.0.0.1:1", "unused", "unused"), jar)
 
     def outcome(self, name: str) -> dict[str, str]:
         path = self.workdir / f"{name}.json"
