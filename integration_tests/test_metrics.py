@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 import twophase
 from integration_tests.docs_blocks import DOCS
 from integration_tests.spark_processes import sharedSession
+from twophase.coordinator.figures import TIMES
 from twophase.metrics import SinkMetrics
 
 BATCHES = 3
@@ -103,6 +104,7 @@ def test_the_listener_hands_on_each_batchs_figures_and_prometheus_counts_them(
         assert figures.prepared == figures.committed == figures.tasks
         assert figures.prepareSeconds is not None and figures.prepareSeconds > 0
         assert figures.decisionSeconds is not None and figures.commitSeconds is not None
+        assertPhasesInOrder(figures)
         # read after this batch, perhaps while the next one was being decided: nothing of this
         # batch or an earlier one is pending, and nothing at all after the last
         inDoubt = metrics.oldestInDoubt
@@ -147,6 +149,20 @@ def test_foreach_batch_queries_report_the_same_figures(spark: Any, tmp_path: Pat
         listener.close()
     rows = {m.batch.batchId: m.batch.rows for m in received if m.batch is not None}
     assert rows == writtenRows(out) == {b: ROWS_PER_BATCH for b in range(BATCHES)}
+    for metrics in received:
+        if metrics.batch is not None:
+            assertPhasesInOrder(metrics.batch)
+
+
+def assertPhasesInOrder(figures: Any) -> None:
+    """The batch's own commit recorded every instant of its phases (planned in the planner's
+    worker, tasks on the executors, the commit), each no earlier than the one before."""
+    times = figures.times
+    assert times is not None and list(times) == list(TIMES), figures
+    instants = [times[name] for name in TIMES]
+    assert instants == sorted(instants), times
+    finished = figures.finishedAt
+    assert finished is not None and instants[-1] <= finished.timestamp() + 0.001  # ms in the log
 
 
 def test_the_operations_example_prints_each_batch_and_the_scraped_counter(

@@ -35,6 +35,8 @@ from twophase.coordinator import (
     DecisionLog,
     LogOwnershipError,
 )
+from twophase.coordinator.figures import TIMES, BatchTimes
+from twophase.coordinator.records import BatchStatus, recordName
 from twophase.protocol import (
     Handle,
     RecoveryScope,
@@ -764,6 +766,47 @@ def test_the_records_carry_each_batchs_figures(world: World) -> None:
     assert figures.decisionSeconds is not None and figures.decisionSeconds >= 0
     assert figures.commitSeconds is not None and figures.committedBy == "commit"
     assert figures.recovery is None, "an idle recovery records nothing"
+
+
+def test_the_committed_record_keeps_when_each_phase_of_the_batch_ran(
+    world: World, crashAt: CrashAt
+) -> None:
+    world.driver.coordinator.recover(0)
+    planned = (time.time() - 0.5, time.time() - 0.4)
+    tasks = (time.time() - 0.3, time.time() - 0.2)
+    world.driver.coordinator.commitBatch(0, world.runTasks(0), BatchTimes(planned, tasks))
+    figures = DecisionLog(world.url).figures(0)
+    assert figures is not None and figures.times is not None
+    times = figures.times
+    assert list(times) == list(TIMES), "every phase, in the order they ran"
+    assert [times[k] for k in TIMES[:4]] == pytest.approx([*planned, *tasks], abs=1e-4)
+    ours = [times[k] for k in TIMES[4:]]
+    assert tasks[1] <= ours[0] and ours == sorted(ours) and ours[-1] <= time.time()
+
+    world.runBatch(1)  # no times given: the coordinator's own instants only
+    later = DecisionLog(world.url).figures(1)
+    assert later is not None and later.times is not None and list(later.times) == list(TIMES[4:])
+
+    crashAt("driver.afterDecision", world)
+    crashAndRestart(world, 2, world.runTasks(2))
+    world.runBatch(2)  # finished by the recovery: nothing is known of its phases
+    recovered = DecisionLog(world.url).figures(2)
+    assert recovered is not None and recovered.committedBy == "recovery" and recovered.times is None
+
+
+def test_times_that_are_not_instants_read_as_unknown(world: World) -> None:
+    world.runBatch(0)
+    log = DecisionLog(world.url)
+    name = recordName(0, BatchStatus.COMMITTED)
+    body = log._storage.readRecord(log._storage.path(name))
+    body["times"] = {"planStarted": "soon", "decided": True, "committed": 12.5, "other": 1.0}
+    log._storage.publish(name, body, exclusive=False, what="a test's record")
+    figures = log.figures(0)
+    assert figures is not None and figures.times == {"committed": 12.5}
+    body["times"] = [1.0, 2.0]
+    log._storage.publish(name, body, exclusive=False, what="a test's record")
+    figures = log.figures(0)
+    assert figures is not None and figures.outcome == "committed" and figures.times is None
 
 
 def test_a_batch_finished_by_recovery_counts_as_already_committed(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from twophase.coordinator.aborts import Aborts
@@ -59,12 +59,14 @@ class BatchCommits:
         started: float,
         outcome: CommitOutcome,
         decisionSeconds: float | None = None,
+        times: Mapping[str, float] | None = None,
     ) -> CommitReport:
         """Commit the decided handles of ``state``, mark it committed, clean up around it.
 
         ``committed(N)`` carries the commit's figures (``decisionSeconds``: the time this call
-        took to write ``decided(N)``); when the cleanup aborted other transactions of N, the
-        mark is written once more with their count.
+        took to write ``decided(N)``; ``times``: the batch's phases so far, to which the moment
+        the last handle was committed is added); when the cleanup aborted other transactions
+        of N, the mark is written once more with their count.
         """
         batchId = state.batchId
         action = (
@@ -94,12 +96,14 @@ class BatchCommits:
         crashPoint("driver.beforeCompleteBatch", batchId)
         self.complete(state, deadline=commitStart + self.settings.commitTimeoutSeconds)
         commitSeconds = time.monotonic() - commitStart
+        committedAt = time.time()
         crashPoint("driver.afterCommits", batchId)
         figures = CommitFigures(
             CommittedBy.COMMIT if outcome is CommitOutcome.COMMITTED else CommittedBy.ROLL_FORWARD,
             len(live),
             sum(o.attempts - 1 for o in outcomes),
             decisionSeconds,
+            times={**times, "committed": committedAt} if times is not None else None,
         )
         self.log.markCommitted(batchId, commitSeconds, figures)
         crashPoint("driver.afterCommitted", batchId)

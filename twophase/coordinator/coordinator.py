@@ -38,7 +38,7 @@ from twophase.coordinator.aborts import Aborts
 from twophase.coordinator.commits import BatchCommits
 from twophase.coordinator.errors import CoordinatorError, DriverFencedError, LogOwnershipError
 from twophase.coordinator.execution import CommitExecutor
-from twophase.coordinator.figures import AbortFigures
+from twophase.coordinator.figures import AbortFigures, BatchTimes
 from twophase.coordinator.holding import Holding
 from twophase.coordinator.log import DecisionLog
 from twophase.coordinator.lost import LostPartitions
@@ -167,7 +167,9 @@ class Coordinator:
         """
         return self.recovery.recover(batchId)
 
-    def commitBatch(self, batchId: int, results: Sequence[TaskResult]) -> CommitReport:
+    def commitBatch(
+        self, batchId: int, results: Sequence[TaskResult], times: BatchTimes | None = None
+    ) -> CommitReport:
         """Make batch N visible exactly once; safe to call again, for a replay, from any process.
 
         Not decided yet: validate the results, write ``decided(N)`` (the commit point), commit
@@ -178,9 +180,11 @@ class Coordinator:
         Raises ``CommitFailedError`` when handles stay uncommitted after retries (the decision
         stays: the next ``recover`` rolls forward), ``TransactionLostError`` when the
         committer lost a decided transaction, ``LogOwnershipError`` when the log belongs to
-        another query, ``ValueError`` for results of another sink or batch.
+        another query, ``ValueError`` for results of another sink or batch. ``times``: when the
+        batch was planned and its tasks ran, recorded with the commit's own in ``committed(N)``.
         """
         started = time.monotonic()
+        stamps = {**(times.stamps() if times is not None else {}), "commitCalled": time.time()}
         queryId = self._validate(batchId, results)
         state = self.log.state(batchId)
         if state is not None and state.status is BatchStatus.COMMITTED:
@@ -213,11 +217,12 @@ class Coordinator:
             self.aborts.abortHandles(batchId, results, decided=frozenset())
             raise self.holding.fenced(self.epoch, exc.epoch, f"decides batch {batchId}") from None
         decisionSeconds = time.monotonic() - decisionStart
+        stamps["decided"] = time.time()
         crashPoint("driver.afterDecision", batchId)
         fresh = {dumpsHandle(r.handle) for r in results if r.handle is not None}
         if decided.handleKeys == fresh:
             return self.commits.finish(
-                decided, results, started, CommitOutcome.COMMITTED, decisionSeconds
+                decided, results, started, CommitOutcome.COMMITTED, decisionSeconds, stamps
             )
         # Someone else's decision won the race: its handles are rolled forward.
         return self.commits.finish(decided, results, started, CommitOutcome.ROLLED_FORWARD)

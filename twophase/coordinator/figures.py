@@ -7,8 +7,9 @@ in the records the coordinator writes anyway, so a batch costs no extra write:
   ``tasks`` (task results given to the decision) and ``prepareSeconds`` (the slowest task);
 - ``committed(N)``: ``commitSeconds``, ``decisionSeconds`` (writing ``decided(N)``),
   ``committedBy`` (``commit``, ``rollForward`` or ``recovery``), ``committed`` (handles),
-  ``retries``, and ``aborted`` (other transactions of N aborted after the commit; the record
-  is written once more only when there were any);
+  ``retries``, ``aborted`` (other transactions of N aborted after the commit; the record
+  is written once more only when there were any), and ``times``: when the batch's phases
+  began and ended (``BatchTimes``), where a batch's time goes;
 - ``aborted(N)``: ``aborted``, ``retries``, ``abortSeconds``, and ``stopped`` when a clean stop
   gave the batch up before any of its tasks began (nothing of it was prepared);
 - ``recovery(N)``, a record of its own and only when the recovery before batch N did
@@ -49,6 +50,42 @@ class CommittedBy(StrEnum):
 
 
 @dataclass(frozen=True)
+class BatchTimes:
+    """When the phases of one batch ran, in epoch seconds, as the Spark binding saw them.
+
+    ``planned``: the driver's work before the tasks (options, the log's claim, recovery);
+    ``tasks``: the first task's start to the last one's end (on the executors' clocks for
+    ``format()``; the job around the tasks for ``foreachBatch``). The coordinator adds the rest:
+    its commit call, the decision, the last handle committed (see ``TIMES``).
+    """
+
+    planned: tuple[float, float] | None = None
+    tasks: tuple[float, float] | None = None
+
+    def stamps(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for names, span in ((("planStarted", "planEnded"), self.planned),
+                            (("tasksStarted", "tasksEnded"), self.tasks)):  # fmt: skip
+            if span is not None:
+                found.update(zip(names, span, strict=True))
+        return found
+
+
+TIMES = (
+    "planStarted",
+    "planEnded",
+    "tasksStarted",
+    "tasksEnded",
+    "commitCalled",
+    "decided",
+    "committed",
+)
+"""The phases' instants ``committed(N)`` may record in ``times``, in the order they happen:
+``commitCalled`` when the driver's commit began, ``decided`` when ``decided(N)`` was written,
+``committed`` when the last handle was committed (the batch visible)."""
+
+
+@dataclass(frozen=True)
 class CommitFigures:
     """What ``committed(N)`` records beside ``commitSeconds``."""
 
@@ -57,6 +94,8 @@ class CommitFigures:
     retries: int = 0
     decisionSeconds: float | None = None
     aborted: int = 0
+    times: Mapping[str, float] | None = None
+    """Some of ``TIMES`` (epoch seconds), when the batch's own commit knew them."""
 
     def toJson(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -67,6 +106,8 @@ class CommitFigures:
         }
         if self.decisionSeconds is not None:
             data["decisionSeconds"] = round(self.decisionSeconds, 6)
+        if self.times:
+            data["times"] = {k: round(self.times[k], 4) for k in TIMES if k in self.times}
         return data
 
 
@@ -163,12 +204,15 @@ class BatchFigures:
     stopped: bool = False
     """An aborted batch that a clean stop gave up before any of its tasks began: nothing of it
     was prepared, and Spark plans it again at the next start."""
+    times: Mapping[str, float] | None = None
+    """When the batch's phases ran (``TIMES``, epoch seconds), as far as its commit knew."""
 
     def toJson(self) -> dict[str, Any]:
         data = asdict(self)
         data["decidedAt"] = isoTimeOrNone(self.decidedAt)
         data["finishedAt"] = isoTimeOrNone(self.finishedAt)
         data["recovery"] = None if self.recovery is None else self.recovery.toJson()
+        data["times"] = None if self.times is None else dict(self.times)
         return data
 
 
@@ -220,6 +264,7 @@ def readFigures(
             decisionSeconds=_float(committed.get("decisionSeconds")),
             commitSeconds=_float(committed.get("commitSeconds")),
             finishedAt=_time(committed.get("committedAt")),
+            times=_times(committed.get("times")),
         )
     elif outcome == "aborted" and aborted is not None:
         figures.update(
@@ -268,6 +313,14 @@ def _recovery(body: Mapping[str, Any] | None) -> RecoveryFigures | None:
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _times(value: Any) -> dict[str, float] | None:
+    """The known ``TIMES`` of a ``times`` object; anything else in it is left out."""
+    if not isinstance(value, Mapping):
+        return None
+    found = {k: _float(value.get(k)) for k in TIMES}
+    return {k: v for k, v in found.items() if v is not None} or None
 
 
 def _int(value: Any) -> int | None:

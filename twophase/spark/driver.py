@@ -49,6 +49,8 @@ class BatchPlan:
     """The run of this driver that planned the batch (``twophase.spark.driver_runs``)."""
     stopping: bool = False
     """The query is stopping cleanly (``twophase.spark.stopping``): no task writes anything."""
+    planned: tuple[float, float] | None = None
+    """When the driver began and ended planning the batch (epoch seconds), for its figures."""
 
     def writes(self, batchId: int, partitionId: int) -> bool:
         """True when the task of ``partitionId`` in ``batchId`` must write its input."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from twophase.coordinator.figures import BatchTimes
 from twophase.protocol import TaskResult, TransactionContext
 from twophase.redaction import getLogger, rememberSecrets
 from twophase.resources import Resources
@@ -104,7 +106,9 @@ class _ForeachBatchWriter:
         releaseWhenStopped(spark, streamId, Resources.ofProcess())
         self.sink.validate(df.schema)
         committer = self.sink.createCommitter()
+        planStarted = time.time()
         plan = beforeBatch(self.sink, committer, self.settings, queryId, batchId)
+        planned = (planStarted, time.time())
         coordinator = openCoordinator(committer, self.settings, plan.epoch)
         if not plan.writesAny(batchId):
             return  # a replay of a batch the log holds: recovery above has finished it
@@ -133,14 +137,16 @@ class _ForeachBatchWriter:
             rewrite=list(zip(lost, inputs, strict=True)),
         )
         with forgottenIfFenced(self.settings):
+            tasksStarted = time.time()
             try:
                 rows = frame.mapInArrow(taskFn, _RESULT_SCHEMA).collect()
             except BaseException:
                 # Any task may still be preparing: abort the batch, then sweep once more.
                 abortFailedBatch(coordinator, batchId, [], unreported=True)
                 raise
+            times = BatchTimes(planned, (tasksStarted, time.time()))
             results = [TaskResult.fromJson(json.loads(row["result"])) for row in rows]
-            coordinator.commitBatch(batchId, results)
+            coordinator.commitBatch(batchId, results, times)
 
     def _writerTasks(self, spark: object) -> int:
         """The tasks to write a batch with: as asked, else one per slot (0: as the input is)."""

@@ -17,6 +17,7 @@ That order of calls is PySpark's (``write_into_data_source.py`` pickles the writ
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, ClassVar, Protocol
 
 from pyspark.sql.types import StructType
 
+from twophase.coordinator.figures import BatchTimes
 from twophase.protocol import Committer, TaskResult, TransactionContext, TransactionWriter
 from twophase.redaction import rememberSecrets
 from twophase.settings import SinkSettings
@@ -66,12 +68,14 @@ class BoundSink(Protocol):
 @dataclass
 class TwoPhaseCommitMessage(WriterCommitMessage):
     """A task's ``TaskResult`` as JSON, carried to the driver by Spark, with when the task ran
-    (wall clock) and the Spark run it belongs to, for ``task_advice``."""
+    (wall clock) and the Spark run it belongs to, for ``task_advice``, and when its batch was
+    planned, for the batch's figures (``BatchTimes``)."""
 
     result: dict[str, Any]
     started: float = 0.0
     finished: float = 0.0
     sparkRunId: str = ""
+    planned: tuple[float, float] | None = None
 
 
 class TwoPhaseStreamWriter(StreamWriterBase):
@@ -94,8 +98,10 @@ class TwoPhaseStreamWriter(StreamWriterBase):
     def __getstate__(self) -> dict[str, Any]:
         """Plan the batch before the writer leaves for the tasks (once; see the module doc)."""
         if self.plan is None:
+            began = time.time()
             with codedErrors():
-                self.plan = self._planBatch()
+                plan = self._planBatch()
+            self.plan = dataclasses.replace(plan, planned=(began, time.time()))
         return dict(self.__dict__)
 
     def _planBatch(self) -> BatchPlan:
@@ -155,6 +161,7 @@ class TwoPhaseStreamWriter(StreamWriterBase):
             started,
             time.time(),
             task.getLocalProperty("spark.jobGroup.id") or "",  # Spark's run id of the query
+            self.plan.planned,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -164,7 +171,7 @@ class TwoPhaseStreamWriter(StreamWriterBase):
         self._checkUnplanned()
         with codedErrors(), forgottenIfFenced(self.settings):
             coordinator = openCoordinator(self.sink.createCommitter(), self.settings)
-            coordinator.commitBatch(batchId, _results(messages))
+            coordinator.commitBatch(batchId, _results(messages), _times(messages))
         reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
         if reported:
             adviseOncePerRun(
@@ -188,6 +195,17 @@ class TwoPhaseStreamWriter(StreamWriterBase):
                 _results(messages),
                 unreported=any(m is None for m in messages),
             )
+
+
+def _times(messages: list[WriterCommitMessage | None]) -> BatchTimes:
+    """When the batch was planned and its tasks ran, from what the tasks reported."""
+    reported = [m for m in messages if isinstance(m, TwoPhaseCommitMessage)]
+    if not reported:
+        return BatchTimes()
+    return BatchTimes(
+        planned=reported[0].planned,
+        tasks=(min(m.started for m in reported), max(m.finished for m in reported)),
+    )
 
 
 def _results(messages: list[WriterCommitMessage | None]) -> list[TaskResult]:
