@@ -35,8 +35,9 @@ from twophase.coordinator import (
     DecisionLog,
     LogOwnershipError,
 )
+from twophase.coordinator.execution import CommitExecutor, CommitJob
 from twophase.coordinator.figures import TIMES, BatchTimes
-from twophase.coordinator.records import BatchStatus, recordName
+from twophase.coordinator.records import BatchStatus, LoggedHandle, recordName
 from twophase.protocol import (
     Handle,
     RecoveryScope,
@@ -730,13 +731,16 @@ def test_results_of_another_sink_or_batch_are_refused(world: World) -> None:
 
 
 def assertNoCommitThreads(seconds: float = HELD_SECONDS) -> None:
-    """Wait, at most ``seconds``, for every ``twophase-commit`` thread to end; fail naming the
-    ones left."""
+    """Wait, at most ``seconds``, until no thread runs commit jobs (the kept threads are named
+    ``twophase-commit`` only while they do); fail naming the ones left."""
     deadline = time.monotonic() + seconds
-    for thread in threading.enumerate():
-        if thread.name.startswith("twophase-commit"):
-            thread.join(max(0.0, deadline - time.monotonic()))
-    left = [t.name for t in threading.enumerate() if t.name.startswith("twophase-commit")]
+
+    def busy() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("twophase-commit")]
+
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    left = busy()
     assert left == [], f"commit threads still running after {seconds} s: {left}"
 
 
@@ -807,6 +811,37 @@ def test_times_that_are_not_instants_read_as_unknown(world: World) -> None:
     log._storage.publish(name, body, exclusive=False, what="a test's record")
     figures = log.figures(0)
     assert figures is not None and figures.outcome == "committed" and figures.times is None
+
+
+def test_commit_threads_are_kept_between_calls_and_named_busy_only_while_they_work() -> None:
+    settings = CoordinatorSettings(maxParallelCommits=3)
+    executor = CommitExecutor(SINK, settings, describe=str)
+    seen: list[tuple[threading.Thread, str]] = []
+    running = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    def action(handle: Handle) -> None:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+            seen.append((threading.current_thread(), threading.current_thread().name))
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+
+    def jobs() -> list[CommitJob]:
+        return [CommitJob(0, LoggedHandle(p, 0, {"txn": p}), action) for p in range(9)]
+
+    first = executor.runAll(jobs(), deadline=time.monotonic() + 30)
+    existing = set(threading.enumerate())
+    seen.clear()
+    second = executor.runAll(jobs(), deadline=time.monotonic() + 30)
+    assert len(first) == len(second) == 9 and all(o.error is None for o in first + second)
+    threads = {thread for thread, _ in seen}
+    assert len(threads) == 3 and threads <= existing, "three threads, none started for it"
+    assert running[1] == 3, "at most maxParallelCommits at once"
+    assert {name for _, name in seen} == {"twophase-commit"}
+    assertNoCommitThreads(0.0)  # idle now, under another name
 
 
 def test_a_batch_finished_by_recovery_counts_as_already_committed(

@@ -3,13 +3,20 @@
 Only ``TransientCommitError`` is retried, with exponential backoff and full jitter, bounded by
 ``CoordinatorSettings.commitRetries`` and the batch's deadline; any other error is returned to
 the coordinator at once, because retrying a permanent error hides it.
+
+The threads are the process's, kept between calls (``_keptThreads``): a driver or a commit
+worker that PySpark reuses commits every batch without starting threads again. A thread is
+named ``twophase-commit`` only while it runs a call's jobs, ``twophase-idle`` otherwise.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -31,6 +38,24 @@ from twophase.redaction import getLogger
 log = getLogger(__name__)
 
 _T = TypeVar("_T")
+
+BUSY_NAME = "twophase-commit"
+"""The name of a thread while it runs commit or abort jobs."""
+IDLE_PREFIX = "twophase-idle"
+KEPT_THREADS = 256
+"""At most this many kept threads at once; a call uses ``maxParallelCommits`` of them."""
+_kept: tuple[int, ThreadPoolExecutor] | None = None
+_keptLock = threading.Lock()
+
+
+def _keptThreads() -> ThreadPoolExecutor:
+    """This process's commit threads (made anew in a forked child: threads do not survive a
+    fork, and PySpark forks its Python workers)."""
+    global _kept
+    with _keptLock:
+        if _kept is None or _kept[0] != os.getpid():
+            _kept = (os.getpid(), ThreadPoolExecutor(KEPT_THREADS, thread_name_prefix=IDLE_PREFIX))
+        return _kept[1]
 
 
 @dataclass(frozen=True)
@@ -79,16 +104,33 @@ class CommitExecutor:
         self._describe = describe
 
     def runAll(self, jobs: Sequence[CommitJob], *, deadline: float) -> list[JobOutcome]:
-        """Run ``jobs`` on a bounded thread pool, each with retries; never raises for a job."""
+        """Run ``jobs``, at most ``maxParallelCommits`` at once, each with retries; never raises
+        for a job. Outcomes come in the order the jobs ended."""
         if not jobs:
             return []
+        pending = collections.deque(jobs)
+        outcomes: list[JobOutcome] = []
+
+        def drain() -> None:
+            thread = threading.current_thread()
+            idle, thread.name = thread.name, BUSY_NAME
+            try:
+                while True:
+                    try:
+                        job = pending.popleft()
+                    except IndexError:
+                        return
+                    outcomes.append(self.runOne(job, deadline))
+            finally:
+                thread.name = idle
+
         workers = min(self.settings.maxParallelCommits, len(jobs))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="twophase-commit")
         try:
-            futures = [pool.submit(self.runOne, job, deadline) for job in jobs]
-            return [future.result() for future in as_completed(futures)]
+            for running in [_keptThreads().submit(drain) for _ in range(workers)]:
+                running.result()
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pending.clear()  # interrupted: the threads start no further job of this call
+        return outcomes
 
     def runOne(self, job: CommitJob, deadline: float) -> JobOutcome:
         """``job`` with retries; its calls say which batch they serve (``servingBatch``)."""
