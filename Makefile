@@ -285,8 +285,11 @@ bench-floor: .venv
 	$(VENV)/bin/python -m bench.floor $(FLOOR_ARGS)
 
 # End-to-end latency by trigger (0.1, 1, 10 s) for Kafka, files and PostgreSQL: twophase's two
-# paths against Spark's own sink, read by a reader of committed data (after `make services`);
-# bench/results/latency.md. LATENCY_ARGS=--load 1: the same beside a busy process.
+# paths against Spark's own sink, read by a reader of committed data (after `make services`),
+# and each path's micro-batch split by phase against the floors of PySpark's two Python paths;
+# bench/results/latency.md. LATENCY_ARGS=--load 1: the same beside a busy process;
+# LATENCY_ARGS="--triggers 0 --targets kafka --rates 2000,20000,50000 --rounds 2": the cost of
+# a batch at a 0 s trigger, as docs/performance.md quotes it.
 .PHONY: bench-latency
 bench-latency: .venv
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'

@@ -4,6 +4,11 @@ Spark's ``StreamingQueryProgress.durationMs`` splits a trigger into the source's
 planning, the sink (``addBatch``: for ``twophase.foreachBatch`` the tasks and the driver's
 decision and commit) and the offset logs; twophase's decision log adds its own figures of the
 same batch. Medians over the batches of a window, so a bench can say where a difference goes.
+
+``timeline`` splits ``addBatch`` itself, from the instants the log's ``committed(N)`` keeps
+(``times``): Spark's way to twophase's planning (for ``format()``, a Python planner worker),
+the planning, the job's launch, the tasks, the way to the commit (for ``format()``, a Python
+commit worker), the decision, the commits, and what follows until Spark has the batch back.
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ PHASES = {
 """A column of the breakdown: the sum of these ``durationMs`` keys of Spark's progress."""
 LOGGED = {"prepare": "prepareSeconds", "decision": "decisionSeconds", "commit": "commitSeconds"}
 """Twophase's columns: these figures of the decision log, per batch."""
+STEPS = {
+    "to plan": ("addBatch", "planStarted"),
+    "plan": ("planStarted", "planEnded"),
+    "to tasks": ("planEnded", "tasksStarted"),
+    "tasks": ("tasksStarted", "tasksEnded"),
+    "to commit": ("tasksEnded", "commitCalled"),
+    "decide": ("commitCalled", "decided"),
+    "commit": ("decided", "committed"),
+    "after": ("committed", "addBatchEnd"),
+}
+"""The parts of ``addBatch``: from one instant to the next (``addBatch`` and ``addBatchEnd``
+are Spark's, from its progress; the rest the log's ``times``)."""
 
 
 def collect(query: Any, progress: dict[int, dict[str, Any]]) -> None:
@@ -72,3 +89,33 @@ def phaseTable(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> str:
             for rate, path, f in rows
         ],
     )
+
+
+def addBatchSpan(report: Mapping[str, Any]) -> tuple[float, float]:
+    """When a progress report's ``addBatch`` began and ended (epoch s): the trigger's own phases
+    run in order, and only ``commitOffsets`` follows the sink's."""
+    began = datetime.fromisoformat(report["timestamp"].replace("Z", "+00:00")).timestamp()
+    durations = report.get("durationMs", {})
+    end = began + (durations.get("triggerExecution", 0) - durations.get("commitOffsets", 0)) / 1000
+    return end - durations.get("addBatch", 0) / 1000, end
+
+
+def timeline(
+    progress: Mapping[int, Mapping[str, Any]], logUrl: str, skip: int = 2
+) -> dict[str, float]:
+    """Median ms of each of ``STEPS`` over the batches that read rows (after the first
+    ``skip``, the query's start-up) and whose ``committed(N)`` holds the instants they need."""
+    from twophase.coordinator.log import DecisionLog
+
+    logged = {f.batchId: f for f in DecisionLog(logUrl).recentFigures(max(progress) + 1)}
+    found: dict[str, list[float]] = {name: [] for name in STEPS}
+    for batch, report in sorted(progress.items())[skip:]:
+        figures = logged.get(batch)
+        if report.get("numInputRows", 0) == 0 or figures is None or not figures.times:
+            continue
+        began, ended = addBatchSpan(report)
+        instants = {**figures.times, "addBatch": began, "addBatchEnd": ended}
+        for name, (start, end) in STEPS.items():
+            if start in instants and end in instants:
+                found[name].append((instants[end] - instants[start]) * 1000)
+    return {name: statistics.median(values) for name, values in found.items() if values}
