@@ -9,15 +9,17 @@ for ``--seconds`` (300 by default) on fresh topics of 8 partitions:
 - spark: ``readStream.format("kafka")`` -> ``value`` -> ``writeStream.format("kafka")`` (at least
   once), the connector resolved by Maven coordinates as in ``bench.kafka``.
 
-Both ``trigger(processingTime="1 second")``. A producer thread (confluent-kafka, idempotent, not
+Both ``trigger(processingTime="1 second")``. A producer process (confluent-kafka, idempotent, not
 transactional) writes the input at the fixed rate, paced per 10 ms slice, each value
-``"<creation ms>:<seq>"`` padded to 100 bytes. A ``read_committed`` consumer of the output topic
-takes each row's arrival time minus its creation time; rows created in the warm-up (the first
-``min(30, seconds / 4)`` s) are left out. A rate holds when the p95 over the rest is at most 2 s
-and, at the end of production, the consumer had seen at least 99% of the rows created up to 10 s
-before it (the query keeps up rather than falling behind). Production begins once the query
-has reported its first progress, after one short twophase query has started the Python workers
-(``bench.latency.warmUp``), so no path pays for starting up.
+``"<creation ms>:<seq>"`` padded to 100 bytes. A ``read_committed`` consumer of the output topic,
+in a process of its own too, takes each row's arrival time minus its creation time (at tens of
+thousands of rows a second, either one as a thread of the driver would take its interpreter
+from ``twophase.foreachBatch``'s coordinator, which runs there); rows created in the warm-up
+(the first ``min(30, seconds / 4)`` s) are left out. A rate holds when the p95 over the rest
+is at most 2 s and, at the end of production, the consumer had seen at least 99% of the rows
+created up to 10 s before it (the query keeps up rather than falling behind). Production
+begins once the query has reported its first progress, after one short twophase query has
+started the Python workers (``bench.latency.warmUp``), so no path pays for starting up.
 
 Broker-side cost: the commit markers (control records) the twophase path wrote, per second.
 Counted from the output topic's offsets once the query has stopped and the consumer has drained
@@ -45,10 +47,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -69,18 +71,27 @@ KEPT_UP = 0.99
 LAG_ALLOWED = 10.0
 LIGHT_MARGIN = 0.05
 HISTOGRAM_MS = 600_000
+FORK = multiprocessing.get_context("fork")
 
 
-class Producer(threading.Thread):
-    """Writes ``rate`` rows/s into ``topic`` from ``start`` to ``end`` (epoch s), per 10 ms."""
+class Producer(FORK.Process):  # type: ignore[name-defined]
+    """Writes ``rate`` rows/s into ``topic`` from ``start`` to ``end`` (epoch s), per 10 ms; its
+    counts are shared with the parent as it goes."""
 
     def __init__(self, bootstrap: str, topic: str, rate: int, start: float, end: float) -> None:
         super().__init__(daemon=True)
         self.bootstrap, self.topic, self.rate = bootstrap, topic, rate
         self.start_, self.end = start, end
-        self.produced = 0
-        self.producedBefore = 0
+        self._counts = FORK.Array("q", 2)  # produced, and produced up to LAG_ALLOWED s before end
+
+    @property
+    def produced(self) -> int:
+        return int(self._counts[0])
+
+    @property
+    def producedBefore(self) -> int:
         """Rows created up to ``LAG_ALLOWED`` s before the end."""
+        return int(self._counts[1])
 
     def run(self) -> None:
         from confluent_kafka import Producer as KafkaProducer
@@ -96,22 +107,24 @@ class Producer(threading.Thread):
         )
         slice_ = 0.01
         tick = self.start_
+        produced = before = 0
         while time.time() < self.start_:
             time.sleep(0.001)
         for index in range(1, round((self.end - self.start_) / slice_) + 1):
             due = self.rate * slice_ * index
             now = time.time()
             ms = int(now * 1000)
-            while self.produced < int(due):
-                value = f"{ms}:{self.produced}".ljust(VALUE_BYTES, ".").encode()
+            while produced < int(due):
+                value = f"{ms}:{produced}".ljust(VALUE_BYTES, ".").encode()
                 try:
                     producer.produce(self.topic, value)
                 except BufferError:
                     producer.poll(0.01)
                     continue
-                self.produced += 1
+                produced += 1
                 if now <= self.end - LAG_ALLOWED:
-                    self.producedBefore += 1
+                    before += 1
+            self._counts[0], self._counts[1] = produced, before
             producer.poll(0)
             tick += slice_
             pause = tick - time.time()
@@ -120,10 +133,11 @@ class Producer(threading.Thread):
         producer.flush(60)
 
 
-class Reader(threading.Thread):
+class Reader(FORK.Process):  # type: ignore[name-defined]
     """A ``read_committed`` consumer of ``topic``: a latency histogram (ms) of the rows created
     in ``[measured, end]``, and what it had seen by ``end`` of the rows created before
-    ``end - LAG_ALLOWED``."""
+    ``end - LAG_ALLOWED``. ``read`` and ``lastRead`` are shared as it goes; the rest comes back
+    with ``finish()``."""
 
     def __init__(self, bootstrap: str, topic: str, measured: float, end: float, rows: int) -> None:
         super().__init__(daemon=True)
@@ -131,16 +145,41 @@ class Reader(threading.Thread):
         self.measuredMs, self.endMs = int(measured * 1000), int(end * 1000)
         self.histogram = [0] * (HISTOGRAM_MS + 1)
         self.worst = 0
-        self.read = 0
         self.inWindow = 0
         self.seenByEnd = 0
-        self.seen = bytearray(rows)
+        self.rows = rows
         self.repeated = 0
         """Rows read more than once (by sequence number)."""
-        self.lastRead = time.time()
-        self.stop = threading.Event()
+        self._read = FORK.Value("q", 0)
+        self._lastRead = FORK.Value("d", time.time())
+        self.stop = FORK.Event()
+        self._results, self._sending = FORK.Pipe(duplex=False)
+
+    @property
+    def read(self) -> int:
+        return int(self._read.value)
+
+    @property
+    def lastRead(self) -> float:
+        return float(self._lastRead.value)
+
+    def finish(self) -> None:
+        """Stop the reader and take its figures."""
+        self.stop.set()
+        self.histogram, self.worst, self.inWindow, self.seenByEnd, self.repeated = (
+            self._results.recv()
+        )
+        self.join()
 
     def run(self) -> None:
+        self.seen = bytearray(self.rows)
+        try:
+            self._consume()
+        finally:
+            figures = (self.histogram, self.worst, self.inWindow, self.seenByEnd, self.repeated)
+            self._sending.send(figures)
+
+    def _consume(self) -> None:
         consumer = kb.committedReader(
             self.bootstrap, self.topic, range(PARTITIONS), fetch_wait_max_ms=10
         )
@@ -151,11 +190,11 @@ class Reader(threading.Thread):
                 if not messages:
                     continue
                 nowMs = int(time.time() * 1000)
-                self.lastRead = time.time()
+                self._lastRead.value = time.time()
+                self._read.value += sum(1 for m in messages if m.error() is None)
                 for message in messages:
                     if message.error() is not None:
                         continue
-                    self.read += 1
                     stamp, rest = (message.value() or b"0:0").split(b":", 1)
                     created = int(stamp)
                     seq = int(rest.rstrip(b"."))
@@ -305,8 +344,7 @@ def measure(spark: Any, bootstrap: str, path: str, rate: int, seconds: float, wo
             time.sleep(0.5)
     finally:
         query.stop()
-        reader.stop.set()
-        reader.join()
+        reader.finish()
     run.produced = producer.produced
     run.delivered = reader.inWindow
     run.repeated = reader.repeated

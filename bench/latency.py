@@ -381,13 +381,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="per run; at least 6 trigger intervals")  # fmt: skip
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the bench")
     parser.add_argument("--rounds", type=int, default=1, help="runs of every path, alternated")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting of the session, e.g. "
+                        "spark.python.unix.domain.socket.enabled=true")  # fmt: skip
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     triggers = [float(t) for t in args.triggers.split(",")]
     rates = [int(r) for r in args.rates.split(",")]
     names = args.targets.split(",")
     paths = args.paths.split(",")
-    spark = benchSession("local[2]", 8)
+    conf = dict(setting.split("=", 1) for setting in args.conf)
+    spark = benchSession("local[2]", 8, conf=conf)
     spark.dataSource.register(DropSink)
     work = Path(tempfile.mkdtemp(prefix="twophase-latency-"))
     targets: dict[str, LatencyTarget] = {}
@@ -403,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"Spark {spark.version}, local[2], `rate` source at "
         f"{' / '.join(f'{r:,}' for r in rates)} rows/s, 8 partitions, "
-        f"{args.load} busy processes beside it; each run at least {args.seconds:g} s. Latency: "
+        f"{args.load} busy processes beside it; each run at least {args.seconds:g} s"
+        f"{''.join(f'; {k}={v}' for k, v in conf.items())}. Latency: "
         "a row's creation to a reader of committed data seeing it, over the rows created after "
         "each query's first two micro-batches; first batch: from `start()` to the end of the "
         "query's first micro-batch."
