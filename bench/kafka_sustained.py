@@ -37,7 +37,9 @@ and read rows, of Spark's own progress figures (``durationMs``: the trigger's wh
 the source's ``latestOffset``, ``getBatch`` with query planning, ``addBatch`` (the sink; for
 twophase the whole ``foreachBatch``: the tasks and the driver's decision and commit), and the
 offset and commit logs' writes), and for twophase the decision log's own figures of the same
-batches (the tasks' prepare, the decision's write, the transactions' commit).
+batches (the tasks' prepare, the decision's write, the transactions' commit), and twophase's
+``addBatch`` split by the instants its log keeps (``bench.phases.timeline``): the fixed cost of
+a batch around its job, the driver's work before the tasks and after them.
 
 The lowest rate doubles as the light-rate latency check (twophase's p50 and p95 at most Spark's
 plus 50 ms). Writes ``bench/results/kafka-sustained.{md,csv}``; asserts nothing.
@@ -60,7 +62,7 @@ from typing import Any
 from bench import kafka as kb
 from bench._common import REPO, bootstrapServers, markdownTable, ratio, writeCsv
 from bench.latency import warmUp
-from bench.phases import collect, phases, phaseTable
+from bench.phases import addBatchSpan, collect, phases, phaseTable, stepTable, timeline
 from bench.session import benchSession, log
 
 PATHS = ("twophase", "spark")
@@ -244,6 +246,8 @@ class Run:
     error: str = ""
     phases: dict[str, float] = field(default_factory=dict)
     """Median milliseconds a batch spends in each phase (``PHASES``, then twophase's ``LOGGED``)."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Twophase's ``addBatch`` split (``bench.phases.STEPS``, median ms)."""
 
     @property
     def holds(self) -> bool:
@@ -355,6 +359,9 @@ def measure(spark: Any, bootstrap: str, path: str, rate: int, seconds: float, wo
     measured = start + min(30.0, seconds / 4)
     logged = logLocation(work, sink) if path == "twophase" else None
     run.phases = phases(progress, measured, end, logged)
+    if logged is not None:
+        window = {b: r for b, r in progress.items() if measured <= addBatchSpan(r)[0] <= end}
+        run.steps = timeline(window, logged, skip=0) if window else {}
     kb.deleteTopics(bootstrap, [source, sink])
     return run
 
@@ -401,6 +408,13 @@ def report(runs: list[Run], out: Path, title: str) -> str:
         "Where a batch's time goes (medians over the measured batches that read rows; Spark's "
         "progress durationMs, and twophase's decision log):\n\n" + breakdown
     )
+    split = [(f"{r.rate:,}", r.path, r.steps) for r in runs if r.steps]
+    if split:
+        summary.append(
+            "Twophase's addBatch split by the instants its log keeps (to plan: the foreachBatch "
+            "function's start; tasks: the job; after: the committed mark, sweep and prune, and "
+            "Spark getting the batch back):\n\n" + stepTable(split)
+        )
     text = f"{table}\n\n" + "\n\n".join(summary)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kafka-sustained.md").write_text(f"# Kafka -> Kafka, sustained\n\n{title}\n\n{text}\n")

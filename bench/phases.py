@@ -119,3 +119,15 @@ def timeline(
             if start in instants and end in instants:
                 found[name].append((instants[end] - instants[start]) * 1000)
     return {name: statistics.median(values) for name, values in found.items() if values}
+
+
+def stepTable(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> str:
+    """A markdown table: a rate and a path, then each of ``STEPS``' median ms (``-`` if not
+    known), as ``timeline`` gives them."""
+    return markdownTable(
+        ["rate (rows/s)", "path", *(f"{n} (ms)" for n in STEPS)],
+        [
+            [rate, path, *(f"{f[n]:.0f}" if n in f else "-" for n in STEPS)]
+            for rate, path, f in rows
+        ],
+    )
