@@ -64,10 +64,7 @@ def phases(
         for name, keys in PHASES.items():
             found[name].append(float(sum(durations.get(k, 0) for k in keys)))
     if logUrl is not None:
-        from twophase.coordinator.log import DecisionLog
-
-        # one listing of the log for every batch (ids start at 0, so this many covers them all)
-        logged = {f.batchId: f for f in DecisionLog(logUrl).recentFigures(max(progress) + 1)}
+        logged = loggedFigures(progress, logUrl)
         for name in LOGGED:
             found[name] = []
         for batch, _ in chosen:
@@ -77,6 +74,14 @@ def phases(
                 if value is not None:
                     found[name].append(value * 1000)
     return {name: statistics.median(values) for name, values in found.items() if values}
+
+
+def loggedFigures(progress: Mapping[int, Any], logUrl: str) -> dict[int, Any]:
+    """The log's figures of every batch in ``progress``, by batch id, in one listing (ids start
+    at 0, so the highest id plus one covers them all)."""
+    from twophase.coordinator.log import DecisionLog
+
+    return {f.batchId: f for f in DecisionLog(logUrl).recentFigures(max(progress) + 1)}
 
 
 def phaseTable(rows: Sequence[tuple[str, str, Mapping[str, float]]]) -> str:
@@ -105,9 +110,7 @@ def timeline(
 ) -> dict[str, float]:
     """Median ms of each of ``STEPS`` over the batches that read rows (after the first
     ``skip``, the query's start-up) and whose ``committed(N)`` holds the instants they need."""
-    from twophase.coordinator.log import DecisionLog
-
-    logged = {f.batchId: f for f in DecisionLog(logUrl).recentFigures(max(progress) + 1)}
+    logged = loggedFigures(progress, logUrl)
     found: dict[str, list[float]] = {name: [] for name in STEPS}
     for batch, report in sorted(progress.items())[skip:]:
         figures = logged.get(batch)
